@@ -1,0 +1,21 @@
+//! The wire room: frames, ops, protocol limits and the error registry of MortarMQ v0.
+//!
+//! Sans-IO: bytes in, typed values out, typed values in, bytes out. It depends on
+//! nothing else in the crate (only `std`), so clients, tools, the broker and the golden
+//! tests all share one codec. The byte layouts are those of `wire-v0.seed.txt`
+//! (field order = byte order, big-endian), closed by `semantics.md`.
+//!
+//! - [`limits`]: every protocol constant, with its unit in its name.
+//! - [`frame`]: the incremental splitter that yields only complete frames.
+//! - [`ops`]: the 15 ops as typed messages and the typed OK results.
+//! - [`errors`]: the 51-code registry with each code's "after" and retry class.
+
+pub mod codec;
+pub mod errors;
+pub mod frame;
+pub mod limits;
+pub mod ops;
+
+pub use errors::ErrorCode;
+pub use frame::{split_frame, FrameError, RawFrame};
+pub use ops::{DecodeError, Frame, Op};
