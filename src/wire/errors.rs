@@ -25,7 +25,10 @@ pub enum Retry {
 }
 
 macro_rules! registry {
-    ($( $variant:ident = $code:literal, $name:literal, $after:ident, $retry:ident, $should:literal; )*) => {
+    ($(
+        $variant:ident = $code:literal, $name:literal, $after:ident, $retry:ident,
+        $should:literal;
+    )*) => {
         /// One registered error code. `as u16` gives the wire value.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[repr(u16)]
@@ -67,28 +70,36 @@ macro_rules! registry {
 
 registry! {
     // 0x0xxx — protocol / session (26)
-    InvalidFrameLength = 0x0001, "INVALID_FRAME_LENGTH", Close, No, "fix the encoder; never resynchronise";
+    InvalidFrameLength = 0x0001, "INVALID_FRAME_LENGTH", Close, No,
+        "fix the encoder; never resynchronise";
     IllegalOp = 0x0002, "ILLEGAL_OP", Close, No, "fix the encoder";
-    UnknownOp = 0x0003, "UNKNOWN_OP", Keep, No, "the broker is older than the client: do not use that op";
+    UnknownOp = 0x0003, "UNKNOWN_OP", Keep, No,
+        "the broker is older than the client: do not use that op";
     UnsupportedVersion = 0x0004, "UNSUPPORTED_VERSION", Close, No, "reconnect with version 1";
     NotConnected = 0x0005, "NOT_CONNECTED", Close, No, "send CONNECT first";
     AuthFailed = 0x0006, "AUTH_FAILED", Close, No, "fix the credentials; do not loop";
     AlreadyConnected = 0x0007, "ALREADY_CONNECTED", Keep, No, "ignore; the first CONNECT stands";
     UnknownTopic = 0x0008, "UNKNOWN_TOPIC", Keep, No, "DECLARE the topic, or refresh the id";
-    UnknownPartition = 0x0009, "UNKNOWN_PARTITION", Keep, No, "refresh partition_count with DECLARE(PASSIVE)";
+    UnknownPartition = 0x0009, "UNKNOWN_PARTITION", Keep, No,
+        "refresh partition_count with DECLARE(PASSIVE)";
     MalformedPayload = 0x000C, "MALFORMED_PAYLOAD", Keep, No, "fix the encoder";
     UnexpectedOp = 0x000D, "UNEXPECTED_OP", Close, No, "fix the client";
     InternalError = 0x000E, "INTERNAL_ERROR", Keep, Idempotent, "report; retry PUB idempotently";
-    ShuttingDown = 0x000F, "SHUTTING_DOWN", Close, Backoff, "reconnect later (or to another broker)";
+    ShuttingDown = 0x000F, "SHUTTING_DOWN", Close, Backoff,
+        "reconnect later (or to another broker)";
     ValueTooLarge = 0x0010, "VALUE_TOO_LARGE", Keep, No, "split the value";
     KeyTooLarge = 0x0011, "KEY_TOO_LARGE", Keep, No, "shorten the key";
-    SequenceOutOfOrder = 0x0012, "SEQUENCE_OUT_OF_ORDER", Keep, No, "resend from the expected seq, or start a new producer_id";
+    SequenceOutOfOrder = 0x0012, "SEQUENCE_OUT_OF_ORDER", Keep, No,
+        "resend from the expected seq, or start a new producer_id";
     InvalidProducer = 0x0013, "INVALID_PRODUCER", Keep, No, "fix the producer fields";
     InvalidArgument = 0x0014, "INVALID_ARGUMENT", Keep, No, "fix the request";
     UnknownSubscription = 0x0020, "UNKNOWN_SUBSCRIPTION", Keep, No, "SUB again";
-    StaleEpoch = 0x0021, "STALE_EPOCH", Keep, Backoff, "process pending NOTICEs, then retry with the new epochs";
-    OwnershipFenced = 0x0022, "OWNERSHIP_FENCED", Keep, No, "drop the message: the new owner gets it";
-    UnknownDelivery = 0x0023, "UNKNOWN_DELIVERY", Keep, No, "drop it; it was or will be redelivered";
+    StaleEpoch = 0x0021, "STALE_EPOCH", Keep, Backoff,
+        "process pending NOTICEs, then retry with the new epochs";
+    OwnershipFenced = 0x0022, "OWNERSHIP_FENCED", Keep, No,
+        "drop the message: the new owner gets it";
+    UnknownDelivery = 0x0023, "UNKNOWN_DELIVERY", Keep, No,
+        "drop it; it was or will be redelivered";
     InvalidSubscription = 0x0024, "INVALID_SUBSCRIPTION", Keep, No, "fix the request";
     TooManySubscriptions = 0x0025, "TOO_MANY_SUBSCRIPTIONS", Keep, No, "use another connection";
     UnknownMember = 0x0026, "UNKNOWN_MEMBER", Keep, No, "SUB again to rejoin";
@@ -99,11 +110,14 @@ registry! {
     TopicConfigConflict = 0x2003, "TOPIC_CONFIG_CONFLICT", Keep, No, "DECLARE(PASSIVE) to read it";
     TopicRegistryFull = 0x2004, "TOPIC_REGISTRY_FULL", Keep, No, "delete topics";
     GroupLimitReached = 0x2005, "GROUP_LIMIT_REACHED", Keep, Backoff, "alert the operator";
-    TopicInUse = 0x2006, "TOPIC_IN_USE", Keep, Backoff, "stop consumers first, or delete without IF_UNUSED";
+    TopicInUse = 0x2006, "TOPIC_IN_USE", Keep, Backoff,
+        "stop consumers first, or delete without IF_UNUSED";
     MutationNotPackable = 0x2007, "MUTATION_NOT_PACKABLE", Keep, No, "address the source topic";
     // 0x4xxx — backpressure / quota (6)
-    Backpressure = 0x4001, "BACKPRESSURE", Keep, Backoff, "back off (e.g. 10 ms doubling to 1 s), resend";
-    QuotaExceeded = 0x4002, "QUOTA_EXCEEDED", Keep, Backoff, "back off for the period in the message";
+    Backpressure = 0x4001, "BACKPRESSURE", Keep, Backoff,
+        "back off (e.g. 10 ms doubling to 1 s), resend";
+    QuotaExceeded = 0x4002, "QUOTA_EXCEEDED", Keep, Backoff,
+        "back off for the period in the message";
     StorageFull = 0x4003, "STORAGE_FULL", Keep, Backoff, "alert the operator; back off";
     MemoryLimit = 0x4004, "MEMORY_LIMIT", Keep, Backoff, "back off";
     CreditLimit = 0x4005, "CREDIT_LIMIT", Keep, No, "ask for less";
@@ -113,13 +127,17 @@ registry! {
     LeaderUnknown = 0x6002, "LEADER_UNKNOWN", Keep, Backoff, "back off, retry";
     StaleLeaderEpoch = 0x6003, "STALE_LEADER_EPOCH", Keep, Backoff, "refresh metadata, retry";
     NotEnoughReplicas = 0x6004, "NOT_ENOUGH_REPLICAS", Keep, Backoff, "back off, retry";
-    NotEnoughReplicasAfterAppend = 0x6005, "NOT_ENOUGH_REPLICAS_AFTER_APPEND", Keep, Idempotent, "resend with the same producer_seq";
-    ReplicationTimeout = 0x6006, "REPLICATION_TIMEOUT", Keep, Idempotent, "resend with the same producer_seq";
+    NotEnoughReplicasAfterAppend = 0x6005, "NOT_ENOUGH_REPLICAS_AFTER_APPEND", Keep, Idempotent,
+        "resend with the same producer_seq";
+    ReplicationTimeout = 0x6006, "REPLICATION_TIMEOUT", Keep, Idempotent,
+        "resend with the same producer_seq";
     ReplicaNotInSync = 0x6007, "REPLICA_NOT_IN_SYNC", Keep, Backoff, "use the leader";
-    LogTruncated = 0x6008, "LOG_TRUNCATED", Keep, Idempotent, "resend unacknowledged PUBs idempotently";
+    LogTruncated = 0x6008, "LOG_TRUNCATED", Keep, Idempotent,
+        "resend unacknowledged PUBs idempotently";
     SnapshotInProgress = 0x6009, "SNAPSHOT_IN_PROGRESS", Keep, Backoff, "back off";
     PeerUnreachable = 0x600A, "PEER_UNREACHABLE", Keep, Backoff, "back off";
-    DurabilityUnavailable = 0x600B, "DURABILITY_UNAVAILABLE", Keep, No, "ask for a level the broker offers";
+    DurabilityUnavailable = 0x600B, "DURABILITY_UNAVAILABLE", Keep, No,
+        "ask for a level the broker offers";
     ElectionTimeout = 0x600C, "ELECTION_TIMEOUT", Keep, Backoff, "back off";
 }
 

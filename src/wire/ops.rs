@@ -613,7 +613,11 @@ macro_rules! ok_result {
                 let decoded = (|| -> Result<Self, Short> {
                     Ok($name { $( $field: field_read!(r, $kind), )* })
                 })();
-                decoded.map_err(|s| DecodeError { op: Op::Ok as u8, offset: s.offset, need: s.need })
+                decoded.map_err(|s| DecodeError {
+                    op: Op::Ok as u8,
+                    offset: s.offset,
+                    need: s.need,
+                })
             }
 
             fn encode_result(&self, out: &mut Vec<u8>) {

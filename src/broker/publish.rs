@@ -1,0 +1,246 @@
+//! One partition's publish state: its log, idempotent producers, and the PUBs waiting
+//! for the durability they asked for.
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::log::PartitionLog;
+use crate::wire::limits::DEDUP_WINDOW_SEQS;
+
+use super::ConnRef;
+
+/// The durability a PUB waits for before it is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// In the segment file (page cache). PUB result durability 1.
+    Written = 1,
+    /// Covered by a completed fdatasync. PUB result durability 2.
+    Fsynced = 2,
+}
+
+/// A PUB whose answer waits for its record (or, for a duplicate, the original's).
+#[derive(Debug, Clone, Copy)]
+pub struct Waiter {
+    pub conn: ConnRef,
+    pub slot: u64,
+    pub sequence: u64,
+    pub need: Level,
+    pub deduplicated: bool,
+}
+
+/// What the idempotence check says about a PUB (semantics §2 PUB).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Idempotence {
+    /// Append it.
+    Fresh,
+    /// Seen: answer with the original record's sequence.
+    Duplicate { sequence: u64 },
+    /// Older than the window, or skipping ahead: 0x0012 with this text.
+    OutOfOrder { expected: u64, too_old: bool },
+}
+
+/// One producer's recent history on one partition.
+#[derive(Debug, Default)]
+pub struct Producer {
+    pub last_seq: u64,
+    /// (producer_seq, sequence) of its latest records, oldest first, at most
+    /// DEDUP_WINDOW_SEQS of them.
+    window: VecDeque<(u64, u64)>,
+    pub last_active_ms: u64,
+}
+
+#[derive(Default)]
+pub struct Producers {
+    by_id: HashMap<u64, Producer>,
+}
+
+impl Producers {
+    pub fn check(&self, producer_id: u64, producer_seq: u64) -> Idempotence {
+        let Some(p) = self.by_id.get(&producer_id) else {
+            return Idempotence::Fresh;
+        };
+        if producer_seq == p.last_seq + 1 {
+            return Idempotence::Fresh;
+        }
+        if producer_seq > p.last_seq {
+            return Idempotence::OutOfOrder {
+                expected: p.last_seq + 1,
+                too_old: false,
+            };
+        }
+        let oldest_remembered = p.window.front().map_or(p.last_seq, |&(s, _)| s);
+        if p.last_seq - producer_seq < DEDUP_WINDOW_SEQS && producer_seq >= oldest_remembered {
+            // The window is contiguous in producer_seq, so the offset finds the entry.
+            let (seen, sequence) = p.window[(producer_seq - oldest_remembered) as usize];
+            debug_assert_eq!(seen, producer_seq);
+            return Idempotence::Duplicate { sequence };
+        }
+        Idempotence::OutOfOrder {
+            expected: p.last_seq + 1,
+            too_old: true,
+        }
+    }
+
+    pub fn record(&mut self, producer_id: u64, producer_seq: u64, sequence: u64, now_ms: u64) {
+        let p = self.by_id.entry(producer_id).or_default();
+        if p.window.back().is_some_and(|&(s, _)| s + 1 != producer_seq) {
+            // A producer restarting at a new seq (after expiry) starts a new window.
+            p.window.clear();
+        }
+        p.last_seq = producer_seq;
+        p.window.push_back((producer_seq, sequence));
+        if p.window.len() as u64 > DEDUP_WINDOW_SEQS {
+            p.window.pop_front();
+        }
+        p.last_active_ms = now_ms;
+    }
+
+    /// Forgets records above `written` (a flush that failed never happened).
+    pub fn roll_back_above(&mut self, written: u64) {
+        self.by_id.retain(|_, p| {
+            while p.window.back().is_some_and(|&(_, seq)| seq > written) {
+                p.window.pop_back();
+            }
+            match p.window.back() {
+                Some(&(s, _)) => {
+                    p.last_seq = s;
+                    true
+                }
+                None => false,
+            }
+        });
+    }
+
+    /// Drops producers idle for longer than `ttl_ms` (`--producer-ttl`).
+    pub fn expire(&mut self, now_ms: u64, ttl_ms: u64) -> usize {
+        let before = self.by_id.len();
+        self.by_id
+            .retain(|_, p| now_ms.saturating_sub(p.last_active_ms) <= ttl_ms);
+        before - self.by_id.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+}
+
+pub struct Partition {
+    pub topic_id: u16,
+    pub index: u16,
+    pub log: PartitionLog,
+    pub producers: Producers,
+    pub waiters: Vec<Waiter>,
+    pub sync_in_flight: bool,
+    /// Bytes flushed to the segment and not yet covered by a completed sync.
+    pub unsynced_bytes: u64,
+    /// Queued in the broker's flush list this pass.
+    pub dirty: bool,
+}
+
+impl Partition {
+    pub fn new(topic_id: u16, index: u16, log: PartitionLog) -> Partition {
+        Partition {
+            topic_id,
+            index,
+            log,
+            producers: Producers::default(),
+            waiters: Vec::new(),
+            sync_in_flight: false,
+            unsynced_bytes: 0,
+            dirty: false,
+        }
+    }
+
+    /// Whether a record at `sequence` has reached `need`.
+    pub fn reached(&self, sequence: u64, need: Level) -> bool {
+        match need {
+            Level::Written => sequence <= self.log.written_sequence(),
+            Level::Fsynced => sequence <= self.log.synced_sequence(),
+        }
+    }
+
+    /// The level a record at `sequence` has reached now (for the PUB result).
+    pub fn level_of(&self, sequence: u64) -> Level {
+        if sequence <= self.log.synced_sequence() {
+            Level::Fsynced
+        } else {
+            Level::Written
+        }
+    }
+
+    /// Removes and returns the waiters whose records reached what they asked for.
+    pub fn take_ready(&mut self, out: &mut Vec<Waiter>) {
+        let (written, synced) = (self.log.written_sequence(), self.log.synced_sequence());
+        self.waiters.retain(|w| {
+            let ready = match w.need {
+                Level::Written => w.sequence <= written,
+                Level::Fsynced => w.sequence <= synced,
+            };
+            if ready {
+                out.push(*w);
+            }
+            !ready
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn producer_seq_must_be_last_plus_one() {
+        let mut p = Producers::default();
+        assert_eq!(p.check(9, 5), Idempotence::Fresh);
+        p.record(9, 5, 100, 0);
+        assert_eq!(p.check(9, 6), Idempotence::Fresh);
+        assert_eq!(p.check(9, 5), Idempotence::Duplicate { sequence: 100 });
+        assert_eq!(
+            p.check(9, 8),
+            Idempotence::OutOfOrder {
+                expected: 6,
+                too_old: false
+            }
+        );
+    }
+
+    #[test]
+    fn duplicates_are_found_within_the_window_only() {
+        let mut p = Producers::default();
+        for s in 1..=2000u64 {
+            p.record(1, s, s + 10, 0);
+        }
+        assert_eq!(p.check(1, 2000), Idempotence::Duplicate { sequence: 2010 });
+        assert_eq!(
+            p.check(1, 2000 - 1023),
+            Idempotence::Duplicate { sequence: 987 }
+        );
+        assert_eq!(
+            p.check(1, 2000 - 1024),
+            Idempotence::OutOfOrder {
+                expected: 2001,
+                too_old: true
+            }
+        );
+    }
+
+    #[test]
+    fn roll_back_forgets_unwritten_records_and_ttl_expires() {
+        let mut p = Producers::default();
+        p.record(1, 1, 1, 0);
+        p.record(1, 2, 2, 0);
+        p.record(2, 1, 3, 50);
+        p.roll_back_above(2);
+        assert_eq!(p.check(1, 3), Idempotence::Fresh);
+        assert_eq!(
+            p.check(2, 1),
+            Idempotence::Fresh,
+            "producer 2 forgotten entirely"
+        );
+        assert_eq!(p.expire(1_000, 500), 1);
+        assert!(p.is_empty());
+    }
+}

@@ -1,0 +1,1825 @@
+//! Command-line flags of `mortard`: parse, check, and describe them.
+//!
+//! This room turns `argv` into a typed [`Config`] (or a `--help` / `--version` text) and
+//! says no, in one line, to anything an operator could get wrong. It is the only place that
+//! knows flag names, their defaults and their value syntax; `man/mortard.8` documents the
+//! same flags and a test here checks that the two name the same set.
+//!
+//! Dependencies: `std` and `getopts` only. It must not use anything else in the crate, so
+//! that `wire/`, `log/` and `broker/` can take their limits from a `Config` without this
+//! module taking theirs. Where a rule needs a protocol constant (the frame cap), the value
+//! is repeated here as a named mirror, with the reason.
+//!
+//! Conventions:
+//! - A field is named after its flag (`--max-connections` -> `max_connections`), and a
+//!   size field ends in `_bytes`; durations are [`Duration`]s. Each default is a
+//!   `pub const <FIELD>_DEFAULT` just above the struct.
+//! - Durations always carry a unit (`500ms`, `10s`, `2m`, `1h`, `7d`): a bare `30` is
+//!   refused, because "30 what?" is how a 30 ms session timeout reaches production.
+//! - Sizes are binary (`KiB` = 1024 bytes). `MB`/`KB` are refused rather than guessed.
+//! - Every flag takes effect at start; there is no reload (no SIGHUP).
+//! - The log level is `RUST_LOG` (env_logger), not a flag.
+
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Program name used in messages, so every error line starts the same way.
+const PROGRAM: &str = "mortard";
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+const GIB: u64 = 1024 * MIB;
+const TIB: u64 = 1024 * GIB;
+
+const MS_PER_SECOND: u64 = 1000;
+const MS_PER_MINUTE: u64 = 60 * MS_PER_SECOND;
+const MS_PER_HOUR: u64 = 60 * MS_PER_MINUTE;
+const MS_PER_DAY: u64 = 24 * MS_PER_HOUR;
+
+/// Largest duration any flag accepts: 100 years. Deadlines are computed as
+/// `Instant + Duration`, which panics on overflow; with `panic = "abort"` a typo such as
+/// `--ack-wait 9999999999999d` would kill the broker on the first delivery instead of at
+/// start. 100 years is far from overflow on every platform and longer than any retention.
+pub const DURATION_MS_MAX: u64 = 36_500 * MS_PER_DAY;
+
+/// Smallest `--segment-size`. Below a page or so, segment files, their `.idx` files and
+/// their open descriptors multiply faster than the records they hold.
+pub const SEGMENT_SIZE_BYTES_MIN: u64 = 4 * KIB;
+/// Largest `--segment-size`. Segments are memory-mapped; a 32-bit host (the small boards
+/// this broker is for) cannot map much more than 1 GiB of address space per file, and
+/// retention deletes whole segments, so a huge segment makes retention coarse.
+pub const SEGMENT_SIZE_BYTES_MAX: u64 = GIB;
+
+/// Largest `--fsync-threads`. fdatasync calls to one disk gain nothing past a handful of
+/// workers, and each thread reserves a stack that a small host feels.
+pub const FSYNC_THREADS_MAX: u32 = 64;
+
+/// Largest `--max-credit-size`: SUB and CREDIT carry `credit_bytes` as a u32.
+pub const CREDIT_SIZE_BYTES_MAX: u64 = u32::MAX as u64;
+
+/// Mirror of wire-v0 `MAX_FRAME_LEN` (16 MiB, fixed by the protocol: "neither broker nor
+/// client may raise it") plus the 4-byte length prefix: the largest frame on the wire.
+/// Repeated here because this module may not depend on `wire/`; `limits.rs` should assert
+/// it equals its own value.
+pub const WIRE_FRAME_BYTES_MAX: u64 = 16 * MIB + 4;
+
+/// What every duration error suggests instead.
+const DURATION_HINT: &str = "use e.g. 500ms, 10s, 2m, 1h, 7d";
+/// What every size error suggests instead.
+const SIZE_HINT: &str = "use e.g. 4096, 512KiB, 16MiB, 1GiB; units B, KiB, MiB, GiB, TiB";
+
+// ---- Defaults: one named constant per flag, in the order of the struct fields. ----
+
+// Network
+pub const LISTEN_DEFAULT: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 1), 7411));
+pub const ADMIN_LISTEN_DEFAULT: Option<SocketAddr> = Some(SocketAddr::V4(SocketAddrV4::new(
+    Ipv4Addr::new(127, 0, 0, 1),
+    7412,
+)));
+pub const LISTEN_PEER_DEFAULT: Option<SocketAddr> = None;
+/// No token file: every token is accepted.
+pub const TOKEN_FILE_DEFAULT: Option<&str> = None;
+pub const MAX_CONNECTIONS_DEFAULT: u32 = 4096;
+/// 1.5 x the 30 s client keepalive, so one late PING does not cost a connection.
+pub const IDLE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(45);
+pub const HALF_FRAME_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+// Storage
+pub const DATA_DIR_DEFAULT: &str = "./mortar-data";
+pub const SEGMENT_SIZE_BYTES_DEFAULT: u64 = 16 * MIB;
+/// 0 = unlimited.
+pub const RETENTION_SIZE_BYTES_DEFAULT: u64 = 0;
+/// 0 = unlimited.
+pub const RETENTION_AGE_DEFAULT: Duration = Duration::ZERO;
+/// 0 = unlimited.
+pub const MAX_DATA_SIZE_BYTES_DEFAULT: u64 = 0;
+pub const FSYNC_THREADS_DEFAULT: u32 = 2;
+pub const DURABILITY_DEFAULT: Durability = Durability::Fsync;
+// Publish
+pub const PRODUCER_TTL_DEFAULT: Duration = Duration::from_secs(7 * 24 * 3600);
+pub const MAX_PARTITIONS_DEFAULT: u16 = 64;
+// Consume
+pub const SESSION_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+pub const REVOKE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+pub const ACK_WAIT_DEFAULT: Duration = Duration::from_secs(30);
+pub const NACK_DELAY_DEFAULT: Duration = Duration::from_secs(1);
+pub const MAX_ATTEMPTS_DEFAULT: u16 = 5;
+pub const MAX_CREDIT_COUNT_DEFAULT: u16 = 65535;
+pub const MAX_CREDIT_SIZE_BYTES_DEFAULT: u64 = 16 * MIB;
+pub const COMMIT_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
+// Limits
+pub const MAX_MEMORY_BYTES_DEFAULT: u64 = 256 * MIB;
+pub const MAX_OUTPUT_SIZE_BYTES_DEFAULT: u64 = 64 * MIB;
+pub const MAX_PENDING_REQUESTS_DEFAULT: u32 = 1024;
+pub const MAX_SUBSCRIPTIONS_DEFAULT: u16 = 64;
+pub const MAX_GROUPS_DEFAULT: u32 = 1024;
+pub const MAX_MEMBERS_PER_GROUP_DEFAULT: u32 = 256;
+
+// The defaults must pass the same checks as operator values (see `Config::validate`).
+const _: () = assert!(SEGMENT_SIZE_BYTES_DEFAULT >= SEGMENT_SIZE_BYTES_MIN);
+const _: () = assert!(SEGMENT_SIZE_BYTES_DEFAULT <= SEGMENT_SIZE_BYTES_MAX);
+const _: () = assert!(MAX_CREDIT_SIZE_BYTES_DEFAULT <= CREDIT_SIZE_BYTES_MAX);
+const _: () = assert!(MAX_OUTPUT_SIZE_BYTES_DEFAULT >= WIRE_FRAME_BYTES_MAX);
+const _: () = assert!(MAX_OUTPUT_SIZE_BYTES_DEFAULT >= MAX_CREDIT_SIZE_BYTES_DEFAULT);
+const _: () = assert!(MAX_MEMORY_BYTES_DEFAULT >= MAX_OUTPUT_SIZE_BYTES_DEFAULT);
+const _: () = assert!(FSYNC_THREADS_DEFAULT >= 1 && FSYNC_THREADS_DEFAULT <= FSYNC_THREADS_MAX);
+
+/// How far a PUB with durability DEFAULT is taken before it is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Answered once the record is written to its segment file, before it is synced;
+    /// a crash may lose it.
+    Written,
+    /// Answered once an fdatasync covering the record has returned.
+    Fsync,
+}
+
+impl Durability {
+    /// The flag spelling (`written` / `fsync`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Written => "written",
+            Durability::Fsync => "fsync",
+        }
+    }
+}
+
+impl fmt::Display for Durability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Everything `mortard` is told at start. One field per flag; see `mortard --help`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    // -- Network --
+    /// `--listen`: client protocol listener.
+    pub listen: SocketAddr,
+    /// `--admin-listen`: admin HTTP listener; `None` = off.
+    pub admin_listen: Option<SocketAddr>,
+    /// `--listen-peer`: reserved for replication; accepted and reported, nothing binds it.
+    pub listen_peer: Option<SocketAddr>,
+    /// `--token-file`: one token per line; `None` = every token is accepted.
+    pub token_file: Option<PathBuf>,
+    /// `--max-connections`: client connections; one more gets ERR 0x4006 and a close.
+    pub max_connections: u32,
+    /// `--idle-timeout`: no complete frame for this long -> close.
+    pub idle_timeout: Duration,
+    /// `--half-frame-timeout`: a frame begun but not finished within this -> close.
+    pub half_frame_timeout: Duration,
+    // -- Storage --
+    /// `--data-dir`: where the log, registry and group positions live.
+    pub data_dir: PathBuf,
+    /// `--segment-size`: a segment file rolls once it reaches this.
+    pub segment_size_bytes: u64,
+    /// `--retention-size`: per partition; 0 = unlimited.
+    pub retention_size_bytes: u64,
+    /// `--retention-age`: 0 = unlimited.
+    pub retention_age: Duration,
+    /// `--max-data-size`: cap on the data directory; past it PUB gets STORAGE_FULL.
+    /// 0 = unlimited (the disk is the cap).
+    pub max_data_size_bytes: u64,
+    /// `--fsync-threads`: fdatasync worker pool size.
+    pub fsync_threads: u32,
+    /// `--durability`: what a PUB with durability DEFAULT waits for.
+    pub durability: Durability,
+    // -- Publish --
+    /// `--producer-ttl`: idle producer dedup state is forgotten after this.
+    pub producer_ttl: Duration,
+    /// `--max-partitions`: largest partition_count a DECLARE may ask for.
+    pub max_partitions: u16,
+    // -- Consume --
+    /// `--session-timeout`: a member silent this long is expelled.
+    pub session_timeout: Duration,
+    /// `--revoke-timeout`: how long a revoked owner has to CONTROL_ACK.
+    pub revoke_timeout: Duration,
+    /// `--ack-wait`: a delivery not settled within this is redelivered.
+    pub ack_wait: Duration,
+    /// `--nack-delay`: NACK RETRY redelivers after this.
+    pub nack_delay: Duration,
+    /// `--max-attempts`: a record failing on this attempt is dead-lettered.
+    pub max_attempts: u16,
+    /// `--max-credit-count`: largest credit window in messages, per subscription.
+    pub max_credit_count: u16,
+    /// `--max-credit-size`: largest credit window in bytes, per subscription.
+    pub max_credit_size_bytes: u64,
+    /// `--commit-interval`: committed group positions are persisted at least this often.
+    pub commit_interval: Duration,
+    // -- Limits --
+    /// `--max-memory`: broker-wide buffer budget; past it -> MEMORY_LIMIT (0x4004).
+    pub max_memory_bytes: u64,
+    /// `--max-output-size`: per connection; a client whose unread output passes it is closed.
+    pub max_output_size_bytes: u64,
+    /// `--max-pending-requests`: per connection; above it the broker stops reading that
+    /// socket until half of them are answered.
+    pub max_pending_requests: u32,
+    /// `--max-subscriptions`: per connection.
+    pub max_subscriptions: u16,
+    /// `--max-groups`: consumer groups, broker-wide.
+    pub max_groups: u32,
+    /// `--max-members-per-group`
+    pub max_members_per_group: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: LISTEN_DEFAULT,
+            admin_listen: ADMIN_LISTEN_DEFAULT,
+            listen_peer: LISTEN_PEER_DEFAULT,
+            token_file: TOKEN_FILE_DEFAULT.map(PathBuf::from),
+            max_connections: MAX_CONNECTIONS_DEFAULT,
+            idle_timeout: IDLE_TIMEOUT_DEFAULT,
+            half_frame_timeout: HALF_FRAME_TIMEOUT_DEFAULT,
+            data_dir: PathBuf::from(DATA_DIR_DEFAULT),
+            segment_size_bytes: SEGMENT_SIZE_BYTES_DEFAULT,
+            retention_size_bytes: RETENTION_SIZE_BYTES_DEFAULT,
+            retention_age: RETENTION_AGE_DEFAULT,
+            max_data_size_bytes: MAX_DATA_SIZE_BYTES_DEFAULT,
+            fsync_threads: FSYNC_THREADS_DEFAULT,
+            durability: DURABILITY_DEFAULT,
+            producer_ttl: PRODUCER_TTL_DEFAULT,
+            max_partitions: MAX_PARTITIONS_DEFAULT,
+            session_timeout: SESSION_TIMEOUT_DEFAULT,
+            revoke_timeout: REVOKE_TIMEOUT_DEFAULT,
+            ack_wait: ACK_WAIT_DEFAULT,
+            nack_delay: NACK_DELAY_DEFAULT,
+            max_attempts: MAX_ATTEMPTS_DEFAULT,
+            max_credit_count: MAX_CREDIT_COUNT_DEFAULT,
+            max_credit_size_bytes: MAX_CREDIT_SIZE_BYTES_DEFAULT,
+            commit_interval: COMMIT_INTERVAL_DEFAULT,
+            max_memory_bytes: MAX_MEMORY_BYTES_DEFAULT,
+            max_output_size_bytes: MAX_OUTPUT_SIZE_BYTES_DEFAULT,
+            max_pending_requests: MAX_PENDING_REQUESTS_DEFAULT,
+            max_subscriptions: MAX_SUBSCRIPTIONS_DEFAULT,
+            max_groups: MAX_GROUPS_DEFAULT,
+            max_members_per_group: MAX_MEMBERS_PER_GROUP_DEFAULT,
+        }
+    }
+}
+
+/// What the command line asks for.
+// `Run` is much larger than the text variants; boxing it would buy nothing, since the
+// command line is parsed once per process.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Start the broker with this (validated) configuration.
+    Run(Config),
+    /// Print this text to stdout and exit 0.
+    Help(String),
+    /// Print this text to stdout and exit 0.
+    Version(String),
+}
+
+/// A usage error: one line, starting with `mortard:`, naming the flag and the bad value.
+/// `main` prints it to stderr and exits 2.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A usage error about one flag: `mortard: --flag: <why>`.
+fn flag_error(name: &str, why: &str) -> ConfigError {
+    ConfigError(format!("{PROGRAM}: --{name}: {why}"))
+}
+
+// ---- The flag table: the single list that drives parsing, --help and rendering. ----
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Group {
+    Network,
+    Storage,
+    Publish,
+    Consume,
+    Limits,
+}
+
+const GROUPS: [(Group, &str); 5] = [
+    (Group::Network, "Network"),
+    (Group::Storage, "Storage"),
+    (Group::Publish, "Publish"),
+    (Group::Consume, "Consume"),
+    (Group::Limits, "Limits"),
+];
+
+/// One variant per value flag. `match`es on it are exhaustive, so a flag cannot be parsed
+/// without being rendered, or the other way round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flag {
+    Listen,
+    AdminListen,
+    ListenPeer,
+    TokenFile,
+    MaxConnections,
+    IdleTimeout,
+    HalfFrameTimeout,
+    DataDir,
+    SegmentSize,
+    RetentionSize,
+    RetentionAge,
+    MaxDataSize,
+    FsyncThreads,
+    Durability,
+    ProducerTtl,
+    MaxPartitions,
+    SessionTimeout,
+    RevokeTimeout,
+    AckWait,
+    NackDelay,
+    MaxAttempts,
+    MaxCreditCount,
+    MaxCreditSize,
+    CommitInterval,
+    MaxMemory,
+    MaxOutputSize,
+    MaxPendingRequests,
+    MaxSubscriptions,
+    MaxGroups,
+    MaxMembersPerGroup,
+}
+
+struct FlagSpec {
+    flag: Flag,
+    /// Long name without the leading `--`.
+    name: &'static str,
+    /// Value form shown in `--help`.
+    value: &'static str,
+    group: Group,
+    /// One short line for `--help`; the man page has the long story.
+    meaning: &'static str,
+}
+
+const fn spec(
+    flag: Flag,
+    name: &'static str,
+    value: &'static str,
+    group: Group,
+    meaning: &'static str,
+) -> FlagSpec {
+    FlagSpec {
+        flag,
+        name,
+        value,
+        group,
+        meaning,
+    }
+}
+
+const FLAG_COUNT: usize = 30;
+
+#[rustfmt::skip]
+const FLAGS: [FlagSpec; FLAG_COUNT] = [
+    spec(Flag::Listen, "listen", "ADDR", Group::Network,
+        "client protocol (v1) listener, IP:PORT"),
+    spec(Flag::AdminListen, "admin-listen", "ADDR|off", Group::Network,
+        "admin HTTP /healthz /metrics /stats; keep on loopback"),
+    spec(Flag::ListenPeer, "listen-peer", "ADDR|off", Group::Network,
+        "reserved for replication; nothing listens yet"),
+    spec(Flag::TokenFile, "token-file", "PATH", Group::Network,
+        "CONNECT tokens, one per line; none = accept all"),
+    spec(Flag::MaxConnections, "max-connections", "N", Group::Network,
+        "client connections; more get CONNECTION_LIMIT"),
+    spec(Flag::IdleTimeout, "idle-timeout", "DUR", Group::Network,
+        "close a connection with no complete frame this long"),
+    spec(Flag::HalfFrameTimeout, "half-frame-timeout", "DUR", Group::Network,
+        "close a connection whose begun frame is not done"),
+    spec(Flag::DataDir, "data-dir", "PATH", Group::Storage,
+        "segment log, topic registry and group positions"),
+    spec(Flag::SegmentSize, "segment-size", "SIZE", Group::Storage,
+        "start a new segment file at this size (4KiB..1GiB)"),
+    spec(Flag::RetentionSize, "retention-size", "SIZE", Group::Storage,
+        "per partition, oldest deleted first; 0 = unlimited"),
+    spec(Flag::RetentionAge, "retention-age", "DUR", Group::Storage,
+        "delete segments older than this; 0s = unlimited"),
+    spec(Flag::MaxDataSize, "max-data-size", "SIZE", Group::Storage,
+        "data dir cap, then STORAGE_FULL; 0 = unlimited"),
+    spec(Flag::FsyncThreads, "fsync-threads", "N", Group::Storage,
+        "fdatasync worker threads (1..64)"),
+    spec(Flag::Durability, "durability", "written|fsync", Group::Storage,
+        "what a PUB with DEFAULT durability waits for"),
+    spec(Flag::ProducerTtl, "producer-ttl", "DUR", Group::Publish,
+        "forget an idle producer's dedup state after this"),
+    spec(Flag::MaxPartitions, "max-partitions", "N", Group::Publish,
+        "largest partition count of a topic (1..65535)"),
+    spec(Flag::SessionTimeout, "session-timeout", "DUR", Group::Consume,
+        "expel a group member silent for this long"),
+    spec(Flag::RevokeTimeout, "revoke-timeout", "DUR", Group::Consume,
+        "move a revoked partition if no CONTROL_ACK by then"),
+    spec(Flag::AckWait, "ack-wait", "DUR", Group::Consume,
+        "redeliver a delivery not ACKed or NACKed within this"),
+    spec(Flag::NackDelay, "nack-delay", "DUR", Group::Consume,
+        "redeliver after NACK RETRY once this has passed"),
+    spec(Flag::MaxAttempts, "max-attempts", "N", Group::Consume,
+        "dead-letter a record failing this attempt (1..65535)"),
+    spec(Flag::MaxCreditCount, "max-credit-count", "N", Group::Consume,
+        "credit window cap in messages, per subscription"),
+    spec(Flag::MaxCreditSize, "max-credit-size", "SIZE", Group::Consume,
+        "credit window cap in bytes, per subscription"),
+    spec(Flag::CommitInterval, "commit-interval", "DUR", Group::Consume,
+        "persist group positions at least this often"),
+    spec(Flag::MaxMemory, "max-memory", "SIZE", Group::Limits,
+        "broker-wide buffer budget, then MEMORY_LIMIT"),
+    spec(Flag::MaxOutputSize, "max-output-size", "SIZE", Group::Limits,
+        "per connection: close a client whose output exceeds"),
+    spec(Flag::MaxPendingRequests, "max-pending-requests", "N", Group::Limits,
+        "per connection: stop reading till half are answered"),
+    spec(Flag::MaxSubscriptions, "max-subscriptions", "N", Group::Limits,
+        "per connection (1..65535)"),
+    spec(Flag::MaxGroups, "max-groups", "N", Group::Limits,
+        "consumer groups, broker-wide"),
+    spec(Flag::MaxMembersPerGroup, "max-members-per-group", "N", Group::Limits,
+        "members in one consumer group"),
+];
+
+impl Config {
+    /// Checks the rules that involve ranges or more than one field. [`parse_args`] calls
+    /// it; call it yourself on a `Config` built in code (tests, embedding).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        at_least_one("max-connections", u64::from(self.max_connections))?;
+        positive(
+            "idle-timeout",
+            self.idle_timeout,
+            "0 would close every connection at once",
+        )?;
+        positive(
+            "half-frame-timeout",
+            self.half_frame_timeout,
+            "0 would close every connection in the middle of its first frame",
+        )?;
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(flag_error("data-dir", "must not be empty"));
+        }
+        if !(SEGMENT_SIZE_BYTES_MIN..=SEGMENT_SIZE_BYTES_MAX).contains(&self.segment_size_bytes) {
+            return Err(flag_error(
+                "segment-size",
+                &format!(
+                    "{} is out of range (allowed {}..{})",
+                    format_size(self.segment_size_bytes),
+                    format_size(SEGMENT_SIZE_BYTES_MIN),
+                    format_size(SEGMENT_SIZE_BYTES_MAX)
+                ),
+            ));
+        }
+        // Retention deletes whole closed segments, so a limit below one segment can never
+        // be met; it is almost always a unit slip (MiB for GiB).
+        if self.retention_size_bytes != 0 && self.retention_size_bytes < self.segment_size_bytes {
+            return Err(flag_error(
+                "retention-size",
+                &format!(
+                    "{} is smaller than --segment-size {} (retention deletes whole segments; \
+                     use 0 for unlimited)",
+                    format_size(self.retention_size_bytes),
+                    format_size(self.segment_size_bytes)
+                ),
+            ));
+        }
+        // Below one segment, the first PUB of a new partition would already be STORAGE_FULL.
+        if self.max_data_size_bytes != 0 && self.max_data_size_bytes < self.segment_size_bytes {
+            return Err(flag_error(
+                "max-data-size",
+                &format!(
+                    "{} is smaller than --segment-size {} (use 0 for unlimited)",
+                    format_size(self.max_data_size_bytes),
+                    format_size(self.segment_size_bytes)
+                ),
+            ));
+        }
+        if !(1..=FSYNC_THREADS_MAX).contains(&self.fsync_threads) {
+            return Err(flag_error(
+                "fsync-threads",
+                &format!(
+                    "{} is out of range (allowed 1..{FSYNC_THREADS_MAX})",
+                    self.fsync_threads
+                ),
+            ));
+        }
+        positive(
+            "producer-ttl",
+            self.producer_ttl,
+            "0 would forget producers at once and disable deduplication",
+        )?;
+        at_least_one("max-partitions", u64::from(self.max_partitions))?;
+        positive(
+            "session-timeout",
+            self.session_timeout,
+            "0 would expel every member at once",
+        )?;
+        positive(
+            "revoke-timeout",
+            self.revoke_timeout,
+            "0 would move partitions before the old owner can stop",
+        )?;
+        positive(
+            "ack-wait",
+            self.ack_wait,
+            "0 would redeliver every message as soon as it is sent",
+        )?;
+        positive(
+            "nack-delay",
+            self.nack_delay,
+            "use e.g. 10ms for a near-immediate retry",
+        )?;
+        at_least_one("max-attempts", u64::from(self.max_attempts))?;
+        at_least_one("max-credit-count", u64::from(self.max_credit_count))?;
+        if !(1..=CREDIT_SIZE_BYTES_MAX).contains(&self.max_credit_size_bytes) {
+            return Err(flag_error(
+                "max-credit-size",
+                &format!(
+                    "{} is out of range (allowed 1B..{}B: credit_bytes is a u32 on the wire)",
+                    format_size(self.max_credit_size_bytes),
+                    CREDIT_SIZE_BYTES_MAX
+                ),
+            ));
+        }
+        positive(
+            "commit-interval",
+            self.commit_interval,
+            "0 would rewrite the groups file on every ACK",
+        )?;
+        // A connection must be able to hold one maximal frame, or a consumer that is sent
+        // one large message is closed although it did nothing wrong.
+        if self.max_output_size_bytes < WIRE_FRAME_BYTES_MAX {
+            return Err(flag_error(
+                "max-output-size",
+                &format!(
+                    "{} is below one maximal frame ({}B = 16MiB + 4B header)",
+                    format_size(self.max_output_size_bytes),
+                    WIRE_FRAME_BYTES_MAX
+                ),
+            ));
+        }
+        // A consumer may be granted --max-credit-size bytes of pushed MSGs; if the output cap
+        // were lower, a client that follows its credit could be closed for it.
+        if self.max_output_size_bytes < self.max_credit_size_bytes {
+            return Err(flag_error(
+                "max-output-size",
+                &format!(
+                    "{} is smaller than --max-credit-size {}",
+                    format_size(self.max_output_size_bytes),
+                    format_size(self.max_credit_size_bytes)
+                ),
+            ));
+        }
+        // The broker-wide budget must hold at least one connection's worth of output.
+        if self.max_memory_bytes < self.max_output_size_bytes {
+            return Err(flag_error(
+                "max-memory",
+                &format!(
+                    "{} is smaller than --max-output-size {}",
+                    format_size(self.max_memory_bytes),
+                    format_size(self.max_output_size_bytes)
+                ),
+            ));
+        }
+        at_least_one("max-pending-requests", u64::from(self.max_pending_requests))?;
+        at_least_one("max-subscriptions", u64::from(self.max_subscriptions))?;
+        at_least_one("max-groups", u64::from(self.max_groups))?;
+        at_least_one(
+            "max-members-per-group",
+            u64::from(self.max_members_per_group),
+        )?;
+
+        // Catch a clash here with a message naming both flags, instead of EADDRINUSE from
+        // whichever bind happens second.
+        let listeners = [
+            ("listen", Some(self.listen)),
+            ("admin-listen", self.admin_listen),
+            ("listen-peer", self.listen_peer),
+        ];
+        for (i, (name_a, addr_a)) in listeners.iter().enumerate() {
+            for (name_b, addr_b) in &listeners[i + 1..] {
+                if let (Some(a), Some(b)) = (addr_a, addr_b) {
+                    if addrs_clash(*a, *b) {
+                        return Err(flag_error(
+                            name_b,
+                            &format!("{b} clashes with --{name_a} {a}; use another port"),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Settings that are legal but worth a `warn!` at start; `main` logs each line (this
+    /// module has no logger).
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(admin) = self.admin_listen {
+            if !admin.ip().is_loopback() {
+                out.push(format!(
+                    "--admin-listen {admin} is not loopback: /stats and /metrics show topic \
+                     and group names to anyone who can reach it; firewall it"
+                ));
+            }
+        }
+        if let Some(peer) = self.listen_peer {
+            out.push(format!(
+                "--listen-peer {peer}: replication is not implemented yet; nothing listens there"
+            ));
+        }
+        out
+    }
+
+    /// Every flag with its value in flag syntax, in `--help` order, e.g.
+    /// `("segment-size", Some("16MiB"))`. `None` means the flag is unset (only
+    /// `--token-file`). For the startup log line and `/stats`.
+    pub fn flag_values(&self) -> Vec<(&'static str, Option<String>)> {
+        FLAGS
+            .iter()
+            .map(|s| (s.name, self.render(s.flag)))
+            .collect()
+    }
+
+    /// The value of one flag in the syntax [`parse_args`] accepts.
+    fn render(&self, flag: Flag) -> Option<String> {
+        let text = match flag {
+            Flag::Listen => self.listen.to_string(),
+            Flag::AdminListen => format_addr_or_off(self.admin_listen),
+            Flag::ListenPeer => format_addr_or_off(self.listen_peer),
+            Flag::TokenFile => return self.token_file.as_ref().map(|p| p.display().to_string()),
+            Flag::MaxConnections => self.max_connections.to_string(),
+            Flag::IdleTimeout => format_duration(self.idle_timeout),
+            Flag::HalfFrameTimeout => format_duration(self.half_frame_timeout),
+            Flag::DataDir => self.data_dir.display().to_string(),
+            Flag::SegmentSize => format_size(self.segment_size_bytes),
+            Flag::RetentionSize => format_size(self.retention_size_bytes),
+            Flag::RetentionAge => format_duration(self.retention_age),
+            Flag::MaxDataSize => format_size(self.max_data_size_bytes),
+            Flag::FsyncThreads => self.fsync_threads.to_string(),
+            Flag::Durability => self.durability.to_string(),
+            Flag::ProducerTtl => format_duration(self.producer_ttl),
+            Flag::MaxPartitions => self.max_partitions.to_string(),
+            Flag::SessionTimeout => format_duration(self.session_timeout),
+            Flag::RevokeTimeout => format_duration(self.revoke_timeout),
+            Flag::AckWait => format_duration(self.ack_wait),
+            Flag::NackDelay => format_duration(self.nack_delay),
+            Flag::MaxAttempts => self.max_attempts.to_string(),
+            Flag::MaxCreditCount => self.max_credit_count.to_string(),
+            Flag::MaxCreditSize => format_size(self.max_credit_size_bytes),
+            Flag::CommitInterval => format_duration(self.commit_interval),
+            Flag::MaxMemory => format_size(self.max_memory_bytes),
+            Flag::MaxOutputSize => format_size(self.max_output_size_bytes),
+            Flag::MaxPendingRequests => self.max_pending_requests.to_string(),
+            Flag::MaxSubscriptions => self.max_subscriptions.to_string(),
+            Flag::MaxGroups => self.max_groups.to_string(),
+            Flag::MaxMembersPerGroup => self.max_members_per_group.to_string(),
+        };
+        Some(text)
+    }
+
+    /// Sets one flag from its command-line text. The error is the reason only; the caller
+    /// adds the program and flag name.
+    fn apply(&mut self, flag: Flag, v: &str) -> Result<(), String> {
+        match flag {
+            Flag::Listen => self.listen = parse_addr(v)?,
+            Flag::AdminListen => self.admin_listen = parse_addr_or_off(v)?,
+            Flag::ListenPeer => self.listen_peer = parse_addr_or_off(v)?,
+            Flag::TokenFile => self.token_file = Some(parse_path(v)?),
+            Flag::MaxConnections => self.max_connections = parse_count(v, u32::MAX)?,
+            Flag::IdleTimeout => self.idle_timeout = parse_duration(v)?,
+            Flag::HalfFrameTimeout => self.half_frame_timeout = parse_duration(v)?,
+            Flag::DataDir => self.data_dir = parse_path(v)?,
+            Flag::SegmentSize => self.segment_size_bytes = parse_size(v)?,
+            Flag::RetentionSize => self.retention_size_bytes = parse_size(v)?,
+            Flag::RetentionAge => self.retention_age = parse_duration(v)?,
+            Flag::MaxDataSize => self.max_data_size_bytes = parse_size(v)?,
+            Flag::FsyncThreads => self.fsync_threads = parse_count(v, u32::MAX)?,
+            Flag::Durability => self.durability = parse_durability(v)?,
+            Flag::ProducerTtl => self.producer_ttl = parse_duration(v)?,
+            Flag::MaxPartitions => self.max_partitions = parse_count(v, u16::MAX)?,
+            Flag::SessionTimeout => self.session_timeout = parse_duration(v)?,
+            Flag::RevokeTimeout => self.revoke_timeout = parse_duration(v)?,
+            Flag::AckWait => self.ack_wait = parse_duration(v)?,
+            Flag::NackDelay => self.nack_delay = parse_duration(v)?,
+            Flag::MaxAttempts => self.max_attempts = parse_count(v, u16::MAX)?,
+            Flag::MaxCreditCount => self.max_credit_count = parse_count(v, u16::MAX)?,
+            Flag::MaxCreditSize => self.max_credit_size_bytes = parse_size(v)?,
+            Flag::CommitInterval => self.commit_interval = parse_duration(v)?,
+            Flag::MaxMemory => self.max_memory_bytes = parse_size(v)?,
+            Flag::MaxOutputSize => self.max_output_size_bytes = parse_size(v)?,
+            Flag::MaxPendingRequests => self.max_pending_requests = parse_count(v, u32::MAX)?,
+            Flag::MaxSubscriptions => self.max_subscriptions = parse_count(v, u16::MAX)?,
+            Flag::MaxGroups => self.max_groups = parse_count(v, u32::MAX)?,
+            Flag::MaxMembersPerGroup => self.max_members_per_group = parse_count(v, u32::MAX)?,
+        }
+        Ok(())
+    }
+}
+
+/// Two listeners clash if they name the same port on the same or an overlapping address
+/// (an unspecified address, 0.0.0.0 or [::], overlaps every other). Port 0 (pick any free
+/// port, used by tests) never clashes.
+fn addrs_clash(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+fn at_least_one(name: &str, value: u64) -> Result<(), ConfigError> {
+    if value == 0 {
+        return Err(flag_error(name, "must be at least 1"));
+    }
+    Ok(())
+}
+
+/// Durations where 0 has no "off" meaning are refused at 0, with what 0 would do.
+fn positive(name: &str, value: Duration, why: &str) -> Result<(), ConfigError> {
+    if value.is_zero() {
+        return Err(flag_error(name, &format!("must be more than 0s ({why})")));
+    }
+    Ok(())
+}
+
+// ---- Parsing the command line. ----
+
+fn options() -> getopts::Options {
+    let mut opts = getopts::Options::new();
+    for s in &FLAGS {
+        opts.optopt("", s.name, s.meaning, s.value);
+    }
+    opts.optflag("h", "help", "print this help and exit");
+    opts.optflag("V", "version", "print the version and exit");
+    opts
+}
+
+/// Parses the arguments after `argv[0]`. `--help` and `--version` win over everything
+/// else that is well-formed; values are checked (and the result validated) only for `Run`.
+pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, ConfigError> {
+    let args: Vec<String> = args.into_iter().collect();
+    let matches = options().parse(&args).map_err(getopts_error)?;
+    if matches.opt_present("help") {
+        return Ok(Command::Help(help_text()));
+    }
+    if matches.opt_present("version") {
+        return Ok(Command::Version(version_text()));
+    }
+    if let Some(stray) = matches.free.first() {
+        return Err(ConfigError(format!(
+            "{PROGRAM}: unexpected argument '{stray}' (mortard takes only flags; \
+             see mortard --help)"
+        )));
+    }
+    let mut config = Config::default();
+    for s in &FLAGS {
+        if let Some(value) = matches.opt_str(s.name) {
+            config
+                .apply(s.flag, &value)
+                .map_err(|why| flag_error(s.name, &why))?;
+        }
+    }
+    config.validate()?;
+    Ok(Command::Run(config))
+}
+
+/// getopts names options without dashes; put them back so the operator sees what to type.
+fn getopts_error(fail: getopts::Fail) -> ConfigError {
+    fn dashed(name: &str) -> String {
+        if name.chars().count() == 1 {
+            format!("-{name}")
+        } else {
+            format!("--{name}")
+        }
+    }
+    let text = match fail {
+        getopts::Fail::UnrecognizedOption(n) => {
+            format!("unknown option '{}' (see mortard --help)", dashed(&n))
+        }
+        getopts::Fail::ArgumentMissing(n) => format!("{} needs a value", dashed(&n)),
+        getopts::Fail::OptionDuplicated(n) => format!("{} given more than once", dashed(&n)),
+        getopts::Fail::UnexpectedArgument(n) => format!("{} does not take a value", dashed(&n)),
+        getopts::Fail::OptionMissing(n) => format!("{} is required", dashed(&n)),
+    };
+    ConfigError(format!("{PROGRAM}: {text}"))
+}
+
+/// The `--version` text.
+pub fn version_text() -> String {
+    format!("{PROGRAM} {} (wire v1)", env!("CARGO_PKG_VERSION"))
+}
+
+/// The `--help` text: usage, then one line per flag (value form, default, meaning) by group.
+pub fn help_text() -> String {
+    let defaults = Config::default();
+    let rows: Vec<(Group, String, String, &str)> = FLAGS
+        .iter()
+        .map(|s| {
+            let form = format!("--{} {}", s.name, s.value);
+            let default = defaults
+                .render(s.flag)
+                .unwrap_or_else(|| "none".to_string());
+            (s.group, form, default, s.meaning)
+        })
+        .collect();
+    let form_width = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
+    let default_width = rows.iter().map(|r| r.2.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    out.push_str(&format!("Usage: {PROGRAM} [OPTIONS]\n\n"));
+    out.push_str(
+        "Persistent message broker for small hosts. Flags take effect at start (no reload).\n\
+         DUR: 500ms, 10s, 2m, 1h, 7d (unit required). SIZE: bytes or B, KiB, MiB, GiB, TiB.\n\
+         Log level: RUST_LOG (e.g. RUST_LOG=info). See mortard(8).\n",
+    );
+    out.push_str(&format!(
+        "\n  {:<form_width$}  {:<default_width$}  MEANING\n",
+        "FLAG", "DEFAULT"
+    ));
+    for (group, title) in GROUPS {
+        out.push_str(&format!("\n{title}:\n"));
+        for (_, form, default, meaning) in rows.iter().filter(|r| r.0 == group) {
+            out.push_str(&format!(
+                "  {form:<form_width$}  {default:<default_width$}  {meaning}\n"
+            ));
+        }
+    }
+    out.push_str("\nOther:\n");
+    for (form, meaning) in [
+        ("-h, --help", "print this help and exit"),
+        ("-V, --version", "print the version and exit"),
+    ] {
+        out.push_str(&format!(
+            "  {form:<form_width$}  {:<default_width$}  {meaning}\n",
+            ""
+        ));
+    }
+    out
+}
+
+// ---- Value syntax. Each returns the reason only, quoting the value. ----
+
+/// Splits `"16MiB"` into `("16", "MiB")` at the first non-digit.
+fn split_number(s: &str) -> (&str, &str) {
+    let end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    s.split_at(end)
+}
+
+/// Parses a duration: a whole number with a unit `ms`, `s`, `m`, `h` or `d` (`500ms`,
+/// `10s`, `2m`, `1h`, `7d`). A bare number is refused (units are required). `0s` parses;
+/// whether 0 is allowed is up to the flag ([`Config::validate`]).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    if s.is_empty() {
+        return Err(format!(
+            "an empty value is not a duration ({DURATION_HINT})"
+        ));
+    }
+    if s.starts_with('-') {
+        return Err(format!("'{s}' is negative; durations are 0 or more"));
+    }
+    let (number, unit) = split_number(s);
+    if number.is_empty() {
+        return Err(format!("'{s}' is not a duration ({DURATION_HINT})"));
+    }
+    if unit.is_empty() {
+        return Err(format!("'{s}' has no unit ({DURATION_HINT})"));
+    }
+    if unit.starts_with(['.', ',']) {
+        return Err(format!(
+            "'{s}' is not a whole number (use a smaller unit, e.g. 1500ms for 1.5s)"
+        ));
+    }
+    let ms_per_unit = match unit {
+        "ms" => 1,
+        "s" => MS_PER_SECOND,
+        "m" => MS_PER_MINUTE,
+        "h" => MS_PER_HOUR,
+        "d" => MS_PER_DAY,
+        _ => return Err(format!("'{s}' is not a duration ({DURATION_HINT})")),
+    };
+    let too_large = || {
+        format!(
+            "'{s}' is too large (max {})",
+            format_duration(Duration::from_millis(DURATION_MS_MAX))
+        )
+    };
+    // `number` is all ASCII digits, so the only way `parse` fails is overflow.
+    let n: u64 = number.parse().map_err(|_| too_large())?;
+    let ms = n
+        .checked_mul(ms_per_unit)
+        .filter(|&ms| ms <= DURATION_MS_MAX)
+        .ok_or_else(too_large)?;
+    Ok(Duration::from_millis(ms))
+}
+
+/// Parses a size: a whole number of bytes, optionally with a binary unit `B`, `KiB`,
+/// `MiB`, `GiB` or `TiB` (`4096`, `512KiB`, `16MiB`). Decimal units (`MB`, `KB`) are
+/// refused rather than guessed.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    if s.is_empty() {
+        return Err(format!("an empty value is not a size ({SIZE_HINT})"));
+    }
+    if s.starts_with('-') {
+        return Err(format!("'{s}' is negative; sizes are 0 or more"));
+    }
+    let (number, unit) = split_number(s);
+    if number.is_empty() {
+        return Err(format!("'{s}' is not a size ({SIZE_HINT})"));
+    }
+    if unit.starts_with(['.', ',']) {
+        return Err(format!(
+            "'{s}' is not a whole number (use a smaller unit, e.g. 1536MiB for 1.5GiB)"
+        ));
+    }
+    let bytes_per_unit = match unit {
+        "" | "B" => 1,
+        "KiB" => KIB,
+        "MiB" => MIB,
+        "GiB" => GIB,
+        "TiB" => TIB,
+        _ => {
+            return Err(format!(
+                "'{s}' has an unknown unit '{unit}' (units: B, KiB, MiB, GiB, TiB; \
+                 binary, 1KiB = 1024B)"
+            ))
+        }
+    };
+    let too_large = || format!("'{s}' is too large (max {} bytes)", u64::MAX);
+    let n: u64 = number.parse().map_err(|_| too_large())?;
+    n.checked_mul(bytes_per_unit).ok_or_else(too_large)
+}
+
+/// Formats a duration in the largest unit that represents it exactly (`45s`, `7d`,
+/// `1500ms`, `0s`), so the result parses back with [`parse_duration`]. A duration that is
+/// not a whole number of milliseconds (a latency in `/stats`) is shown in `us` or `ns`,
+/// which `parse_duration` does not accept.
+pub fn format_duration(d: Duration) -> String {
+    let nanos = d.as_nanos();
+    if nanos == 0 {
+        return "0s".to_string();
+    }
+    if !nanos.is_multiple_of(1_000_000) {
+        if nanos.is_multiple_of(1_000) {
+            return format!("{}us", nanos / 1_000);
+        }
+        return format!("{nanos}ns");
+    }
+    let ms = d.as_millis();
+    for (per, unit) in [
+        (MS_PER_DAY, "d"),
+        (MS_PER_HOUR, "h"),
+        (MS_PER_MINUTE, "m"),
+        (MS_PER_SECOND, "s"),
+    ] {
+        let per = u128::from(per);
+        if ms.is_multiple_of(per) {
+            return format!("{}{unit}", ms / per);
+        }
+    }
+    format!("{ms}ms")
+}
+
+/// Formats a byte count in the largest binary unit that represents it exactly (`16MiB`,
+/// `1536KiB`, `1000B`, `0B`); the result parses back with [`parse_size`].
+pub fn format_size(n: u64) -> String {
+    if n != 0 {
+        for (per, unit) in [(TIB, "TiB"), (GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")] {
+            if n.is_multiple_of(per) {
+                return format!("{}{unit}", n / per);
+            }
+        }
+    }
+    format!("{n}B")
+}
+
+fn parse_count<T: TryFrom<u64> + fmt::Display>(s: &str, max: T) -> Result<T, String> {
+    if s.is_empty() {
+        return Err("an empty value is not a number".to_string());
+    }
+    if s.starts_with('-') {
+        return Err(format!("'{s}' is negative"));
+    }
+    if !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("'{s}' is not a whole number"));
+    }
+    let too_large = || format!("'{s}' is too large (max {max})");
+    let n: u64 = s.parse().map_err(|_| too_large())?;
+    T::try_from(n).map_err(|_| too_large())
+}
+
+fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse().map_err(|_| {
+        format!("'{s}' is not an address (use IP:PORT, e.g. 127.0.0.1:7411 or [::1]:7411)")
+    })
+}
+
+/// `off` or an address. Only the exact word `off`: a host named "off" cannot be meant,
+/// since addresses are IP:PORT.
+fn parse_addr_or_off(s: &str) -> Result<Option<SocketAddr>, String> {
+    if s == "off" {
+        return Ok(None);
+    }
+    s.parse()
+        .map(Some)
+        .map_err(|_| format!("'{s}' is not an address (use IP:PORT, e.g. 127.0.0.1:7412, or off)"))
+}
+
+fn format_addr_or_off(a: Option<SocketAddr>) -> String {
+    a.map_or_else(|| "off".to_string(), |a| a.to_string())
+}
+
+fn parse_path(s: &str) -> Result<PathBuf, String> {
+    if s.is_empty() {
+        return Err("an empty path".to_string());
+    }
+    Ok(PathBuf::from(s))
+}
+
+fn parse_durability(s: &str) -> Result<Durability, String> {
+    match s {
+        "written" => Ok(Durability::Written),
+        "fsync" => Ok(Durability::Fsync),
+        _ => Err(format!("'{s}' is not a durability (use written or fsync)")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::net::IpAddr;
+
+    /// The flag names promised to operators, written out independently of `FLAGS` so that
+    /// renaming or dropping one in the table fails a test instead of shipping.
+    const FLAG_NAMES: [&str; FLAG_COUNT] = [
+        "listen",
+        "admin-listen",
+        "listen-peer",
+        "token-file",
+        "max-connections",
+        "idle-timeout",
+        "half-frame-timeout",
+        "data-dir",
+        "segment-size",
+        "retention-size",
+        "retention-age",
+        "max-data-size",
+        "fsync-threads",
+        "durability",
+        "producer-ttl",
+        "max-partitions",
+        "session-timeout",
+        "revoke-timeout",
+        "ack-wait",
+        "nack-delay",
+        "max-attempts",
+        "max-credit-count",
+        "max-credit-size",
+        "commit-interval",
+        "max-memory",
+        "max-output-size",
+        "max-pending-requests",
+        "max-subscriptions",
+        "max-groups",
+        "max-members-per-group",
+    ];
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn run(list: &[&str]) -> Config {
+        match parse_args(args(list)) {
+            Ok(Command::Run(c)) => c,
+            other => panic!("{list:?}: expected Run, got {other:?}"),
+        }
+    }
+
+    fn err(list: &[&str]) -> String {
+        match parse_args(args(list)) {
+            Err(ConfigError(text)) => {
+                assert!(text.starts_with("mortard: "), "{text}");
+                assert!(!text.contains('\n'), "error must be one line: {text}");
+                text
+            }
+            other => panic!("{list:?}: expected an error, got {other:?}"),
+        }
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    // ---- durations ----
+
+    #[test]
+    fn duration_every_unit() {
+        assert_eq!(parse_duration("500ms"), Ok(ms(500)));
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("0ms"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("007s"), Ok(Duration::from_secs(7)));
+        assert_eq!(parse_duration("36500d"), Ok(ms(DURATION_MS_MAX)));
+    }
+
+    #[test]
+    fn duration_bad_values() {
+        let cases = [
+            ("", "empty value is not a duration"),
+            ("10", "'10' has no unit"),
+            ("0", "'0' has no unit"),
+            (
+                "10x",
+                "'10x' is not a duration (use e.g. 500ms, 10s, 2m, 1h, 7d)",
+            ),
+            ("10S", "is not a duration"),
+            ("10sec", "is not a duration"),
+            ("10 s", "is not a duration"),
+            (" 10s", "is not a duration"),
+            ("s", "is not a duration"),
+            ("1.5s", "not a whole number"),
+            ("-5s", "negative"),
+            ("+5s", "is not a duration"),
+            ("36501d", "too large (max 36500d)"),
+            ("99999999999999999999ms", "too large"),
+            ("18446744073709551615d", "too large"),
+            ("1h30m", "is not a duration"),
+        ];
+        for (input, want) in cases {
+            let got = parse_duration(input).expect_err(input);
+            assert!(got.contains(want), "{input:?}: {got}");
+            assert!(!got.contains('\n'));
+        }
+    }
+
+    #[test]
+    fn duration_format() {
+        assert_eq!(format_duration(Duration::ZERO), "0s");
+        assert_eq!(format_duration(ms(500)), "500ms");
+        assert_eq!(format_duration(ms(1500)), "1500ms");
+        assert_eq!(format_duration(Duration::from_secs(45)), "45s");
+        assert_eq!(format_duration(Duration::from_secs(90)), "90s");
+        assert_eq!(format_duration(Duration::from_secs(120)), "2m");
+        assert_eq!(format_duration(Duration::from_secs(7200)), "2h");
+        assert_eq!(format_duration(Duration::from_secs(7 * 86_400)), "7d");
+        assert_eq!(format_duration(Duration::from_micros(250)), "250us");
+        assert_eq!(
+            format_duration(Duration::from_nanos(1_500_001)),
+            "1500001ns"
+        );
+    }
+
+    // ---- sizes ----
+
+    #[test]
+    fn size_every_unit() {
+        assert_eq!(parse_size("0"), Ok(0));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("17B"), Ok(17));
+        assert_eq!(parse_size("1KiB"), Ok(1024));
+        assert_eq!(parse_size("16MiB"), Ok(16 << 20));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("2TiB"), Ok(2 << 40));
+        assert_eq!(parse_size("18446744073709551615"), Ok(u64::MAX));
+        assert_eq!(parse_size("16777215TiB"), Ok(16_777_215 << 40));
+    }
+
+    #[test]
+    fn size_bad_values() {
+        let cases = [
+            ("", "empty value is not a size"),
+            ("MiB", "is not a size"),
+            ("16MB", "unknown unit 'MB'"),
+            ("16M", "unknown unit 'M'"),
+            ("16KB", "unknown unit 'KB'"),
+            ("16mib", "unknown unit 'mib'"),
+            ("16 MiB", "unknown unit ' MiB'"),
+            ("1.5GiB", "not a whole number"),
+            ("-1", "negative"),
+            ("-1MiB", "negative"),
+            ("18446744073709551616", "too large"),
+            ("16777216TiB", "too large"),
+            ("99999999999999999999999B", "too large"),
+        ];
+        for (input, want) in cases {
+            let got = parse_size(input).expect_err(input);
+            assert!(got.contains(want), "{input:?}: {got}");
+            assert!(!got.contains('\n'));
+        }
+    }
+
+    #[test]
+    fn size_format() {
+        assert_eq!(format_size(0), "0B");
+        assert_eq!(format_size(1000), "1000B");
+        assert_eq!(format_size(1024), "1KiB");
+        assert_eq!(format_size(1536 * 1024), "1536KiB");
+        assert_eq!(format_size(16 << 20), "16MiB");
+        assert_eq!(format_size(256 << 20), "256MiB");
+        assert_eq!(format_size(1 << 30), "1GiB");
+        assert_eq!(format_size(3 << 40), "3TiB");
+        assert_eq!(format_size(u64::MAX), "18446744073709551615B");
+    }
+
+    proptest! {
+        #[test]
+        fn size_round_trips(n in any::<u64>()) {
+            prop_assert_eq!(parse_size(&format_size(n)), Ok(n));
+        }
+
+        #[test]
+        fn size_round_trips_in_units(n in 0u64..(1 << 20), shift in 0u32..=4) {
+            let bytes = n << (10 * shift);
+            prop_assert_eq!(parse_size(&format_size(bytes)), Ok(bytes));
+        }
+
+        #[test]
+        fn duration_round_trips(n in 0u64..=DURATION_MS_MAX) {
+            prop_assert_eq!(parse_duration(&format_duration(ms(n))), Ok(ms(n)));
+        }
+
+        #[test]
+        fn parsers_never_panic(s in "\\PC{0,24}") {
+            let _ = parse_size(&s);
+            let _ = parse_duration(&s);
+            let _ = parse_args(vec![format!("--segment-size={s}")]);
+        }
+    }
+
+    // ---- every flag, both spellings ----
+
+    type Check = fn(&Config) -> bool;
+
+    /// One non-default value per flag, and how to see it landed in the right field.
+    const FLAG_CASES: [(&str, &str, Check); FLAG_COUNT] = [
+        ("listen", "0.0.0.0:9000", |c| {
+            c.listen == "0.0.0.0:9000".parse().unwrap()
+        }),
+        ("admin-listen", "[::1]:9001", |c| {
+            c.admin_listen == "[::1]:9001".parse().ok()
+        }),
+        ("listen-peer", "10.0.0.1:7413", |c| {
+            c.listen_peer == "10.0.0.1:7413".parse().ok()
+        }),
+        ("token-file", "/etc/mortar/tokens", |c| {
+            c.token_file.as_deref() == Some("/etc/mortar/tokens".as_ref())
+        }),
+        ("max-connections", "10", |c| c.max_connections == 10),
+        ("idle-timeout", "2m", |c| {
+            c.idle_timeout == Duration::from_secs(120)
+        }),
+        ("half-frame-timeout", "1500ms", |c| {
+            c.half_frame_timeout == ms(1500)
+        }),
+        ("data-dir", "/var/lib/mortar", |c| {
+            c.data_dir == Path::new("/var/lib/mortar")
+        }),
+        ("segment-size", "32MiB", |c| {
+            c.segment_size_bytes == 32 << 20
+        }),
+        ("retention-size", "1GiB", |c| {
+            c.retention_size_bytes == 1 << 30
+        }),
+        ("retention-age", "14d", |c| {
+            c.retention_age == Duration::from_secs(14 * 86_400)
+        }),
+        ("max-data-size", "10GiB", |c| {
+            c.max_data_size_bytes == 10 << 30
+        }),
+        ("fsync-threads", "4", |c| c.fsync_threads == 4),
+        ("durability", "written", |c| {
+            c.durability == Durability::Written
+        }),
+        ("producer-ttl", "12h", |c| {
+            c.producer_ttl == Duration::from_secs(12 * 3600)
+        }),
+        ("max-partitions", "128", |c| c.max_partitions == 128),
+        ("session-timeout", "20s", |c| {
+            c.session_timeout == Duration::from_secs(20)
+        }),
+        ("revoke-timeout", "5s", |c| {
+            c.revoke_timeout == Duration::from_secs(5)
+        }),
+        ("ack-wait", "1m", |c| c.ack_wait == Duration::from_secs(60)),
+        ("nack-delay", "250ms", |c| c.nack_delay == ms(250)),
+        ("max-attempts", "9", |c| c.max_attempts == 9),
+        ("max-credit-count", "1000", |c| c.max_credit_count == 1000),
+        ("max-credit-size", "8MiB", |c| {
+            c.max_credit_size_bytes == 8 << 20
+        }),
+        ("commit-interval", "5s", |c| {
+            c.commit_interval == Duration::from_secs(5)
+        }),
+        ("max-memory", "512MiB", |c| c.max_memory_bytes == 512 << 20),
+        ("max-output-size", "128MiB", |c| {
+            c.max_output_size_bytes == 128 << 20
+        }),
+        ("max-pending-requests", "99", |c| {
+            c.max_pending_requests == 99
+        }),
+        ("max-subscriptions", "7", |c| c.max_subscriptions == 7),
+        ("max-groups", "3", |c| c.max_groups == 3),
+        ("max-members-per-group", "11", |c| {
+            c.max_members_per_group == 11
+        }),
+    ];
+
+    use std::path::Path;
+
+    #[test]
+    fn every_flag_in_both_forms() {
+        let defaults = Config::default();
+        for (name, value, check) in FLAG_CASES {
+            let spaced = run(&[&format!("--{name}"), value]);
+            let joined = run(&[&format!("--{name}={value}")]);
+            assert!(check(&spaced), "--{name} {value} did not set its field");
+            assert_eq!(spaced, joined, "--{name}");
+            assert_ne!(spaced, defaults, "--{name} {value} changed nothing");
+            // Exactly one field moved: render every flag and compare with the defaults.
+            let moved: Vec<_> = spaced
+                .flag_values()
+                .into_iter()
+                .zip(defaults.flag_values())
+                .filter(|(a, b)| a != b)
+                .map(|(a, _)| a.0)
+                .collect();
+            assert_eq!(moved, vec![name], "--{name} {value}");
+        }
+    }
+
+    #[test]
+    fn all_flags_together_round_trip_through_flag_values() {
+        let mut list = Vec::new();
+        for (name, value, _) in FLAG_CASES {
+            list.push(format!("--{name}={value}"));
+        }
+        let config = run(&list.iter().map(String::as_str).collect::<Vec<_>>());
+        for (name, value, check) in FLAG_CASES {
+            assert!(check(&config), "--{name} {value}");
+        }
+        let again: Vec<String> = config
+            .flag_values()
+            .into_iter()
+            .filter_map(|(name, value)| value.map(|v| format!("--{name}={v}")))
+            .collect();
+        assert_eq!(parse_args(again), Ok(Command::Run(config)));
+    }
+
+    #[test]
+    fn defaults_round_trip_through_flag_values() {
+        let list: Vec<String> = Config::default()
+            .flag_values()
+            .into_iter()
+            .filter_map(|(name, value)| value.map(|v| format!("--{name}={v}")))
+            .collect();
+        assert_eq!(list.len(), FLAG_COUNT - 1, "only --token-file is unset");
+        assert_eq!(parse_args(list), Ok(Command::Run(Config::default())));
+    }
+
+    #[test]
+    fn off_handling() {
+        assert_eq!(run(&["--admin-listen", "off"]).admin_listen, None);
+        assert_eq!(run(&["--admin-listen=off"]).admin_listen, None);
+        assert_eq!(run(&["--listen-peer", "off"]).listen_peer, None);
+        assert_eq!(run(&[]).listen_peer, None);
+        let c = run(&["--admin-listen", "off", "--listen-peer", "off"]);
+        assert_eq!(
+            c.flag_values()[1],
+            ("admin-listen", Some("off".to_string()))
+        );
+        assert_eq!(c.flag_values()[2], ("listen-peer", Some("off".to_string())));
+        assert!(err(&["--admin-listen", "OFF"]).contains("'OFF' is not an address"));
+        assert!(err(&["--admin-listen", "none"]).contains("or off"));
+        assert!(err(&["--listen", "off"]).contains("'off' is not an address"));
+        assert!(err(&["--listen-peer", ""]).contains("not an address"));
+    }
+
+    #[test]
+    fn addresses() {
+        assert_eq!(
+            run(&["--listen", "[::]:7411"]).listen.ip(),
+            IpAddr::from([0u16; 8])
+        );
+        assert_eq!(run(&["--listen", "127.0.0.1:0"]).listen.port(), 0);
+        for bad in [
+            "localhost:7411",
+            "127.0.0.1",
+            ":7411",
+            "127.0.0.1:70000",
+            "::1:7411",
+        ] {
+            let e = err(&["--listen", bad]);
+            assert!(e.contains("is not an address (use IP:PORT"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn durability_values() {
+        assert_eq!(
+            run(&["--durability", "fsync"]).durability,
+            Durability::Fsync
+        );
+        assert_eq!(
+            run(&["--durability=written"]).durability,
+            Durability::Written
+        );
+        let e = err(&["--durability", "always"]);
+        assert_eq!(
+            e,
+            "mortard: --durability: 'always' is not a durability (use written or fsync)"
+        );
+        assert!(err(&["--durability", "FSYNC"]).contains("not a durability"));
+    }
+
+    #[test]
+    fn counts() {
+        assert!(err(&["--max-connections", "many"]).contains("'many' is not a whole number"));
+        assert!(err(&["--max-connections", "-1"]).contains("'-1' is negative"));
+        assert!(err(&["--max-connections", "+1"]).contains("not a whole number"));
+        assert!(err(&["--max-connections", "1e3"]).contains("not a whole number"));
+        assert!(err(&["--max-connections="]).contains("empty value"));
+        assert!(err(&["--max-connections", "4294967296"]).contains("too large (max 4294967295)"));
+        assert!(err(&["--max-partitions", "65536"]).contains("too large (max 65535)"));
+        assert!(err(&["--max-attempts", "65536"]).contains("too large (max 65535)"));
+        assert!(err(&["--max-credit-count", "65536"]).contains("too large (max 65535)"));
+        assert!(err(&["--max-subscriptions", "65536"]).contains("too large (max 65535)"));
+        assert_eq!(run(&["--max-partitions", "65535"]).max_partitions, 65535);
+    }
+
+    #[test]
+    fn flag_error_messages_name_the_flag_and_value() {
+        assert_eq!(
+            err(&["--idle-timeout", "10x"]),
+            "mortard: --idle-timeout: '10x' is not a duration (use e.g. 500ms, 10s, 2m, 1h, 7d)"
+        );
+        assert_eq!(
+            err(&["--ack-wait=30"]),
+            "mortard: --ack-wait: '30' has no unit (use e.g. 500ms, 10s, 2m, 1h, 7d)"
+        );
+        assert!(err(&["--segment-size", "16MB"]).starts_with("mortard: --segment-size: '16MB'"));
+        assert!(err(&["--data-dir="]).contains("--data-dir: an empty path"));
+        assert!(err(&["--token-file="]).contains("--token-file: an empty path"));
+    }
+
+    // ---- defaults ----
+
+    #[test]
+    fn defaults_equal_documented_constants() {
+        let c = Config::default();
+        assert_eq!(c.listen, "127.0.0.1:7411".parse().unwrap());
+        assert_eq!(c.listen, LISTEN_DEFAULT);
+        assert_eq!(c.admin_listen, Some("127.0.0.1:7412".parse().unwrap()));
+        assert_eq!(c.admin_listen, ADMIN_LISTEN_DEFAULT);
+        assert_eq!(c.listen_peer, None);
+        assert_eq!(c.listen_peer, LISTEN_PEER_DEFAULT);
+        assert_eq!(c.token_file, None);
+        assert_eq!(TOKEN_FILE_DEFAULT, None);
+        assert_eq!(c.max_connections, 4096);
+        assert_eq!(c.max_connections, MAX_CONNECTIONS_DEFAULT);
+        assert_eq!(c.idle_timeout, Duration::from_secs(45));
+        assert_eq!(c.idle_timeout, IDLE_TIMEOUT_DEFAULT);
+        assert_eq!(c.half_frame_timeout, Duration::from_secs(10));
+        assert_eq!(c.half_frame_timeout, HALF_FRAME_TIMEOUT_DEFAULT);
+        assert_eq!(c.data_dir, PathBuf::from("./mortar-data"));
+        assert_eq!(c.data_dir, PathBuf::from(DATA_DIR_DEFAULT));
+        assert_eq!(c.segment_size_bytes, 16 << 20);
+        assert_eq!(c.segment_size_bytes, SEGMENT_SIZE_BYTES_DEFAULT);
+        assert_eq!(c.retention_size_bytes, 0);
+        assert_eq!(c.retention_size_bytes, RETENTION_SIZE_BYTES_DEFAULT);
+        assert_eq!(c.retention_age, Duration::ZERO);
+        assert_eq!(c.retention_age, RETENTION_AGE_DEFAULT);
+        assert_eq!(c.max_data_size_bytes, 0);
+        assert_eq!(c.max_data_size_bytes, MAX_DATA_SIZE_BYTES_DEFAULT);
+        assert_eq!(c.fsync_threads, 2);
+        assert_eq!(c.fsync_threads, FSYNC_THREADS_DEFAULT);
+        assert_eq!(c.durability, Durability::Fsync);
+        assert_eq!(c.durability, DURABILITY_DEFAULT);
+        assert_eq!(c.producer_ttl, Duration::from_secs(7 * 86_400));
+        assert_eq!(c.producer_ttl, PRODUCER_TTL_DEFAULT);
+        assert_eq!(c.max_partitions, 64);
+        assert_eq!(c.max_partitions, MAX_PARTITIONS_DEFAULT);
+        assert_eq!(c.session_timeout, Duration::from_secs(30));
+        assert_eq!(c.session_timeout, SESSION_TIMEOUT_DEFAULT);
+        assert_eq!(c.revoke_timeout, Duration::from_secs(10));
+        assert_eq!(c.revoke_timeout, REVOKE_TIMEOUT_DEFAULT);
+        assert_eq!(c.ack_wait, Duration::from_secs(30));
+        assert_eq!(c.ack_wait, ACK_WAIT_DEFAULT);
+        assert_eq!(c.nack_delay, Duration::from_secs(1));
+        assert_eq!(c.nack_delay, NACK_DELAY_DEFAULT);
+        assert_eq!(c.max_attempts, 5);
+        assert_eq!(c.max_attempts, MAX_ATTEMPTS_DEFAULT);
+        assert_eq!(c.max_credit_count, 65535);
+        assert_eq!(c.max_credit_count, MAX_CREDIT_COUNT_DEFAULT);
+        assert_eq!(c.max_credit_size_bytes, 16 << 20);
+        assert_eq!(c.max_credit_size_bytes, MAX_CREDIT_SIZE_BYTES_DEFAULT);
+        assert_eq!(c.commit_interval, Duration::from_secs(1));
+        assert_eq!(c.commit_interval, COMMIT_INTERVAL_DEFAULT);
+        assert_eq!(c.max_memory_bytes, 256 << 20);
+        assert_eq!(c.max_memory_bytes, MAX_MEMORY_BYTES_DEFAULT);
+        assert_eq!(c.max_output_size_bytes, 64 << 20);
+        assert_eq!(c.max_output_size_bytes, MAX_OUTPUT_SIZE_BYTES_DEFAULT);
+        assert_eq!(c.max_pending_requests, 1024);
+        assert_eq!(c.max_pending_requests, MAX_PENDING_REQUESTS_DEFAULT);
+        assert_eq!(c.max_subscriptions, 64);
+        assert_eq!(c.max_subscriptions, MAX_SUBSCRIPTIONS_DEFAULT);
+        assert_eq!(c.max_groups, 1024);
+        assert_eq!(c.max_groups, MAX_GROUPS_DEFAULT);
+        assert_eq!(c.max_members_per_group, 256);
+        assert_eq!(c.max_members_per_group, MAX_MEMBERS_PER_GROUP_DEFAULT);
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(run(&[]), c);
+        assert!(c.warnings().is_empty());
+    }
+
+    // ---- help and version ----
+
+    #[test]
+    fn flag_table_matches_the_promised_names() {
+        let table: Vec<&str> = FLAGS.iter().map(|s| s.name).collect();
+        assert_eq!(table, FLAG_NAMES.to_vec());
+        let cases: Vec<&str> = FLAG_CASES.iter().map(|c| c.0).collect();
+        assert_eq!(cases, FLAG_NAMES.to_vec());
+    }
+
+    #[test]
+    fn help_mentions_every_flag_with_its_default() {
+        let Ok(Command::Help(help)) = parse_args(args(&["--help"])) else {
+            panic!("--help");
+        };
+        assert!(help.starts_with("Usage: mortard [OPTIONS]\n"));
+        let defaults = Config::default().flag_values();
+        for (name, default) in defaults {
+            let line = help
+                .lines()
+                .find(|l| l.trim_start().starts_with(&format!("--{name} ")))
+                .unwrap_or_else(|| panic!("--help lacks --{name}"));
+            let default = default.unwrap_or_else(|| "none".to_string());
+            let columns: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(columns.get(2), Some(&default.as_str()), "{line}");
+        }
+        for name in FLAG_NAMES {
+            assert!(
+                help.contains(&format!("--{name} ")),
+                "--help lacks --{name}"
+            );
+        }
+        let mut last = 0;
+        for title in [
+            "Network:", "Storage:", "Publish:", "Consume:", "Limits:", "Other:",
+        ] {
+            let at = help.find(title).unwrap_or_else(|| panic!("no {title}"));
+            assert!(at > last, "{title} out of order");
+            last = at;
+        }
+        assert!(help.contains("-h, --help") && help.contains("-V, --version"));
+        assert!(help.contains("RUST_LOG"));
+        assert!(
+            help.lines().all(|l| l.len() <= 100),
+            "keep --help within 100 columns"
+        );
+    }
+
+    #[test]
+    fn help_and_version_forms() {
+        let version = format!("mortard {} (wire v1)", env!("CARGO_PKG_VERSION"));
+        for list in [
+            &["-h"][..],
+            &["--help"],
+            &["--help", "--version"],
+            &["-V", "-h"],
+        ] {
+            assert!(
+                matches!(parse_args(args(list)), Ok(Command::Help(_))),
+                "{list:?}"
+            );
+        }
+        for list in [&["-V"][..], &["--version"]] {
+            assert_eq!(
+                parse_args(args(list)),
+                Ok(Command::Version(version.clone()))
+            );
+        }
+        // --help wins over a bad value: the operator asking for help gets it.
+        assert!(matches!(
+            parse_args(args(&["--idle-timeout", "10x", "--help"])),
+            Ok(Command::Help(_))
+        ));
+        assert!(err(&["--help=yes"]).contains("--help does not take a value"));
+    }
+
+    // ---- command-line shape ----
+
+    #[test]
+    fn unknown_flags_and_stray_arguments() {
+        assert_eq!(
+            err(&["--listn", "127.0.0.1:1"]),
+            "mortard: unknown option '--listn' (see mortard --help)"
+        );
+        assert!(err(&["-x"]).contains("unknown option '-x'"));
+        assert!(err(&["--log-level", "debug"]).contains("unknown option '--log-level'"));
+        assert!(
+            err(&["--max-conn", "5"]).contains("unknown option"),
+            "no prefix matching"
+        );
+        assert!(err(&["start"]).contains("unexpected argument 'start'"));
+        assert!(err(&["--data-dir", "/d", "extra"]).contains("unexpected argument 'extra'"));
+        assert!(err(&["--", "--listen"]).contains("unexpected argument '--listen'"));
+        assert!(err(&["--listen"]).contains("--listen needs a value"));
+        assert!(err(&["--max-groups", "1", "--max-groups=2"]).contains("given more than once"));
+    }
+
+    // ---- cross-field validation ----
+
+    #[test]
+    fn validation_errors() {
+        let cases: [(&[&str], &str); 29] = [
+            (
+                &["--max-connections", "0"],
+                "--max-connections: must be at least 1",
+            ),
+            (
+                &["--idle-timeout", "0s"],
+                "--idle-timeout: must be more than 0s",
+            ),
+            (
+                &["--half-frame-timeout", "0ms"],
+                "--half-frame-timeout: must be more than 0s",
+            ),
+            (
+                &["--segment-size", "4095"],
+                "--segment-size: 4095B is out of range",
+            ),
+            (&["--segment-size", "2GiB"], "allowed 4KiB..1GiB"),
+            (
+                &["--retention-size", "1MiB"],
+                "smaller than --segment-size 16MiB",
+            ),
+            (
+                &["--max-data-size", "1MiB"],
+                "--max-data-size: 1MiB is smaller",
+            ),
+            (
+                &["--fsync-threads", "0"],
+                "--fsync-threads: 0 is out of range (allowed 1..64)",
+            ),
+            (&["--fsync-threads", "65"], "out of range"),
+            (
+                &["--producer-ttl", "0d"],
+                "--producer-ttl: must be more than 0s",
+            ),
+            (
+                &["--max-partitions", "0"],
+                "--max-partitions: must be at least 1",
+            ),
+            (
+                &["--session-timeout", "0s"],
+                "--session-timeout: must be more than 0s",
+            ),
+            (
+                &["--revoke-timeout", "0s"],
+                "--revoke-timeout: must be more than 0s",
+            ),
+            (&["--ack-wait", "0s"], "--ack-wait: must be more than 0s"),
+            (
+                &["--nack-delay", "0s"],
+                "--nack-delay: must be more than 0s",
+            ),
+            (
+                &["--max-attempts", "0"],
+                "--max-attempts: must be at least 1",
+            ),
+            (
+                &["--max-credit-count", "0"],
+                "--max-credit-count: must be at least 1",
+            ),
+            (
+                &["--max-credit-size", "0"],
+                "--max-credit-size: 0B is out of range",
+            ),
+            (&["--max-credit-size", "4GiB"], "credit_bytes is a u32"),
+            (
+                &["--commit-interval", "0s"],
+                "--commit-interval: must be more than 0s",
+            ),
+            (&["--max-output-size", "16MiB"], "below one maximal frame"),
+            (
+                &["--max-output-size", "32MiB", "--max-credit-size", "48MiB"],
+                "--max-output-size: 32MiB is smaller than --max-credit-size 48MiB",
+            ),
+            (
+                &["--max-memory", "32MiB"],
+                "--max-memory: 32MiB is smaller than --max-output",
+            ),
+            (
+                &["--max-pending-requests", "0"],
+                "--max-pending-requests: must be at least 1",
+            ),
+            (
+                &["--max-subscriptions", "0"],
+                "--max-subscriptions: must be at least 1",
+            ),
+            (&["--max-groups", "0"], "--max-groups: must be at least 1"),
+            (
+                &["--max-members-per-group", "0"],
+                "--max-members-per-group: must be at least",
+            ),
+            (
+                &["--admin-listen", "127.0.0.1:7411"],
+                "--admin-listen: 127.0.0.1:7411 clashes with --listen 127.0.0.1:7411",
+            ),
+            (
+                &["--listen", "0.0.0.0:7000", "--listen-peer", "10.0.0.1:7000"],
+                "--listen-peer: 10.0.0.1:7000 clashes with --listen",
+            ),
+        ];
+        for (list, want) in cases {
+            let e = err(list);
+            assert!(e.contains(want), "{list:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn validation_accepts_the_edges() {
+        run(&[
+            "--segment-size",
+            "4KiB",
+            "--retention-size",
+            "4KiB",
+            "--max-data-size",
+            "4KiB",
+        ]);
+        run(&[
+            "--segment-size",
+            "1GiB",
+            "--retention-age",
+            "0s",
+            "--retention-size",
+            "0",
+        ]);
+        run(&[
+            "--fsync-threads",
+            "64",
+            "--max-attempts",
+            "1",
+            "--nack-delay",
+            "1ms",
+        ]);
+        run(&["--max-credit-size", "64MiB"]);
+        run(&["--max-output-size", "16777220", "--max-memory", "16777220"]);
+        // Port 0 (any free port) never clashes; tests start brokers this way.
+        run(&["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]);
+        run(&[
+            "--listen",
+            "127.0.0.1:7411",
+            "--listen-peer",
+            "127.0.0.2:7411",
+        ]);
+        run(&["--admin-listen", "off", "--listen", "127.0.0.1:7412"]);
+    }
+
+    #[test]
+    fn warnings_for_risky_but_legal_settings() {
+        let c = run(&[
+            "--admin-listen",
+            "0.0.0.0:7412",
+            "--listen-peer",
+            "10.0.0.1:7413",
+        ]);
+        let w = c.warnings();
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("not loopback"));
+        assert!(w[1].contains("nothing listens"));
+        assert!(run(&["--admin-listen", "[::1]:7412"]).warnings().is_empty());
+    }
+
+    // ---- the man page documents exactly these flags ----
+
+    #[test]
+    fn man_page_documents_every_flag_and_no_other() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/man/mortard.8");
+        let text = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("{path}: {e} (the man page ships with this module)"));
+        let text = text.replace("\\-", "-");
+        for name in FLAG_NAMES {
+            assert!(
+                text.contains(&format!("--{name}")),
+                "man page lacks --{name}"
+            );
+        }
+        for (at, _) in text.match_indices("--") {
+            let rest = &text[at + 2..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_lowercase() || c == '-'))
+                .unwrap_or(rest.len());
+            let name = &rest[..end];
+            if name.is_empty() {
+                continue;
+            }
+            assert!(
+                FLAG_NAMES.contains(&name) || ["help", "version", "pretty"].contains(&name),
+                "man page names unknown flag --{name}"
+            );
+        }
+    }
+}

@@ -1,0 +1,923 @@
+//! # Storage log: one append-only, segmented, checksummed log per topic partition
+//!
+//! This room is for putting records on disk and getting them back: it knows directories,
+//! files, byte positions, sequences and fsync. It does not know sockets, ops, topics,
+//! producers' dedup rules or mio. It may depend on std, memmap2, crc32fast and log, and on
+//! nothing else in the crate; `broker/` calls it and converts [`StorageError`] into wire
+//! error codes at that boundary.
+//!
+//! ## Life of a record
+//!
+//! 1. [`PartitionLog::append`] encodes the record into an in-memory write buffer and gives
+//!    it the next sequence. No syscall: the reactor appends every PUB of a loop pass.
+//! 2. [`PartitionLog::flush`] writes the buffer to the active segment with one `write_all`
+//!    (one per segment when the batch crosses a roll), then the index entries. Now the
+//!    records are WRITTEN (page cache) and readable. A failed write is undone whole.
+//! 3. [`PartitionLog::take_sync_job`] hands a [`SyncJob`] to the fsync pool, which calls
+//!    [`SyncJob::run`] on a worker thread; the reactor then calls `sync_done` (records
+//!    are FSYNCED) or `sync_failed` (the partition is poisoned for good: see
+//!    [`StorageError::Poisoned`]).
+//! 4. [`PartitionLog::read`] serves consumers from read-only memory maps, verifying each
+//!    record's CRC; [`PartitionLog::enforce_retention`] deletes whole closed segments.
+//!
+//! ## Files in a partition directory
+//!
+//! ```text
+//! 00000000000000000001.log   segment: 16-byte header, then records (see record.rs)
+//! 00000000000000000001.idx   index: one u32 BE byte position per record (see segment.rs)
+//! 00000000000000000958.log   the next segment starts at the previous last sequence + 1
+//! 00000000000000000958.idx
+//! ```
+//!
+//! Every layout is drawn in the doc comment of the code that encodes it: `record.rs`
+//! (record), `segment.rs` (segment header and index entry), `meta.rs` (meta files).
+//! `docs/STORAGE.md` repeats them for operators.
+//!
+//! ## Invariants
+//!
+//! - `segments` is never empty; the last one is the active segment, the only one with a
+//!   writer; sequences are contiguous across segments.
+//! - Every byte below a segment's `len_bytes` was written by this process or verified by
+//!   recovery, and is never rewritten; maps never extend past `len_bytes`.
+//! - `synced_sequence <= written_sequence < next_sequence`.
+
+pub mod meta;
+
+mod error;
+mod mmap;
+mod record;
+mod recovery;
+mod segment;
+#[cfg(test)]
+mod tests;
+
+pub use error::StorageError;
+pub use record::{
+    RECORD_BYTES_MAX, RECORD_KEY_BYTES_MAX, RECORD_OVERHEAD_BYTES, RECORD_VALUE_BYTES_MAX,
+};
+pub use recovery::{check_partition, CheckProblem, CheckReport, RecoveryReport};
+pub use segment::{
+    INDEX_ENTRY_BYTES, SEGMENT_BYTES_MAX, SEGMENT_FORMAT_VERSION, SEGMENT_HEADER_BYTES,
+};
+
+use record::{Decoded, Fields};
+use recovery::VerifyMode;
+use segment::{encode_header, Segment, Writer};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Default segment size when the operator sets none.
+pub const SEGMENT_SIZE_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
+/// Segments kept mapped at once per partition. Maps cost address space, which matters on
+/// 32-bit hosts; the least recently read segment is unmapped first. The active segment
+/// counts too.
+pub const MAPPED_SEGMENTS_MAX: usize = 16;
+/// After a flush, a write buffer that grew past this is shrunk back, so one burst does not
+/// pin its peak memory for the life of the process.
+pub const WRITE_BUFFER_RETAIN_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Records per batch when `scan_headers` walks the log.
+const SCAN_HEADERS_BATCH_RECORDS: usize = 1024;
+
+const _: () = assert!(SEGMENT_SIZE_BYTES_DEFAULT <= SEGMENT_BYTES_MAX);
+const _: () = assert!(
+    MAPPED_SEGMENTS_MAX >= 2,
+    "a read must map one segment beside the active"
+);
+
+/// Per-partition storage settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogConfig {
+    /// A segment is rolled when the next record would take it past this size. A record
+    /// larger than this still goes in whole, alone in its own segment. 1..=SEGMENT_BYTES_MAX.
+    pub segment_size_bytes: u64,
+    /// Delete the oldest closed segments while the partition is bigger. 0 = unlimited.
+    pub retention_size_bytes: u64,
+    /// Delete closed segments whose newest record is older than this. 0 = unlimited.
+    pub retention_age_ms: u64,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            segment_size_bytes: SEGMENT_SIZE_BYTES_DEFAULT,
+            retention_size_bytes: 0,
+            retention_age_ms: 0,
+        }
+    }
+}
+
+impl LogConfig {
+    fn validate(&self) -> Result<(), StorageError> {
+        if self.segment_size_bytes == 0 || self.segment_size_bytes > SEGMENT_BYTES_MAX {
+            return Err(StorageError::InvalidConfig {
+                reason: format!(
+                    "segment_size_bytes {} not in 1..={SEGMENT_BYTES_MAX}",
+                    self.segment_size_bytes
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A record to append. The log assigns the sequence.
+#[derive(Debug, Clone, Copy)]
+pub struct AppendRecord<'a> {
+    pub timestamp_ms: u64,
+    pub producer_id: u64,
+    pub producer_seq: u64,
+    pub flags: u16,
+    pub key: &'a [u8],
+    pub value: &'a [u8],
+}
+
+/// A record read back; `key` and `value` borrow from the segment's memory map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordView<'a> {
+    pub sequence: u64,
+    pub timestamp_ms: u64,
+    pub producer_id: u64,
+    pub producer_seq: u64,
+    pub flags: u16,
+    pub key: &'a [u8],
+    pub value: &'a [u8],
+}
+
+impl<'a> From<Decoded<'a>> for RecordView<'a> {
+    fn from(d: Decoded<'a>) -> Self {
+        RecordView {
+            sequence: d.sequence,
+            timestamp_ms: d.timestamp_ms,
+            producer_id: d.producer_id,
+            producer_seq: d.producer_seq,
+            flags: d.flags,
+            key: d.key,
+            value: d.value,
+        }
+    }
+}
+
+/// What a [`PartitionLog::read`] delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadOutcome {
+    /// Records passed to the callback.
+    pub records: usize,
+    /// Their key + value bytes (what `max_bytes` limits).
+    pub bytes: usize,
+    /// Where the next read should start: one past the last record delivered, or the
+    /// (clamped) start when none was.
+    pub next_sequence: u64,
+    /// Sequences below `first_sequence` that were asked for but deleted by retention
+    /// (the caller counts these as skipped).
+    pub skipped: u64,
+}
+
+/// What [`PartitionLog::enforce_retention`] deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RetentionReport {
+    pub segments_deleted: u32,
+    pub bytes_deleted: u64,
+    /// Oldest retained sequence afterwards.
+    pub first_sequence: u64,
+}
+
+/// Snapshot for `/stats` and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionStats {
+    pub first_sequence: u64,
+    pub next_sequence: u64,
+    pub written_sequence: u64,
+    pub synced_sequence: u64,
+    /// Bytes in segment files (flushed), headers included; indexes not counted.
+    pub bytes: u64,
+    pub segments: u32,
+    pub pending_bytes: usize,
+    pub poisoned: bool,
+}
+
+/// One group-commit fdatasync, built on the reactor thread, run on an fsync worker.
+#[derive(Debug)]
+pub struct SyncJob {
+    /// Every segment file written since the previous job.
+    pub files: Vec<Arc<File>>,
+    /// Set when a segment file was created since the previous job: its directory entry
+    /// must be made durable too, or a crash could lose the whole file.
+    pub sync_dir: Option<PathBuf>,
+    /// After a successful run, every sequence up to this one is durable.
+    pub upto_sequence: u64,
+}
+
+impl SyncJob {
+    /// fdatasyncs every file, then fsyncs the directory if asked. Blocks: call it from an
+    /// fsync worker thread, never from the reactor. On error the caller must report
+    /// `sync_failed` and never run the same job again as if nothing happened.
+    pub fn run(&self) -> io::Result<()> {
+        for file in &self.files {
+            file.sync_data()?;
+        }
+        if let Some(dir) = &self.sync_dir {
+            meta::sync_dir(dir)?;
+        }
+        Ok(())
+    }
+}
+
+/// A buffered, not yet flushed record: its encoded length in `write_buf`.
+struct PendingRecord {
+    len: u32,
+    timestamp_ms: u64,
+}
+
+/// State to put back when a flush fails part way.
+struct FlushUndo {
+    segments: usize,
+    len_bytes: u64,
+    record_count: u64,
+    last_timestamp_ms: Option<u64>,
+}
+
+/// Test-only fault injection: fail the Nth write after writing half its bytes, the way a
+/// disk that fills up mid-write does. Zero-sized and inert outside tests.
+#[derive(Default)]
+struct FaultHook {
+    #[cfg(test)]
+    fail_write: std::cell::Cell<Option<(u32, i32)>>,
+}
+
+impl FaultHook {
+    fn before_write(&self, file: &File, bytes: &[u8]) -> io::Result<()> {
+        #[cfg(test)]
+        if let Some((writes_left, errno)) = self.fail_write.get() {
+            if writes_left == 0 {
+                self.fail_write.set(None);
+                let mut f = file;
+                f.write_all(&bytes[..bytes.len() / 2])?;
+                return Err(io::Error::from_raw_os_error(errno));
+            }
+            self.fail_write.set(Some((writes_left - 1, errno)));
+        }
+        let _ = (file, bytes);
+        Ok(())
+    }
+}
+
+/// Positioned write (seek + write_all): after an undo truncates, the file cursor would lie.
+fn write_at(
+    fault: &FaultHook,
+    file: &File,
+    path: &Path,
+    position: u64,
+    bytes: &[u8],
+) -> Result<(), StorageError> {
+    let mut f = file;
+    f.seek(SeekFrom::Start(position))
+        .and_then(|_| fault.before_write(file, bytes))
+        .and_then(|()| f.write_all(bytes))
+        .map_err(|e| StorageError::from_io(path, Some(position), e))
+}
+
+/// Decodes the record at `position` of a mapped segment and insists on `sequence`.
+/// Never returns wrong data: any mismatch is `Corrupt`, logged with path and position.
+fn decode_mapped<'m>(
+    bytes: &'m [u8],
+    position: u64,
+    sequence: u64,
+    path: &Path,
+) -> Result<Decoded<'m>, StorageError> {
+    let tail = bytes.get(position as usize..).unwrap_or(&[]);
+    record::decode(tail, Some(sequence)).map_err(|e| {
+        log::error!(
+            "{}: corrupt record at byte {position} (sequence {sequence}): {e}",
+            path.display()
+        );
+        StorageError::Corrupt {
+            path: path.to_path_buf(),
+            position,
+            reason: e.to_string(),
+        }
+    })
+}
+
+/// Byte position of `sequence` in its mapped segment, from the mapped index.
+fn index_position(seg: &Segment, sequence: u64) -> Result<u64, StorageError> {
+    seg.position_of(sequence).map_err(|reason| {
+        let position = (sequence - seg.first_sequence) * INDEX_ENTRY_BYTES as u64;
+        log::error!(
+            "{}: bad index entry at byte {position}: {reason}",
+            seg.idx_path.display()
+        );
+        StorageError::Corrupt {
+            path: seg.idx_path.clone(),
+            position,
+            reason,
+        }
+    })
+}
+
+/// The log of one topic partition, living in its own directory. Single-threaded: owned by
+/// the reactor; only [`SyncJob`]s cross to other threads.
+pub struct PartitionLog {
+    dir: PathBuf,
+    config: LogConfig,
+    /// Oldest first; never empty; the last is the active segment.
+    segments: Vec<Segment>,
+    /// Encoded records not yet flushed, back to back.
+    write_buf: Vec<u8>,
+    pending: Vec<PendingRecord>,
+    written_sequence: u64,
+    synced_sequence: u64,
+    /// `written_sequence` when the last sync job was taken.
+    sync_taken_sequence: u64,
+    /// Segment files written since the last sync job (no duplicates).
+    unsynced_files: Vec<Arc<File>>,
+    /// A segment file was created since the last sync job.
+    dir_dirty: bool,
+    /// Why writes are refused, once an fsync (or a failed-write undo) has failed.
+    poisoned: Option<String>,
+    map_tick: u64,
+    mapped_segments: usize,
+    fault: FaultHook,
+}
+
+impl PartitionLog {
+    /// Opens (creating if missing) the partition in `dir` and recovers it: checks every
+    /// closed segment cheaply, verifies the last segment's tail record by record,
+    /// truncates at the first bad record, rebuilds indexes that do not agree, and fsyncs
+    /// what it keeps so `synced_sequence() == written_sequence()` afterwards (the previous
+    /// process may have died with written-but-unsynced records still in the page cache).
+    pub fn open(
+        dir: &Path,
+        config: LogConfig,
+    ) -> Result<(PartitionLog, RecoveryReport), StorageError> {
+        config.validate()?;
+        let io = |path: &Path, e: io::Error| StorageError::from_io(path, None, e);
+        let created = !dir.is_dir();
+        fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+        if created {
+            // The new directory's own entry lives in its parent.
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                meta::sync_dir(parent).map_err(|e| io(parent, e))?;
+            }
+        }
+        let (recovered, mut report) = recovery::recover(dir, VerifyMode::Tails)?;
+        let mut segments: Vec<Segment> = recovered
+            .iter()
+            .map(|r| {
+                let mut s = Segment::new(dir, r.first_sequence, r.len_bytes, r.record_count);
+                s.last_timestamp_ms = r.last_timestamp_ms;
+                s
+            })
+            .collect();
+        if segments.is_empty() {
+            let seg = Segment::new(dir, 1, SEGMENT_HEADER_BYTES as u64, 0);
+            fs::write(&seg.log_path, encode_header(1)).map_err(|e| io(&seg.log_path, e))?;
+            fs::write(&seg.idx_path, []).map_err(|e| io(&seg.idx_path, e))?;
+            segments.push(seg);
+            report.segments = 1;
+            report.first_sequence = 1;
+            report.next_sequence = 1;
+        }
+        let last_i = segments.len() - 1;
+        for (i, seg) in segments.iter_mut().enumerate() {
+            let log = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&seg.log_path);
+            let log = log.map_err(|e| io(&seg.log_path, e))?;
+            log.sync_data().map_err(|e| io(&seg.log_path, e))?;
+            if i == last_i {
+                let mut idx = OpenOptions::new();
+                idx.read(true).write(true).create(true).truncate(false);
+                let idx = idx.open(&seg.idx_path).map_err(|e| io(&seg.idx_path, e))?;
+                seg.writer = Some(Writer {
+                    log: Arc::new(log),
+                    idx,
+                });
+            }
+        }
+        meta::sync_dir(dir).map_err(|e| io(dir, e))?;
+        let written = segments[last_i].end_sequence() - 1;
+        if !report.is_clean() {
+            log::warn!("{}: recovered with data loss: {report:?}", dir.display());
+        } else if report.indexes_rebuilt > 0 {
+            log::info!(
+                "{}: recovered, {} index(es) rebuilt",
+                dir.display(),
+                report.indexes_rebuilt
+            );
+        }
+        let log = PartitionLog {
+            dir: dir.to_path_buf(),
+            config,
+            segments,
+            write_buf: Vec::new(),
+            pending: Vec::new(),
+            written_sequence: written,
+            synced_sequence: written,
+            sync_taken_sequence: written,
+            unsynced_files: Vec::new(),
+            dir_dirty: false,
+            poisoned: None,
+            map_tick: 0,
+            mapped_segments: 0,
+            fault: FaultHook::default(),
+        };
+        Ok((log, report))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn config(&self) -> LogConfig {
+        self.config
+    }
+
+    fn check_poisoned(&self) -> Result<(), StorageError> {
+        match &self.poisoned {
+            None => Ok(()),
+            Some(reason) => Err(StorageError::Poisoned {
+                path: self.dir.clone(),
+                reason: reason.clone(),
+            }),
+        }
+    }
+
+    fn active(&self) -> &Segment {
+        self.segments
+            .last()
+            .expect("a partition always has an active segment")
+    }
+
+    /// Buffers one record and returns its sequence. Encodes into memory only; the record
+    /// is not readable and not on disk until [`flush`](Self::flush).
+    pub fn append(&mut self, rec: &AppendRecord<'_>) -> Result<u64, StorageError> {
+        self.check_poisoned()?;
+        if rec.key.len() > RECORD_KEY_BYTES_MAX || rec.value.len() > RECORD_VALUE_BYTES_MAX {
+            return Err(StorageError::RecordTooLarge {
+                key_bytes: rec.key.len(),
+                value_bytes: rec.value.len(),
+            });
+        }
+        let sequence = self.next_sequence();
+        let start = self.write_buf.len();
+        record::encode(
+            &mut self.write_buf,
+            &Fields {
+                sequence,
+                timestamp_ms: rec.timestamp_ms,
+                producer_id: rec.producer_id,
+                producer_seq: rec.producer_seq,
+                flags: rec.flags,
+                key: rec.key,
+                value: rec.value,
+            },
+        );
+        let len = (self.write_buf.len() - start) as u32;
+        self.pending.push(PendingRecord {
+            len,
+            timestamp_ms: rec.timestamp_ms,
+        });
+        Ok(sequence)
+    }
+
+    /// Writes every buffered record: one `write_all` per segment touched (one in the
+    /// common case), then the index entries. Rolls to a new segment when the next record
+    /// would pass `segment_size_bytes`. On failure (ENOSPC -> `NoSpace`, EIO -> `Io`) the
+    /// files are cut back to their last good length, new segments are removed, the
+    /// buffered records are dropped and `next_sequence` goes back to
+    /// `written_sequence + 1`: the caller fails every append since the last flush.
+    pub fn flush(&mut self) -> Result<(), StorageError> {
+        self.check_poisoned()?;
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let active = self.active();
+        let undo = FlushUndo {
+            segments: self.segments.len(),
+            len_bytes: active.len_bytes,
+            record_count: active.record_count,
+            last_timestamp_ms: active.last_timestamp_ms,
+        };
+        let result = self.flush_write();
+        self.pending.clear();
+        self.write_buf.clear();
+        if self.write_buf.capacity() > WRITE_BUFFER_RETAIN_BYTES_MAX {
+            self.write_buf.shrink_to(WRITE_BUFFER_RETAIN_BYTES_MAX);
+        }
+        match result {
+            Ok(touched) => {
+                // Segments closed by this flush give up their descriptors; sync jobs keep
+                // theirs alive through the Arc until the data is durable.
+                let last = self.segments.len() - 1;
+                for seg in &mut self.segments[undo.segments - 1..last] {
+                    seg.writer = None;
+                }
+                for file in touched {
+                    if !self.unsynced_files.iter().any(|f| Arc::ptr_eq(f, &file)) {
+                        self.unsynced_files.push(file);
+                    }
+                }
+                self.written_sequence = self.active().end_sequence() - 1;
+                Ok(())
+            }
+            Err(err) => {
+                log::error!(
+                    "{}: flush failed, buffered records dropped: {err}",
+                    self.dir.display()
+                );
+                self.flush_undo(undo);
+                Err(err)
+            }
+        }
+    }
+
+    /// The writes of a flush. Mutates segment lengths as each chunk lands; `flush_undo`
+    /// puts them back if a later chunk fails.
+    fn flush_write(&mut self) -> Result<Vec<Arc<File>>, StorageError> {
+        let limit = self.config.segment_size_bytes;
+        let mut touched: Vec<Arc<File>> = Vec::new();
+        let mut i = 0;
+        let mut buf_pos = 0usize;
+        while i < self.pending.len() {
+            let active = self.active();
+            let mut chunk_bytes = 0u64;
+            let mut j = i;
+            let mut idx_bytes = Vec::new();
+            while j < self.pending.len() {
+                let rec = self.pending[j].len as u64;
+                let records_before = active.record_count + (j - i) as u64;
+                // An empty segment takes any record, however large: it gets one of its own.
+                if records_before > 0 && active.len_bytes + chunk_bytes + rec > limit {
+                    break;
+                }
+                let position = active.len_bytes + chunk_bytes;
+                debug_assert!(position <= u32::MAX as u64);
+                idx_bytes.extend_from_slice(&(position as u32).to_be_bytes());
+                chunk_bytes += rec;
+                j += 1;
+            }
+            if j == i {
+                self.flush_roll()?;
+                continue;
+            }
+            let active = self.segments.last_mut().expect("active segment");
+            let w = active
+                .writer
+                .as_ref()
+                .expect("the active segment has a writer");
+            let bytes = &self.write_buf[buf_pos..buf_pos + chunk_bytes as usize];
+            write_at(
+                &self.fault,
+                &w.log,
+                &active.log_path,
+                active.len_bytes,
+                bytes,
+            )?;
+            let idx_at = active.record_count * INDEX_ENTRY_BYTES as u64;
+            write_at(&self.fault, &w.idx, &active.idx_path, idx_at, &idx_bytes)?;
+            if !touched.iter().any(|f| Arc::ptr_eq(f, &w.log)) {
+                touched.push(Arc::clone(&w.log));
+            }
+            active.len_bytes += chunk_bytes;
+            active.record_count += (j - i) as u64;
+            active.last_timestamp_ms = Some(self.pending[j - 1].timestamp_ms);
+            buf_pos += chunk_bytes as usize;
+            i = j;
+        }
+        Ok(touched)
+    }
+
+    /// Starts a new segment after the active one. The old one keeps its writer until the
+    /// flush commits, so an undo can still cut it back.
+    fn flush_roll(&mut self) -> Result<(), StorageError> {
+        let first = self.active().end_sequence();
+        let mut seg = Segment::new(&self.dir, first, SEGMENT_HEADER_BYTES as u64, 0);
+        let io = |path: &Path, e: io::Error| StorageError::from_io(path, None, e);
+        let log = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&seg.log_path);
+        let log = log.map_err(|e| io(&seg.log_path, e))?;
+        self.dir_dirty = true;
+        let mut idx = OpenOptions::new();
+        idx.read(true).write(true).create(true).truncate(true);
+        let idx = match idx.open(&seg.idx_path) {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = fs::remove_file(&seg.log_path);
+                return Err(io(&seg.idx_path, e));
+            }
+        };
+        seg.writer = Some(Writer {
+            log: Arc::new(log),
+            idx,
+        });
+        self.segments.push(seg);
+        let seg = self.active();
+        let w = seg.writer.as_ref().expect("just set");
+        write_at(&self.fault, &w.log, &seg.log_path, 0, &encode_header(first))?;
+        log::debug!(
+            "{}: rolled to a new segment at sequence {first}",
+            self.dir.display()
+        );
+        Ok(())
+    }
+
+    /// Puts the files and counters back to `undo` after a failed flush. If that fails too
+    /// the files no longer match memory, so the partition is poisoned.
+    fn flush_undo(&mut self, undo: FlushUndo) {
+        let mut failure: Option<String> = None;
+        while self.segments.len() > undo.segments {
+            let seg = self.segments.pop().expect("len checked");
+            for path in [&seg.log_path, &seg.idx_path] {
+                match fs::remove_file(path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => failure = Some(format!("removing {}: {e}", path.display())),
+                }
+            }
+        }
+        let active = self.segments.last_mut().expect("active segment");
+        if let Some(w) = &active.writer {
+            if let Err(e) = w.log.set_len(undo.len_bytes) {
+                failure = Some(format!("truncating {}: {e}", active.log_path.display()));
+            }
+            let idx_len = undo.record_count * INDEX_ENTRY_BYTES as u64;
+            if let Err(e) = w.idx.set_len(idx_len) {
+                failure = Some(format!("truncating {}: {e}", active.idx_path.display()));
+            }
+        }
+        active.len_bytes = undo.len_bytes;
+        active.record_count = undo.record_count;
+        active.last_timestamp_ms = undo.last_timestamp_ms;
+        if let Some(reason) = failure {
+            log::error!(
+                "{}: undo of a failed flush failed, poisoning: {reason}",
+                self.dir.display()
+            );
+            self.poisoned = Some(reason);
+        }
+    }
+
+    /// Bytes appended and not yet flushed.
+    pub fn pending_bytes(&self) -> usize {
+        self.write_buf.len()
+    }
+
+    /// The sequence the next append gets.
+    pub fn next_sequence(&self) -> u64 {
+        self.written_sequence + 1 + self.pending.len() as u64
+    }
+
+    /// The oldest retained sequence; equals `written_sequence() + 1` when nothing is kept.
+    pub fn first_sequence(&self) -> u64 {
+        self.segments[0].first_sequence
+    }
+
+    /// Highest sequence flushed to a segment file (0 if none ever was).
+    pub fn written_sequence(&self) -> u64 {
+        self.written_sequence
+    }
+
+    /// Highest sequence covered by a completed sync job (or by the fsync at open).
+    pub fn synced_sequence(&self) -> u64 {
+        self.synced_sequence
+    }
+
+    /// The fdatasync work for everything flushed since the previous job, or None if there
+    /// is none (or the partition is poisoned: nothing it writes can be acknowledged).
+    pub fn take_sync_job(&mut self) -> Option<SyncJob> {
+        if self.poisoned.is_some() || self.written_sequence <= self.sync_taken_sequence {
+            return None;
+        }
+        let job = SyncJob {
+            files: std::mem::take(&mut self.unsynced_files),
+            sync_dir: self.dir_dirty.then(|| self.dir.clone()),
+            upto_sequence: self.written_sequence,
+        };
+        self.dir_dirty = false;
+        self.sync_taken_sequence = self.written_sequence;
+        Some(job)
+    }
+
+    /// A job returned by `take_sync_job` completed.
+    pub fn sync_done(&mut self, upto_sequence: u64) {
+        let upto = upto_sequence.min(self.written_sequence);
+        self.synced_sequence = self.synced_sequence.max(upto);
+    }
+
+    /// A job failed. Sticky: after a failed fsync the kernel may have dropped the dirty
+    /// pages and a retry can succeed without the data, so every later append and flush
+    /// returns `Poisoned` until a restart re-reads the disk. Reads keep working.
+    pub fn sync_failed(&mut self, err: &io::Error) {
+        log::error!(
+            "{}: fdatasync failed; partition refuses writes until restart: {err}",
+            self.dir.display()
+        );
+        if self.poisoned.is_none() {
+            self.poisoned = Some(format!("fdatasync failed: {err}"));
+        }
+    }
+
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.is_some()
+    }
+
+    /// Index of the segment holding `sequence` (which is >= first_sequence).
+    fn segment_index_of(&self, sequence: u64) -> usize {
+        // Last segment starting at or below `sequence`; an empty segment shares its first
+        // sequence with the next one, and this picks the later, non-empty, one.
+        self.segments
+            .partition_point(|s| s.first_sequence <= sequence)
+            .saturating_sub(1)
+    }
+
+    /// Maps segment `i` (remapping if it grew) and unmaps the least recently read one
+    /// when over MAPPED_SEGMENTS_MAX.
+    fn map_segment(&mut self, i: usize) -> Result<(), StorageError> {
+        self.map_tick += 1;
+        let seg = &mut self.segments[i];
+        let was_mapped = seg.is_mapped();
+        let mapped = seg.ensure_mapped();
+        // Count before propagating: a failure may leave one of the two files mapped.
+        if !was_mapped && seg.is_mapped() {
+            self.mapped_segments += 1;
+        }
+        mapped.map_err(|e| StorageError::from_io(&seg.log_path, None, e))?;
+        seg.map_used_tick = self.map_tick;
+        if self.mapped_segments > MAPPED_SEGMENTS_MAX {
+            let victim = (0..self.segments.len())
+                .filter(|&j| j != i && self.segments[j].is_mapped())
+                .min_by_key(|&j| self.segments[j].map_used_tick);
+            if let Some(j) = victim {
+                self.segments[j].unmap();
+                self.mapped_segments -= 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Calls `f` for flushed records from `from_sequence` on (clamped up to
+    /// `first_sequence`, the gap reported as `skipped`), stopping after `max_records`, at
+    /// the end of the log, or before a record that would take the key + value bytes past
+    /// `max_bytes`, except that the first record is always delivered. Every record's CRC
+    /// and sequence are checked; a bad one ends the read with `Corrupt` (records before it
+    /// were already delivered). `max_records == 0` reads nothing.
+    pub fn read(
+        &mut self,
+        from_sequence: u64,
+        max_records: usize,
+        max_bytes: usize,
+        mut f: impl FnMut(RecordView<'_>),
+    ) -> Result<ReadOutcome, StorageError> {
+        let start = from_sequence.max(self.first_sequence());
+        let mut out = ReadOutcome {
+            records: 0,
+            bytes: 0,
+            next_sequence: start,
+            // Sequences start at 1: asking from 0 skips nothing that ever existed.
+            skipped: start - from_sequence.clamp(1, start),
+        };
+        let end = self.written_sequence + 1;
+        let mut sequence = start;
+        'segments: while sequence < end && out.records < max_records {
+            let i = self.segment_index_of(sequence);
+            self.map_segment(i)?;
+            let seg = &self.segments[i];
+            let mut position = index_position(seg, sequence)?;
+            let bytes = seg.log_map.as_deref().unwrap_or(&[]);
+            let seg_end = seg.end_sequence().min(end);
+            // The index finds the first record; the rest follow by length, so a read
+            // touches the index once per segment.
+            while sequence < seg_end && out.records < max_records {
+                let d = decode_mapped(bytes, position, sequence, &seg.log_path)?;
+                let payload = d.key.len() + d.value.len();
+                if out.records > 0 && out.bytes + payload > max_bytes {
+                    break 'segments;
+                }
+                position += d.total_len as u64;
+                f(d.into());
+                out.records += 1;
+                out.bytes += payload;
+                sequence += 1;
+                out.next_sequence = sequence;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The flushed record with `sequence`, or None if it is not retained or not flushed.
+    pub fn read_one(&mut self, sequence: u64) -> Result<Option<RecordView<'_>>, StorageError> {
+        if sequence < self.first_sequence() || sequence > self.written_sequence {
+            return Ok(None);
+        }
+        let i = self.segment_index_of(sequence);
+        self.map_segment(i)?;
+        let seg = &self.segments[i];
+        let position = index_position(seg, sequence)?;
+        let bytes = seg.log_map.as_deref().unwrap_or(&[]);
+        Ok(Some(
+            decode_mapped(bytes, position, sequence, &seg.log_path)?.into(),
+        ))
+    }
+
+    /// Calls `f(sequence, timestamp_ms, producer_id, producer_seq)` for every flushed
+    /// record from `from_sequence` on, CRC-checked. For rebuilding producer state at start.
+    pub fn scan_headers(
+        &mut self,
+        from_sequence: u64,
+        mut f: impl FnMut(u64, u64, u64, u64),
+    ) -> Result<(), StorageError> {
+        let mut next = from_sequence;
+        loop {
+            let out = self.read(next, SCAN_HEADERS_BATCH_RECORDS, usize::MAX, |r| {
+                f(r.sequence, r.timestamp_ms, r.producer_id, r.producer_seq)
+            })?;
+            if out.records == 0 {
+                return Ok(());
+            }
+            next = out.next_sequence;
+        }
+    }
+
+    /// Timestamp of the newest record of segment `i`, reading it if not cached.
+    fn segment_last_timestamp(&mut self, i: usize) -> Result<Option<u64>, StorageError> {
+        let seg = &self.segments[i];
+        if seg.last_timestamp_ms.is_some() || seg.record_count == 0 {
+            return Ok(seg.last_timestamp_ms);
+        }
+        let last = seg.end_sequence() - 1;
+        let ts = self.read_one(last)?.map(|r| r.timestamp_ms);
+        self.segments[i].last_timestamp_ms = ts;
+        Ok(ts)
+    }
+
+    /// Deletes closed segments, oldest first, while the partition is over
+    /// `retention_size_bytes` or the oldest segment's newest record is more than
+    /// `retention_age_ms` older than `now_ms`. Never deletes the active segment, never
+    /// part of a segment. Readers below the new first sequence skip ahead.
+    pub fn enforce_retention(&mut self, now_ms: u64) -> Result<RetentionReport, StorageError> {
+        let mut report = RetentionReport::default();
+        let size_max = self.config.retention_size_bytes;
+        let age_max = self.config.retention_age_ms;
+        while self.segments.len() > 1 {
+            let total: u64 = self.segments.iter().map(|s| s.len_bytes).sum();
+            let over_size = size_max > 0 && total > size_max;
+            let too_old = age_max > 0
+                && match self.segment_last_timestamp(0)? {
+                    Some(ts) => now_ms.saturating_sub(ts) > age_max,
+                    None => true, // holds no record
+                };
+            if !over_size && !too_old {
+                break;
+            }
+            let seg = &self.segments[0];
+            // The .log goes first: a crash between the two unlinks leaves an orphan index,
+            // which recovery deletes, never a segment without its start.
+            fs::remove_file(&seg.log_path)
+                .map_err(|e| StorageError::from_io(&seg.log_path, None, e))?;
+            match fs::remove_file(&seg.idx_path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StorageError::from_io(&seg.idx_path, None, e)),
+            }
+            let seg = self.segments.remove(0);
+            if seg.is_mapped() {
+                self.mapped_segments -= 1;
+            }
+            log::info!(
+                "{}: retention deleted segment {} ({} bytes, {} records)",
+                self.dir.display(),
+                seg.first_sequence,
+                seg.len_bytes,
+                seg.record_count
+            );
+            report.segments_deleted += 1;
+            report.bytes_deleted += seg.len_bytes;
+        }
+        report.first_sequence = self.first_sequence();
+        Ok(report)
+    }
+
+    pub fn stats(&self) -> PartitionStats {
+        PartitionStats {
+            first_sequence: self.first_sequence(),
+            next_sequence: self.next_sequence(),
+            written_sequence: self.written_sequence,
+            synced_sequence: self.synced_sequence,
+            bytes: self.segments.iter().map(|s| s.len_bytes).sum(),
+            segments: self.segments.len() as u32,
+            pending_bytes: self.write_buf.len(),
+            poisoned: self.poisoned.is_some(),
+        }
+    }
+
+    #[cfg(test)]
+    fn fail_write_after(&self, writes_ok: u32, errno: i32) {
+        self.fault.fail_write.set(Some((writes_ok, errno)));
+    }
+}

@@ -1,0 +1,574 @@
+//! Start-up recovery and the offline checker: scan, verify, truncate, report.
+//!
+//! Runs before any segment is mapped, which is what makes truncation here safe (see
+//! `mmap.rs`). Reads files with plain buffered reads, never maps. Depends on std, log and
+//! the segment and record layouts.
+//!
+//! Cost on open: for every closed segment, its header, its index and ONE record (the last
+//! one the index names); for the last segment, the records after the last index entry
+//! that checks out. Start-up time therefore grows with the number of segments and the
+//! size of the unindexed tail, not with the bytes in the log. A segment whose index fails
+//! the cheap check is scanned in full, once, and its index rewritten.
+
+use super::error::StorageError;
+use super::record::{self, DecodeError, RECORD_LENGTH_BYTES};
+use super::segment::{
+    check_header, decode_index, encode_header, encode_index, index_path, parse_file_name,
+    segment_path, INDEX_SUFFIX, SEGMENT_HEADER_BYTES, SEGMENT_SUFFIX,
+};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+/// Read buffer for scanning segments; records larger than this are read directly.
+pub const RECOVERY_READ_BUFFER_BYTES: usize = 64 * 1024;
+/// How many index entries (from the last one back) the tail check tries before giving up
+/// on the index and scanning the whole last segment.
+pub const INDEX_BACKTRACK_ENTRIES_MAX: usize = 8;
+
+/// What recovery found and did. Logged at warn by `PartitionLog::open` when not clean.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Bytes cut from torn or corrupt tails plus the size of every segment removed.
+    pub truncated_bytes: u64,
+    /// The first cut: the file and the byte offset it now ends at.
+    pub truncated_at: Option<(PathBuf, u64)>,
+    /// Index files rewritten because they were missing, short or inconsistent.
+    pub indexes_rebuilt: u32,
+    /// Segments deleted because they followed a cut or broke sequence continuity.
+    pub segments_removed: u32,
+    /// Index files deleted because their segment file no longer exists.
+    pub orphan_indexes_removed: u32,
+    /// Every sequence at or above this that was ever written is gone (None: nothing lost).
+    pub lost_from_sequence: Option<u64>,
+    /// Segments in the partition after recovery.
+    pub segments: u32,
+    pub first_sequence: u64,
+    pub next_sequence: u64,
+}
+
+impl RecoveryReport {
+    /// True when nothing was truncated or removed (rebuilt indexes are not data loss).
+    pub fn is_clean(&self) -> bool {
+        self.truncated_at.is_none() && self.segments_removed == 0 && self.truncated_bytes == 0
+    }
+
+    fn note_cut(&mut self, path: &Path, position: u64, first_lost: u64) {
+        if self.truncated_at.is_none() {
+            self.truncated_at = Some((path.to_path_buf(), position));
+        }
+        if self.lost_from_sequence.is_none() {
+            self.lost_from_sequence = Some(first_lost);
+        }
+    }
+}
+
+/// One segment as recovery leaves it: the file is exactly `len_bytes` long and holds
+/// `record_count` good records; its index file holds exactly their positions.
+#[derive(Debug, Clone)]
+pub(crate) struct RecoveredSegment {
+    pub first_sequence: u64,
+    pub len_bytes: u64,
+    pub record_count: u64,
+    pub last_timestamp_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum VerifyMode {
+    /// Open: cheap check of closed segments, record-by-record check of the last one.
+    Tails,
+    /// Repair: every record of every segment.
+    Everything,
+}
+
+fn io_err(path: &Path, position: Option<u64>, e: io::Error) -> StorageError {
+    StorageError::from_io(path, position, e)
+}
+
+/// Sorted first sequences of the `.log` files and of the `.idx` files in `dir`.
+fn list_dir(dir: &Path) -> Result<(Vec<u64>, Vec<u64>), StorageError> {
+    let mut logs = Vec::new();
+    let mut idxs = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| io_err(dir, None, e))? {
+        let entry = entry.map_err(|e| io_err(dir, None, e))?;
+        let name = entry.file_name();
+        let Some((seq, suffix)) = name.to_str().and_then(parse_file_name) else {
+            continue; // not ours: the broker may keep meta files beside the segments
+        };
+        if suffix == SEGMENT_SUFFIX {
+            logs.push(seq);
+        } else if suffix == INDEX_SUFFIX {
+            idxs.push(seq);
+        }
+    }
+    logs.sort_unstable();
+    idxs.sort_unstable();
+    Ok((logs, idxs))
+}
+
+/// Where a scan stopped. `stop` is None when it reached the end (or its record budget).
+pub(crate) struct ScanEnd {
+    pub end_pos: u64,
+    pub stop: Option<DecodeError>,
+    pub last_timestamp_ms: Option<u64>,
+    pub records: u64,
+}
+
+/// Reads records from `start_pos` until `file_len`, a bad record, or `max_records`,
+/// checking each one's length, CRC and sequence, and calls `visit(position)` for each
+/// good one. A bad record is reported in `stop`, not as an error: the caller decides
+/// whether to truncate (recovery) or to report (check).
+pub(crate) fn scan_records(
+    file: &File,
+    path: &Path,
+    start_pos: u64,
+    file_len: u64,
+    first_sequence: u64,
+    max_records: Option<u64>,
+    mut visit: impl FnMut(u64),
+) -> Result<ScanEnd, StorageError> {
+    let mut reader = BufReader::with_capacity(RECOVERY_READ_BUFFER_BYTES, file);
+    reader
+        .seek(SeekFrom::Start(start_pos))
+        .map_err(|e| io_err(path, Some(start_pos), e))?;
+    let mut buf = Vec::new();
+    let mut end = ScanEnd {
+        end_pos: start_pos,
+        stop: None,
+        last_timestamp_ms: None,
+        records: 0,
+    };
+    loop {
+        let pos = end.end_pos;
+        if pos >= file_len || max_records.is_some_and(|m| end.records >= m) {
+            return Ok(end);
+        }
+        let available = (file_len - pos) as usize;
+        if available < RECORD_LENGTH_BYTES {
+            end.stop = Some(DecodeError::Torn {
+                needed: RECORD_LENGTH_BYTES,
+                available,
+            });
+            return Ok(end);
+        }
+        let mut prefix = [0u8; RECORD_LENGTH_BYTES];
+        reader
+            .read_exact(&mut prefix)
+            .map_err(|e| io_err(path, Some(pos), e))?;
+        // Size the read from the checked length before allocating for it.
+        let total = match record::total_len_from_prefix(prefix) {
+            Ok(total) if total > available => {
+                end.stop = Some(DecodeError::Torn {
+                    needed: total,
+                    available,
+                });
+                return Ok(end);
+            }
+            Ok(total) => total,
+            Err(e) => {
+                end.stop = Some(e);
+                return Ok(end);
+            }
+        };
+        buf.clear();
+        buf.extend_from_slice(&prefix);
+        buf.resize(total, 0);
+        reader
+            .read_exact(&mut buf[RECORD_LENGTH_BYTES..])
+            .map_err(|e| io_err(path, Some(pos), e))?;
+        match record::decode(&buf, Some(first_sequence + end.records)) {
+            Ok(d) => {
+                visit(pos);
+                end.last_timestamp_ms = Some(d.timestamp_ms);
+                end.end_pos = pos + total as u64;
+                end.records += 1;
+            }
+            Err(e) => {
+                end.stop = Some(e);
+                return Ok(end);
+            }
+        }
+    }
+}
+
+/// Length of the prefix of `entries` that is plausible for a file of `file_len` bytes:
+/// starts at the header, strictly increasing, inside the file. A crash can lose index
+/// pages (they are never fsynced), which shows up as zeros, i.e. a non-increasing entry.
+fn plausible_prefix_len(entries: &[u32], file_len: u64) -> usize {
+    let mut prev: Option<u32> = None;
+    for (i, &p) in entries.iter().enumerate() {
+        let ok = match prev {
+            None => p as usize == SEGMENT_HEADER_BYTES,
+            Some(q) => p > q,
+        } && (p as u64) < file_len;
+        if !ok {
+            return i;
+        }
+        prev = Some(p);
+    }
+    entries.len()
+}
+
+/// Recovers every segment in `dir`, oldest first, truncating at the first bad record and
+/// removing everything after it. Leaves each surviving segment's index exact.
+pub(crate) fn recover(
+    dir: &Path,
+    mode: VerifyMode,
+) -> Result<(Vec<RecoveredSegment>, RecoveryReport), StorageError> {
+    let mut report = RecoveryReport::default();
+    let (logs, idxs) = list_dir(dir)?;
+    for seq in idxs.iter().filter(|s| logs.binary_search(s).is_err()) {
+        // Retention unlinks the .log first, so a crash between the two unlinks leaves this.
+        let path = index_path(dir, *seq);
+        fs::remove_file(&path).map_err(|e| io_err(&path, None, e))?;
+        report.orphan_indexes_removed += 1;
+    }
+    let mut out: Vec<RecoveredSegment> = Vec::with_capacity(logs.len());
+    let mut cut_after: Option<usize> = None;
+    for (n, &first) in logs.iter().enumerate() {
+        if let Some(prev) = out.last() {
+            let expected = prev.first_sequence + prev.record_count;
+            if first != expected {
+                let path = segment_path(dir, first);
+                log::warn!(
+                    "{}: starts at sequence {first} but the previous segment ends before \
+                     {expected}; removing it and every later segment",
+                    path.display()
+                );
+                report.note_cut(&path, 0, expected);
+                cut_after = Some(n);
+                break;
+            }
+        }
+        let is_last = n + 1 == logs.len();
+        let (seg, cut) = recover_segment(dir, first, is_last, mode, &mut report)?;
+        out.push(seg);
+        if cut {
+            cut_after = Some(n + 1);
+            break;
+        }
+    }
+    if let Some(from) = cut_after {
+        for &first in &logs[from..] {
+            let path = segment_path(dir, first);
+            let len = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            fs::remove_file(&path).map_err(|e| io_err(&path, None, e))?;
+            let idx = index_path(dir, first);
+            match fs::remove_file(&idx) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(&idx, None, e)),
+            }
+            log::warn!(
+                "{}: removed ({len} bytes) after a truncation",
+                path.display()
+            );
+            report.truncated_bytes += len;
+            report.segments_removed += 1;
+        }
+    }
+    report.segments = out.len() as u32;
+    if let (Some(first), Some(last)) = (out.first(), out.last()) {
+        report.first_sequence = first.first_sequence;
+        report.next_sequence = last.first_sequence + last.record_count;
+    }
+    Ok((out, report))
+}
+
+/// Recovers one segment. Returns it and whether it was cut (so later segments must go).
+fn recover_segment(
+    dir: &Path,
+    first: u64,
+    is_last: bool,
+    mode: VerifyMode,
+    report: &mut RecoveryReport,
+) -> Result<(RecoveredSegment, bool), StorageError> {
+    let path = segment_path(dir, first);
+    let idx_path = index_path(dir, first);
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| io_err(&path, None, e))?;
+    let file_len = file.metadata().map_err(|e| io_err(&path, None, e))?.len();
+
+    let mut header = vec![0u8; (file_len as usize).min(SEGMENT_HEADER_BYTES)];
+    file.read_exact(&mut header)
+        .map_err(|e| io_err(&path, Some(0), e))?;
+    if let Err(reason) = check_header(&header, first) {
+        // A crash between creating a segment and writing its header leaves a short or
+        // zero-filled file; anything else here is damage. Either way the segment holds
+        // no trustworthy record, so it restarts empty and everything after it goes.
+        if file_len > 0 || !is_last {
+            log::warn!(
+                "{}: {reason}; truncating it to an empty segment",
+                path.display()
+            );
+            report.note_cut(&path, 0, first);
+            report.truncated_bytes += file_len;
+        }
+        file.set_len(0).map_err(|e| io_err(&path, Some(0), e))?;
+        file.seek(SeekFrom::Start(0))
+            .map_err(|e| io_err(&path, Some(0), e))?;
+        file.write_all(&encode_header(first))
+            .map_err(|e| io_err(&path, Some(0), e))?;
+        fs::write(&idx_path, []).map_err(|e| io_err(&idx_path, None, e))?;
+        let seg = RecoveredSegment {
+            first_sequence: first,
+            len_bytes: SEGMENT_HEADER_BYTES as u64,
+            record_count: 0,
+            last_timestamp_ms: None,
+        };
+        return Ok((seg, true));
+    }
+
+    let (idx_bytes, idx_missing) = match fs::read(&idx_path) {
+        Ok(b) => (b, false),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => (Vec::new(), true),
+        Err(e) => return Err(io_err(&idx_path, None, e)),
+    };
+    let entries = decode_index(&idx_bytes);
+    let plausible = plausible_prefix_len(&entries, file_len);
+    let idx_whole = idx_bytes.len() % 4 == 0 && plausible == entries.len() && !idx_missing;
+
+    // Closed segment, cheap check: the index is plausible and its last entry names a good
+    // record with the right sequence that ends exactly at the end of the file.
+    if !is_last && mode == VerifyMode::Tails && idx_whole {
+        let n = entries.len() as u64;
+        let (ok, ts) = match entries.last() {
+            None => (file_len == SEGMENT_HEADER_BYTES as u64, None),
+            Some(&p) => {
+                let end = scan_records(
+                    &file,
+                    &path,
+                    p as u64,
+                    file_len,
+                    first + n - 1,
+                    Some(1),
+                    |_| {},
+                )?;
+                (
+                    end.stop.is_none() && end.records == 1 && end.end_pos == file_len,
+                    end.last_timestamp_ms,
+                )
+            }
+        };
+        if ok {
+            let seg = RecoveredSegment {
+                first_sequence: first,
+                len_bytes: file_len,
+                record_count: n,
+                last_timestamp_ms: ts,
+            };
+            return Ok((seg, false));
+        }
+    }
+
+    // Find the last index entry that checks out and scan on from the record after it.
+    let mut keep = 0usize;
+    let mut start_pos = SEGMENT_HEADER_BYTES as u64;
+    let mut start_ts = None;
+    if mode == VerifyMode::Tails {
+        let lowest = plausible.saturating_sub(INDEX_BACKTRACK_ENTRIES_MAX);
+        for t in (lowest..plausible).rev() {
+            let p = entries[t] as u64;
+            let end = scan_records(&file, &path, p, file_len, first + t as u64, Some(1), |_| {})?;
+            if end.stop.is_none() && end.records == 1 {
+                keep = t + 1;
+                start_pos = end.end_pos;
+                start_ts = end.last_timestamp_ms;
+                break;
+            }
+        }
+    }
+    let mut positions: Vec<u32> = entries[..keep].to_vec();
+    let end = scan_records(
+        &file,
+        &path,
+        start_pos,
+        file_len,
+        first + keep as u64,
+        None,
+        |p| positions.push(p as u32),
+    )?;
+    let last_timestamp_ms = end.last_timestamp_ms.or(start_ts);
+    let mut cut = false;
+    if let Some(why) = &end.stop {
+        let lost = file_len - end.end_pos;
+        log::warn!(
+            "{}: bad record at byte {} ({why}); truncating {lost} bytes, sequences from {} \
+             on are lost",
+            path.display(),
+            end.end_pos,
+            first + positions.len() as u64
+        );
+        file.set_len(end.end_pos)
+            .map_err(|e| io_err(&path, Some(end.end_pos), e))?;
+        report.note_cut(&path, end.end_pos, first + positions.len() as u64);
+        report.truncated_bytes += lost;
+        cut = true;
+    }
+    if idx_bytes.len() != positions.len() * 4 || entries != positions {
+        if !(is_last && idx_whole && entries.len() + 1 == positions.len()) {
+            // A last segment one entry short is the ordinary crash between writing records
+            // and writing their index entries; anything else is worth a line in the log.
+            log::info!(
+                "{}: index {} ({} entries, {} records); rewriting it",
+                idx_path.display(),
+                if idx_missing {
+                    "missing"
+                } else {
+                    "inconsistent"
+                },
+                entries.len(),
+                positions.len()
+            );
+        }
+        fs::write(&idx_path, encode_index(&positions)).map_err(|e| io_err(&idx_path, None, e))?;
+        report.indexes_rebuilt += 1;
+    }
+    let seg = RecoveredSegment {
+        first_sequence: first,
+        len_bytes: end.end_pos,
+        record_count: positions.len() as u64,
+        last_timestamp_ms,
+    };
+    Ok((seg, cut))
+}
+
+/// One finding of [`check_partition`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckProblem {
+    pub path: PathBuf,
+    pub position: u64,
+    pub reason: String,
+}
+
+/// Result of [`check_partition`]: totals over the good records and every problem found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckReport {
+    pub segments: u32,
+    /// Good records, counted up to the first bad one in each segment.
+    pub records: u64,
+    pub bytes: u64,
+    pub first_sequence: u64,
+    /// One past the last good record of the last segment.
+    pub next_sequence: u64,
+    pub problems: Vec<CheckProblem>,
+    /// Set when `repair` was asked for and there was something to repair.
+    pub repaired: Option<RecoveryReport>,
+}
+
+impl CheckReport {
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Verifies every record (length, CRC, sequence), the continuity of sequences across
+/// segments and each index against its segment, without opening anything for writing.
+/// With `repair`, and only if problems were found, then runs full recovery, which
+/// truncates at the first bad record the way `PartitionLog::open` does and rewrites
+/// indexes. Must not run while a broker has the partition open.
+pub fn check_partition(dir: &Path, repair: bool) -> Result<CheckReport, StorageError> {
+    let mut report = CheckReport::default();
+    let (logs, idxs) = list_dir(dir)?;
+    let mut problems = Vec::new();
+    for seq in idxs.iter().filter(|s| logs.binary_search(s).is_err()) {
+        problems.push(report_problem(
+            &index_path(dir, *seq),
+            0,
+            "index without a segment".to_string(),
+        ));
+    }
+    let mut expected_next: Option<u64> = None;
+    for &first in &logs {
+        let path = segment_path(dir, first);
+        let file = File::open(&path).map_err(|e| io_err(&path, None, e))?;
+        let file_len = file.metadata().map_err(|e| io_err(&path, None, e))?.len();
+        report.segments += 1;
+        report.bytes += file_len;
+        if let Some(exp) = expected_next {
+            if exp != first {
+                problems.push(report_problem(
+                    &path,
+                    0,
+                    format!("sequence gap: expected {exp}, starts at {first}"),
+                ));
+            }
+        } else {
+            report.first_sequence = first;
+        }
+        let mut header = vec![0u8; (file_len as usize).min(SEGMENT_HEADER_BYTES)];
+        (&file)
+            .read_exact(&mut header)
+            .map_err(|e| io_err(&path, Some(0), e))?;
+        if let Err(reason) = check_header(&header, first) {
+            problems.push(report_problem(&path, 0, reason));
+            expected_next = Some(first);
+            report.next_sequence = first;
+            continue;
+        }
+        let mut positions: Vec<u32> = Vec::new();
+        let end = scan_records(
+            &file,
+            &path,
+            SEGMENT_HEADER_BYTES as u64,
+            file_len,
+            first,
+            None,
+            |p| positions.push(p as u32),
+        )?;
+        if let Some(why) = end.stop {
+            problems.push(report_problem(&path, end.end_pos, why.to_string()));
+        }
+        report.records += end.records;
+        expected_next = Some(first + end.records);
+        report.next_sequence = first + end.records;
+        let idx_path = index_path(dir, first);
+        match fs::read(&idx_path) {
+            Ok(bytes) => {
+                let entries = decode_index(&bytes);
+                if bytes.len() % 4 != 0 || entries.len() != positions.len() {
+                    problems.push(report_problem(
+                        &idx_path,
+                        0,
+                        format!(
+                            "{} index bytes for {} records",
+                            bytes.len(),
+                            positions.len()
+                        ),
+                    ));
+                } else if let Some(i) = (0..entries.len()).find(|&i| entries[i] != positions[i]) {
+                    problems.push(report_problem(
+                        &idx_path,
+                        (i * 4) as u64,
+                        format!(
+                            "entry {i} says byte {}, record is at {}",
+                            entries[i], positions[i]
+                        ),
+                    ));
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                problems.push(report_problem(&idx_path, 0, "index missing".to_string()));
+            }
+            Err(e) => return Err(io_err(&idx_path, None, e)),
+        }
+    }
+    report.problems = problems;
+    if repair && !report.problems.is_empty() {
+        let (_, recovered) = recover(dir, VerifyMode::Everything)?;
+        report.repaired = Some(recovered);
+    }
+    Ok(report)
+}
+
+fn report_problem(path: &Path, position: u64, reason: String) -> CheckProblem {
+    log::warn!("check: {} at byte {position}: {reason}", path.display());
+    CheckProblem {
+        path: path.to_path_buf(),
+        position,
+        reason,
+    }
+}

@@ -1,0 +1,807 @@
+//! Tests of the partition log against real files in temporary directories.
+
+use super::segment::{decode_index, index_path, segment_path};
+use super::*;
+use proptest::prelude::*;
+use std::fs;
+use tempfile::TempDir;
+
+const ENOSPC: i32 = 28;
+const EIO: i32 = 5;
+
+fn cfg(segment_size_bytes: u64) -> LogConfig {
+    LogConfig {
+        segment_size_bytes,
+        retention_size_bytes: 0,
+        retention_age_ms: 0,
+    }
+}
+
+/// Deterministic value of varying size for `sequence`.
+fn value_for(sequence: u64) -> Vec<u8> {
+    format!("v{sequence}:")
+        .repeat((sequence % 7 + 1) as usize)
+        .into_bytes()
+}
+
+fn append_value(log: &mut PartitionLog, ts: u64, value: &[u8]) -> u64 {
+    let rec = AppendRecord {
+        timestamp_ms: ts,
+        producer_id: 42,
+        producer_seq: ts,
+        flags: 1,
+        key: b"key",
+        value,
+    };
+    log.append(&rec).unwrap()
+}
+
+/// Appends sequences `from..from+n` with `value_for`, flushing every `batch` records.
+fn append_range(log: &mut PartitionLog, n: u64, batch: u64) {
+    for k in 0..n {
+        let seq = log.next_sequence();
+        assert_eq!(append_value(log, seq * 1000, &value_for(seq)), seq);
+        if (k + 1) % batch == 0 {
+            log.flush().unwrap();
+        }
+    }
+    log.flush().unwrap();
+}
+
+fn collect(
+    log: &mut PartitionLog,
+    from: u64,
+    max_records: usize,
+    max_bytes: usize,
+) -> (Vec<(u64, Vec<u8>)>, ReadOutcome) {
+    let mut out = Vec::new();
+    let outcome = log
+        .read(from, max_records, max_bytes, |r| {
+            out.push((r.sequence, r.value.to_vec()))
+        })
+        .unwrap();
+    (out, outcome)
+}
+
+/// Asserts the log holds exactly sequences `first..=last`, each with `value_for`.
+fn assert_holds(log: &mut PartitionLog, first: u64, last: u64) {
+    let (got, outcome) = collect(log, first, usize::MAX, usize::MAX);
+    let want: Vec<(u64, Vec<u8>)> = (first..=last).map(|s| (s, value_for(s))).collect();
+    assert_eq!(got, want);
+    assert_eq!(outcome.next_sequence, last + 1);
+    assert_eq!(log.written_sequence(), last);
+    assert_eq!(log.next_sequence(), last + 1);
+}
+
+fn log_files(dir: &Path) -> Vec<u64> {
+    let mut v: Vec<u64> = fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            let (stem, ext) = name.split_once('.')?;
+            (ext == "log").then(|| stem.parse().unwrap())
+        })
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+fn open(dir: &Path, config: LogConfig) -> (PartitionLog, RecoveryReport) {
+    PartitionLog::open(dir, config).unwrap()
+}
+
+#[test]
+fn new_log_starts_at_one_and_hides_unflushed_records() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path().join("topic-0");
+    let (mut log, report) = open(&dir, cfg(4096));
+    assert!(report.is_clean());
+    assert_eq!(
+        (
+            log.first_sequence(),
+            log.next_sequence(),
+            log.written_sequence()
+        ),
+        (1, 1, 0)
+    );
+    assert_eq!(append_value(&mut log, 1, b"a"), 1);
+    assert_eq!(append_value(&mut log, 2, b"b"), 2);
+    assert_eq!(log.next_sequence(), 3);
+    assert!(log.pending_bytes() > 0);
+    let (got, _) = collect(&mut log, 1, 10, 1 << 20);
+    assert!(got.is_empty(), "nothing is visible before flush");
+    assert!(log.read_one(1).unwrap().is_none());
+    log.flush().unwrap();
+    assert_eq!((log.pending_bytes(), log.written_sequence()), (0, 2));
+    assert_eq!(log.read_one(2).unwrap().unwrap().value, b"b");
+    let (got, outcome) = collect(&mut log, 0, 10, 1 << 20);
+    assert_eq!(
+        (got.len(), outcome.skipped),
+        (2, 0),
+        "sequence 0 never existed"
+    );
+}
+
+#[test]
+fn round_trip_across_rolls_ranges_and_limits() {
+    let tmp = TempDir::new().unwrap();
+    let (mut log, _) = open(tmp.path(), cfg(300));
+    append_range(&mut log, 60, 7);
+    assert!(log.stats().segments >= 5, "stats: {:?}", log.stats());
+    assert_eq!(log_files(tmp.path()).len() as u32, log.stats().segments);
+    assert_holds(&mut log, 1, 60);
+
+    // Ranges start anywhere, including mid-segment.
+    let (got, outcome) = collect(&mut log, 17, 9, usize::MAX);
+    assert_eq!(
+        got.iter().map(|r| r.0).collect::<Vec<_>>(),
+        (17..26).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        (outcome.records, outcome.next_sequence, outcome.skipped),
+        (9, 26, 0)
+    );
+
+    // max_bytes counts key + value; stops before the record that would pass it.
+    let two = 3 + value_for(5).len() + 3 + value_for(6).len();
+    let (got, outcome) = collect(&mut log, 5, 100, two);
+    assert_eq!(got.len(), 2);
+    assert_eq!(outcome.bytes, two);
+    // One record is always delivered, even when alone it is over max_bytes.
+    let (got, outcome) = collect(&mut log, 5, 100, 0);
+    assert_eq!((got.len(), outcome.next_sequence), (1, 6));
+    let (got, _) = collect(&mut log, 5, 0, usize::MAX);
+    assert!(got.is_empty(), "max_records 0 reads nothing");
+    // Past the end: nothing, and next_sequence stays where it was asked.
+    let (got, outcome) = collect(&mut log, 61, 10, usize::MAX);
+    assert!(got.is_empty());
+    assert_eq!(outcome.next_sequence, 61);
+
+    let r = log.read_one(33).unwrap().unwrap();
+    assert_eq!(
+        (r.sequence, r.key, r.value, r.flags),
+        (33, &b"key"[..], &value_for(33)[..], 1)
+    );
+    assert_eq!(
+        (r.timestamp_ms, r.producer_id, r.producer_seq),
+        (33_000, 42, 33_000)
+    );
+    assert!(log.read_one(0).unwrap().is_none());
+    assert!(log.read_one(61).unwrap().is_none());
+}
+
+#[test]
+fn a_record_larger_than_a_segment_gets_a_segment_of_its_own() {
+    let tmp = TempDir::new().unwrap();
+    let (mut log, _) = open(tmp.path(), cfg(200));
+    append_value(&mut log, 1, b"small");
+    let big = vec![7u8; 1000];
+    append_value(&mut log, 2, &big);
+    append_value(&mut log, 3, b"after");
+    log.flush().unwrap();
+    assert_eq!(log_files(tmp.path()), vec![1, 2, 3]);
+    assert_eq!(log.read_one(2).unwrap().unwrap().value, &big[..]);
+    let len2 = fs::metadata(segment_path(tmp.path(), 2)).unwrap().len();
+    assert_eq!(
+        len2,
+        (SEGMENT_HEADER_BYTES + RECORD_OVERHEAD_BYTES + 3 + 1000) as u64
+    );
+    drop(log);
+    let (mut log, report) = open(tmp.path(), cfg(200));
+    assert!(report.is_clean());
+    assert_eq!(log.next_sequence(), 4);
+    assert_eq!(log.read_one(2).unwrap().unwrap().value, &big[..]);
+}
+
+#[test]
+fn reads_see_records_flushed_after_the_active_segment_was_mapped() {
+    let tmp = TempDir::new().unwrap();
+    let (mut log, _) = open(tmp.path(), cfg(1 << 20));
+    append_range(&mut log, 3, 1);
+    assert_holds(&mut log, 1, 3); // maps the active segment
+    append_range(&mut log, 400, 50);
+    assert_holds(&mut log, 1, 403); // must remap it
+}
+
+#[test]
+fn reopen_after_clean_close_keeps_everything() {
+    let tmp = TempDir::new().unwrap();
+    let (mut log, _) = open(tmp.path(), cfg(256));
+    append_range(&mut log, 40, 3);
+    append_value(&mut log, 0, b"never flushed");
+    let segments = log.stats().segments;
+    drop(log);
+    let (mut log, report) = open(tmp.path(), cfg(256));
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.indexes_rebuilt, 0);
+    assert_eq!((report.first_sequence, report.next_sequence), (1, 41));
+    assert_eq!(log.stats().segments, segments);
+    assert_eq!(log.synced_sequence(), 40, "open syncs what it keeps");
+    assert_holds(&mut log, 1, 40);
+    append_range(&mut log, 5, 2);
+    drop(log);
+    let (mut log, _) = open(tmp.path(), cfg(256));
+    assert_holds(&mut log, 1, 45);
+}
+
+#[test]
+fn missing_short_or_garbage_indexes_are_rebuilt() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let (mut log, _) = open(dir, cfg(300));
+    append_range(&mut log, 50, 4);
+    drop(log);
+    let segs = log_files(dir);
+    assert!(segs.len() >= 5);
+    let last = *segs.last().unwrap();
+
+    // Missing (closed and last), truncated, torn mid-entry, garbage, stale-longer.
+    fs::remove_file(index_path(dir, segs[0])).unwrap();
+    fs::remove_file(index_path(dir, last)).unwrap();
+    let idx1 = index_path(dir, segs[1]);
+    let bytes = fs::read(&idx1).unwrap();
+    fs::write(&idx1, &bytes[..4]).unwrap();
+    let idx2 = index_path(dir, segs[2]);
+    let bytes = fs::read(&idx2).unwrap();
+    fs::write(&idx2, &bytes[..bytes.len() - 1]).unwrap();
+    let idx3 = index_path(dir, segs[3]);
+    let n = fs::read(&idx3).unwrap().len();
+    let garbage: Vec<u8> = (0..n)
+        .map(|i| (i as u8).wrapping_mul(151).wrapping_add(7))
+        .collect();
+    fs::write(&idx3, garbage).unwrap();
+    let idx4 = index_path(dir, segs[4]);
+    let mut bytes = fs::read(&idx4).unwrap();
+    bytes.extend_from_slice(&u32::MAX.to_be_bytes());
+    fs::write(&idx4, bytes).unwrap();
+
+    let (mut log, report) = open(dir, cfg(300));
+    assert!(
+        report.is_clean(),
+        "index damage is not data loss: {report:?}"
+    );
+    assert_eq!(report.indexes_rebuilt, 6, "{report:?}");
+    assert_holds(&mut log, 1, 50);
+    for s in 1..=50 {
+        assert_eq!(log.read_one(s).unwrap().unwrap().value, &value_for(s)[..]);
+    }
+    drop(log);
+    assert!(check_partition(dir, false).unwrap().is_clean());
+    let (_, report) = open(dir, cfg(300));
+    assert_eq!(
+        report.indexes_rebuilt, 0,
+        "rebuilt indexes are trusted next time"
+    );
+}
+
+#[test]
+fn a_flipped_byte_in_a_closed_segment_is_reported_as_corrupt_on_read() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let (mut log, _) = open(dir, cfg(300));
+    append_range(&mut log, 30, 1);
+    drop(log);
+    let segs = log_files(dir);
+    let positions = decode_index(&fs::read(index_path(dir, segs[0])).unwrap());
+    assert!(
+        positions.len() >= 2,
+        "record 1 must not be the segment's last"
+    );
+    let path = segment_path(dir, segs[0]);
+    let mut bytes = fs::read(&path).unwrap();
+    let at = positions[0] as usize + RECORD_OVERHEAD_BYTES + 3 + 1; // inside value 1
+    bytes[at] ^= 0x01;
+    fs::write(&path, &bytes).unwrap();
+
+    // The cheap open-time check reads only each closed segment's last record.
+    let (mut log, report) = open(dir, cfg(300));
+    assert!(report.is_clean());
+    let err = log.read(1, 10, usize::MAX, |_| {}).unwrap_err();
+    match &err {
+        StorageError::Corrupt {
+            path: p,
+            position,
+            reason,
+        } => {
+            assert_eq!((p, *position), (&path, positions[0] as u64));
+            assert!(reason.contains("crc"), "{reason}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    assert!(matches!(log.read_one(1), Err(StorageError::Corrupt { .. })));
+    // Everything else still reads.
+    assert_eq!(log.read_one(2).unwrap().unwrap().value, &value_for(2)[..]);
+    let (got, _) = collect(&mut log, 2, usize::MAX, usize::MAX);
+    assert_eq!(got.len(), 29);
+    drop(log);
+
+    let check = check_partition(dir, false).unwrap();
+    // The bad record, the index now longer than the good records, the gap after them.
+    assert_eq!(check.problems.len(), 3, "{:?}", check.problems);
+    assert_eq!(check.problems[0].path, path);
+    assert_eq!(check.problems[0].position, positions[0] as u64);
+}
+
+/// Writes records 1..=n (n >= `n_min`, chosen so the last segment holds at least three
+/// records and there is a closed segment before it) and returns (n, last segment path, its
+/// bytes, its index bytes, position of record n in it).
+fn torn_tail_fixture(dir: &Path, n_min: u64) -> (u64, PathBuf, Vec<u8>, Vec<u8>, u64) {
+    let (mut log, _) = open(dir, cfg(600));
+    loop {
+        append_range(&mut log, 1, 1);
+        let n = log.written_sequence();
+        if n >= n_min && log.segments.len() >= 2 && log.segments.last().unwrap().record_count >= 3 {
+            break;
+        }
+    }
+    let n = log.written_sequence();
+    drop(log);
+    let last = *log_files(dir).last().unwrap();
+    let path = segment_path(dir, last);
+    let idx = fs::read(index_path(dir, last)).unwrap();
+    let last_pos = *decode_index(&idx).last().unwrap() as u64;
+    (n, path.clone(), fs::read(&path).unwrap(), idx, last_pos)
+}
+
+#[test]
+fn a_torn_last_record_is_truncated_at_every_cut_point() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let (n, path, bytes, idx, last_pos) = torn_tail_fixture(dir, 20);
+    let idx_path = path.with_extension("idx");
+    for cut in last_pos..bytes.len() as u64 {
+        fs::write(&path, &bytes[..cut as usize]).unwrap();
+        fs::write(&idx_path, &idx).unwrap();
+        let (mut log, report) = open(dir, cfg(600));
+        assert_eq!(log.next_sequence(), n, "cut at {cut}");
+        assert_holds(&mut log, 1, n - 1);
+        assert_eq!(fs::metadata(&path).unwrap().len(), last_pos);
+        if cut > last_pos {
+            assert_eq!(report.truncated_bytes, cut - last_pos, "cut at {cut}");
+            assert_eq!(report.truncated_at, Some((path.clone(), last_pos)));
+            assert_eq!(report.lost_from_sequence, Some(n));
+        } else {
+            assert!(
+                report.is_clean(),
+                "a cut at a record boundary loses nothing"
+            );
+        }
+    }
+    // After the truncation the log goes on from n, and that survives a reopen.
+    let (mut log, _) = open(dir, cfg(600));
+    assert_eq!(append_value(&mut log, n * 1000, &value_for(n)), n);
+    log.flush().unwrap();
+    drop(log);
+    let (mut log, report) = open(dir, cfg(600));
+    assert!(report.is_clean());
+    assert_holds(&mut log, 1, n);
+}
+
+#[test]
+fn a_flipped_byte_anywhere_in_the_last_record_truncates_it() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let (n, path, bytes, idx, last_pos) = torn_tail_fixture(dir, 12);
+    let idx_path = path.with_extension("idx");
+    for at in last_pos as usize..bytes.len() {
+        let mut bad = bytes.clone();
+        bad[at] ^= 0x40;
+        fs::write(&path, &bad).unwrap();
+        fs::write(&idx_path, &idx).unwrap();
+        let (mut log, report) = open(dir, cfg(600));
+        assert_eq!(log.next_sequence(), n, "flip at {at}");
+        assert_eq!(
+            report.truncated_at,
+            Some((path.clone(), last_pos)),
+            "flip at {at}"
+        );
+        assert_holds(&mut log, 1, n - 1);
+    }
+}
+
+#[test]
+fn garbage_after_the_last_record_and_an_empty_new_segment_are_handled() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let (mut log, _) = open(dir, cfg(600));
+    append_range(&mut log, 10, 1);
+    drop(log);
+    // Zeros after the tail: what a file system may leave after a crash.
+    let last = *log_files(dir).last().unwrap();
+    let path = segment_path(dir, last);
+    let len = fs::metadata(&path).unwrap().len();
+    let f = OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(len + 100).unwrap();
+    drop(f);
+    let (mut log, report) = open(dir, cfg(600));
+    assert_eq!(report.truncated_bytes, 100);
+    assert_holds(&mut log, 1, 10);
+    drop(log);
+    // A crash right after creating the next segment leaves it empty.
+    fs::write(segment_path(dir, 11), b"").unwrap();
+    let (mut log, report) = open(dir, cfg(600));
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(log.stats().segments as usize, log_files(dir).len());
+    assert_holds(&mut log, 1, 10);
+    append_range(&mut log, 3, 1);
+    assert_holds(&mut log, 1, 13);
+    drop(log);
+    let (mut log, _) = open(dir, cfg(600));
+    assert_holds(&mut log, 1, 13);
+}
+
+#[test]
+fn a_sequence_gap_between_segments_cuts_the_log_there() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let (mut log, _) = open(dir, cfg(300));
+    append_range(&mut log, 30, 1);
+    drop(log);
+    let segs = log_files(dir);
+    let victim = segs[segs.len() - 2];
+    fs::remove_file(segment_path(dir, victim)).unwrap(); // leaves a gap and an orphan .idx
+    let (mut log, report) = open(dir, cfg(300));
+    assert_eq!(report.segments_removed, 1);
+    assert_eq!(report.orphan_indexes_removed, 1);
+    assert_eq!(report.lost_from_sequence, Some(victim));
+    assert_holds(&mut log, 1, victim - 1);
+    assert_eq!(log_files(dir).len(), segs.len() - 2);
+}
+
+#[test]
+fn a_bad_record_in_a_closed_segment_with_a_missing_index_cuts_everything_after() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let (mut log, _) = open(dir, cfg(300));
+    append_range(&mut log, 30, 1);
+    drop(log);
+    let segs = log_files(dir);
+    let positions = decode_index(&fs::read(index_path(dir, segs[1])).unwrap());
+    let path = segment_path(dir, segs[1]);
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[positions[1] as usize + 20] ^= 0xFF;
+    fs::write(&path, bytes).unwrap();
+    fs::remove_file(index_path(dir, segs[1])).unwrap();
+    let (mut log, report) = open(dir, cfg(300));
+    let bad_seq = segs[1] + 1;
+    assert_eq!(report.truncated_at, Some((path, positions[1] as u64)));
+    assert_eq!(report.segments_removed as usize, segs.len() - 2);
+    assert_holds(&mut log, 1, bad_seq - 1);
+}
+
+#[test]
+fn retention_by_size_deletes_only_whole_closed_segments() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let mut config = cfg(300);
+    config.retention_size_bytes = 1000;
+    let (mut log, _) = open(dir, config);
+    append_range(&mut log, 80, 5);
+    let before = log.stats();
+    let report = log.enforce_retention(0).unwrap();
+    let after = log.stats();
+    assert!(report.segments_deleted > 0);
+    assert_eq!(after.segments, before.segments - report.segments_deleted);
+    assert_eq!(before.bytes - after.bytes, report.bytes_deleted);
+    assert!(after.bytes <= 1000 || after.segments == 1, "{after:?}");
+    assert_eq!(report.first_sequence, after.first_sequence);
+    assert_eq!(
+        log_files(dir)[0],
+        after.first_sequence,
+        "first retained segment starts it"
+    );
+    assert!(after.first_sequence > 1);
+    // A reader below the new start skips ahead and is told how far.
+    let first = after.first_sequence;
+    let (got, outcome) = collect(&mut log, 1, 3, usize::MAX);
+    assert_eq!(outcome.skipped, first - 1);
+    assert_eq!(got[0], (first, value_for(first)));
+    assert_holds(&mut log, first, 80);
+    // Nothing left to do; then a tiny limit keeps only the active segment.
+    assert_eq!(log.enforce_retention(0).unwrap().segments_deleted, 0);
+    let mut log2 = {
+        drop(log);
+        config.retention_size_bytes = 1;
+        open(dir, config).0
+    };
+    log2.enforce_retention(0).unwrap();
+    assert_eq!(log2.stats().segments, 1);
+    let active_first = log2.first_sequence();
+    assert_holds(&mut log2, active_first, 80);
+    drop(log2);
+    let (mut log, report) = open(dir, config);
+    assert!(report.is_clean());
+    assert_eq!(log.first_sequence(), active_first);
+    assert_holds(&mut log, active_first, 80);
+}
+
+#[test]
+fn retention_by_age_uses_each_segments_newest_record() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let mut config = cfg(300);
+    config.retention_age_ms = 10_000;
+    let (mut log, _) = open(dir, config);
+    append_range(&mut log, 60, 1); // record s has timestamp s * 1000
+    drop(log);
+    let (mut log, _) = open(dir, config); // timestamps must come from disk too
+    let now = 60_000;
+    let report = log.enforce_retention(now).unwrap();
+    assert!(report.segments_deleted > 0);
+    let first = log.first_sequence();
+    // The deleted segment before `first` ended at first - 1, which was too old; the first
+    // kept segment's newest record is young enough.
+    assert!(now - (first - 1) * 1000 > 10_000);
+    let seg0_last = log.segments[0].end_sequence() - 1;
+    assert!(now - seg0_last * 1000 <= 10_000);
+    // Far in the future: everything closed goes, the active segment stays.
+    log.enforce_retention(u64::MAX).unwrap();
+    assert_eq!(log.stats().segments, 1);
+    assert!(log.written_sequence() == 60);
+}
+
+#[test]
+fn sync_jobs_cover_written_files_and_failures_poison() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let (mut log, _) = open(dir, cfg(300));
+    assert!(log.take_sync_job().is_none(), "nothing flushed yet");
+    append_range(&mut log, 2, 2);
+    let job = log.take_sync_job().unwrap();
+    assert_eq!((job.files.len(), job.upto_sequence), (1, 2));
+    assert!(job.sync_dir.is_none(), "open already synced the directory");
+    assert!(
+        log.take_sync_job().is_none(),
+        "nothing new since the last job"
+    );
+    job.run().unwrap();
+    log.sync_done(job.upto_sequence);
+    assert_eq!(log.synced_sequence(), 2);
+
+    // Flush across rolls: every file written since, and the directory.
+    append_range(&mut log, 12, 12);
+    assert!(log.stats().segments >= 3);
+    let job = log.take_sync_job().unwrap();
+    assert!(job.files.len() >= 3, "{job:?}");
+    assert_eq!(job.sync_dir.as_deref(), Some(dir));
+    assert_eq!(job.upto_sequence, 14);
+    // Work happens on another thread, as in the broker.
+    let upto = std::thread::spawn(move || job.run().map(|()| job.upto_sequence))
+        .join()
+        .unwrap()
+        .unwrap();
+    log.sync_done(upto);
+    assert_eq!(log.synced_sequence(), 14);
+
+    // A later failure is sticky.
+    append_range(&mut log, 1, 1);
+    let _job = log.take_sync_job().unwrap();
+    log.sync_failed(&io::Error::from_raw_os_error(EIO));
+    assert!(log.is_poisoned());
+    let rec = AppendRecord {
+        timestamp_ms: 0,
+        producer_id: 0,
+        producer_seq: 0,
+        flags: 0,
+        key: b"",
+        value: b"",
+    };
+    let err = log.append(&rec).unwrap_err();
+    assert!(matches!(err, StorageError::Poisoned { .. }));
+    assert!(err.to_string().contains("restart required"), "{err}");
+    assert!(matches!(log.flush(), Err(StorageError::Poisoned { .. })));
+    assert!(log.take_sync_job().is_none());
+    assert_eq!(log.synced_sequence(), 14);
+    assert!(log.stats().poisoned);
+    assert_holds(&mut log, 1, 15); // reads still work
+}
+
+#[test]
+fn no_space_during_flush_undoes_the_whole_batch() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let (mut log, _) = open(dir, cfg(300));
+    append_range(&mut log, 5, 5);
+    let files_before = log_files(dir);
+    let stats_before = log.stats();
+    let last_before = *files_before.last().unwrap();
+    let len_before = fs::metadata(segment_path(dir, last_before)).unwrap().len();
+
+    // Fail on the first write, half written; then on a write after a roll.
+    for writes_ok in [0, 1, 2, 3, 4] {
+        for _ in 0..12 {
+            let seq = log.next_sequence();
+            append_value(&mut log, seq, &value_for(seq));
+        }
+        log.fail_write_after(writes_ok, ENOSPC);
+        let err = log.flush().unwrap_err();
+        assert!(err.is_no_space(), "{err:?}");
+        assert_eq!(
+            log.next_sequence(),
+            6,
+            "appends since the last flush are dropped"
+        );
+        assert_eq!(log.pending_bytes(), 0);
+        assert!(!log.is_poisoned());
+        assert_eq!(log.stats(), stats_before);
+        assert_eq!(log_files(dir), files_before);
+        assert_eq!(
+            fs::metadata(segment_path(dir, last_before)).unwrap().len(),
+            len_before
+        );
+        let idx_len = fs::metadata(index_path(dir, last_before)).unwrap().len();
+        assert_eq!(idx_len, log.segments.last().unwrap().record_count * 4);
+        assert_holds(&mut log, 1, 5);
+    }
+    log.fail_write_after(0, EIO);
+    append_value(&mut log, 6, &value_for(6));
+    let err = log.flush().unwrap_err();
+    assert!(
+        matches!(err, StorageError::Io { .. }) && !err.is_no_space(),
+        "{err:?}"
+    );
+
+    // The disk has room again: the same sequences are handed out and stick.
+    append_range(&mut log, 20, 20);
+    assert_holds(&mut log, 1, 25);
+    drop(log);
+    let (mut log, report) = open(dir, cfg(300));
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.indexes_rebuilt, 0);
+    assert_holds(&mut log, 1, 25);
+}
+
+#[test]
+fn scan_headers_walks_every_record_from_a_start() {
+    let tmp = TempDir::new().unwrap();
+    let (mut log, _) = open(tmp.path(), cfg(500));
+    for s in 1..=2500u64 {
+        let rec = AppendRecord {
+            timestamp_ms: s,
+            producer_id: s % 3,
+            producer_seq: s / 3,
+            flags: 0,
+            key: b"",
+            value: b"x",
+        };
+        log.append(&rec).unwrap();
+    }
+    log.flush().unwrap();
+    let mut seen = Vec::new();
+    log.scan_headers(1200, |s, ts, pid, pseq| seen.push((s, ts, pid, pseq)))
+        .unwrap();
+    let want: Vec<_> = (1200..=2500u64).map(|s| (s, s, s % 3, s / 3)).collect();
+    assert_eq!(seen, want);
+    assert!(
+        log.mapped_segments <= MAPPED_SEGMENTS_MAX,
+        "old maps are dropped"
+    );
+}
+
+#[test]
+fn oversized_records_and_bad_config_are_refused() {
+    let tmp = TempDir::new().unwrap();
+    assert!(matches!(
+        PartitionLog::open(tmp.path(), cfg(0)),
+        Err(StorageError::InvalidConfig { .. })
+    ));
+    assert!(PartitionLog::open(tmp.path(), cfg(SEGMENT_BYTES_MAX + 1)).is_err());
+    let (mut log, _) = open(tmp.path(), cfg(1024));
+    let key = vec![0u8; RECORD_KEY_BYTES_MAX + 1];
+    let rec = AppendRecord {
+        timestamp_ms: 0,
+        producer_id: 0,
+        producer_seq: 0,
+        flags: 0,
+        key: &key,
+        value: b"",
+    };
+    assert!(matches!(
+        log.append(&rec),
+        Err(StorageError::RecordTooLarge { .. })
+    ));
+    assert_eq!((log.next_sequence(), log.pending_bytes()), (1, 0));
+}
+
+#[test]
+fn check_partition_finds_and_repairs_a_torn_tail() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let (mut log, _) = open(dir, cfg(300));
+    append_range(&mut log, 25, 1);
+    drop(log);
+    let clean = check_partition(dir, false).unwrap();
+    assert!(clean.is_clean(), "{clean:?}");
+    assert_eq!(
+        (clean.records, clean.first_sequence, clean.next_sequence),
+        (25, 1, 26)
+    );
+    assert!(clean.repaired.is_none());
+
+    let last = *log_files(dir).last().unwrap();
+    let path = segment_path(dir, last);
+    let len = fs::metadata(&path).unwrap().len();
+    let f = OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(len - 3).unwrap();
+    drop(f);
+    let found = check_partition(dir, false).unwrap();
+    assert!(!found.is_clean());
+    assert_eq!(found.next_sequence, 25);
+    assert_eq!(
+        fs::metadata(&path).unwrap().len(),
+        len - 3,
+        "check alone changes nothing"
+    );
+    let repaired = check_partition(dir, true).unwrap();
+    let r = repaired.repaired.expect("repair ran");
+    assert_eq!(r.lost_from_sequence, Some(25));
+    assert!(check_partition(dir, false).unwrap().is_clean());
+    let (mut log, report) = open(dir, cfg(300));
+    assert!(report.is_clean());
+    assert_holds(&mut log, 1, 24);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Append { count: u8, value_len: u16 },
+    Flush,
+    Reopen,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (1u8..20, 0u16..300).prop_map(|(count, value_len)| Op::Append { count, value_len }),
+        3 => Just(Op::Flush),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Whatever the batches, segment size and reopen points, every flushed record is
+    /// there after a reopen and unflushed ones are gone.
+    #[test]
+    fn flushed_records_survive_reopens(
+        segment_size in 64u64..2048,
+        ops in proptest::collection::vec(op(), 1..40),
+    ) {
+        let tmp = TempDir::new().unwrap();
+        let config = cfg(segment_size);
+        let mut log = open(tmp.path(), config).0;
+        let mut flushed: Vec<Vec<u8>> = Vec::new();
+        let mut pending: Vec<Vec<u8>> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Append { count, value_len } => {
+                    for k in 0..count {
+                        let fill = (flushed.len() + pending.len()) as u8 ^ k;
+                        let value = vec![fill; value_len as usize];
+                        let seq = append_value(&mut log, 0, &value);
+                        prop_assert_eq!(seq, (flushed.len() + pending.len() + 1) as u64);
+                        pending.push(value);
+                    }
+                }
+                Op::Flush => {
+                    log.flush().unwrap();
+                    flushed.append(&mut pending);
+                }
+                Op::Reopen => {
+                    drop(log);
+                    pending.clear();
+                    let (l, report) = open(tmp.path(), config);
+                    prop_assert!(report.is_clean(), "{:?}", report);
+                    log = l;
+                }
+            }
+            prop_assert_eq!(log.written_sequence(), flushed.len() as u64);
+        }
+        drop(log);
+        let mut log = open(tmp.path(), config).0;
+        prop_assert_eq!(log.next_sequence(), flushed.len() as u64 + 1);
+        let mut got = Vec::new();
+        log.read(1, usize::MAX, usize::MAX, |r| got.push(r.value.to_vec())).unwrap();
+        prop_assert_eq!(got, flushed);
+        prop_assert!(check_partition(tmp.path(), false).unwrap().is_clean());
+    }
+}

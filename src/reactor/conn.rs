@@ -1,0 +1,114 @@
+//! One client connection: its socket, buffers, session and timers.
+
+use std::net::SocketAddr;
+
+use mio::net::TcpStream;
+
+use crate::session::{Session, Slots};
+
+/// Why the broker closes a connection (logged, counted per reason in /metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CloseReason {
+    PeerClosed,
+    ProtocolError,
+    IdleTimeout,
+    HalfFrameTimeout,
+    OutputOverflow,
+    IoError,
+    Shutdown,
+}
+
+impl CloseReason {
+    pub const ALL: [CloseReason; 7] = [
+        CloseReason::PeerClosed,
+        CloseReason::ProtocolError,
+        CloseReason::IdleTimeout,
+        CloseReason::HalfFrameTimeout,
+        CloseReason::OutputOverflow,
+        CloseReason::IoError,
+        CloseReason::Shutdown,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CloseReason::PeerClosed => "peer_closed",
+            CloseReason::ProtocolError => "protocol_error",
+            CloseReason::IdleTimeout => "idle_timeout",
+            CloseReason::HalfFrameTimeout => "half_frame_timeout",
+            CloseReason::OutputOverflow => "output_overflow",
+            CloseReason::IoError => "io_error",
+            CloseReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// The life of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnState {
+    /// Reading frames and answering them.
+    Open,
+    /// Reads nothing more; sends what is queued, then closes (after an ERR that closes,
+    /// or at shutdown). Closed at the latest at its close deadline.
+    Flushing(CloseReason),
+    /// On the close list: freed at the end of the pass, never touched again.
+    Closed(CloseReason),
+}
+
+pub struct Conn {
+    pub stream: TcpStream,
+    pub peer: SocketAddr,
+    /// Never reused; told apart from a later connection in the same slab slot.
+    pub serial: u64,
+    pub state: ConnState,
+    pub session: Session,
+    pub slots: Slots,
+    /// Bytes read and not yet handled: an incomplete frame, or complete frames held
+    /// back by backpressure. Empty (no allocation) while idle.
+    pub input: Vec<u8>,
+    pub output: Vec<u8>,
+    /// How much of `output` the socket has taken.
+    pub output_sent: usize,
+    /// Stopped reading: too much queued output or too many unanswered requests.
+    pub paused: bool,
+    pub last_frame_ms: u64,
+    /// When the first byte of the current incomplete frame arrived.
+    pub partial_since_ms: Option<u64>,
+    /// Deadline of this connection's live timer-heap entry (u64::MAX = none).
+    pub timer_at_ms: u64,
+    pub close_deadline_ms: u64,
+    /// Already on the pass's flush list.
+    pub flush_queued: bool,
+    /// Already on the read list (more to read or handle than one turn allowed).
+    pub read_queued: bool,
+}
+
+impl Conn {
+    pub fn new(stream: TcpStream, peer: SocketAddr, serial: u64, now_ms: u64) -> Conn {
+        Conn {
+            stream,
+            peer,
+            serial,
+            state: ConnState::Open,
+            session: Session::default(),
+            slots: Slots::default(),
+            input: Vec::new(),
+            output: Vec::new(),
+            output_sent: 0,
+            paused: false,
+            last_frame_ms: now_ms,
+            partial_since_ms: None,
+            timer_at_ms: u64::MAX,
+            close_deadline_ms: u64::MAX,
+            flush_queued: false,
+            read_queued: false,
+        }
+    }
+
+    pub fn output_pending(&self) -> usize {
+        self.output.len() - self.output_sent
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.state == ConnState::Open
+    }
+}

@@ -1,0 +1,916 @@
+//! The reactor room: the one thread that owns every socket.
+//!
+//! A single mio `Poll` drives the listener, every client connection (kept in a
+//! `slab`, keyed by `Token`), a `Waker` through which the fsync pool reports
+//! completions, and the signal source. Each pass: read what is readable and handle
+//! every complete frame; let the broker flush its logs and start fsyncs; apply the
+//! broker's effects (answers, pushes); fire timers; write each connection's output
+//! with one write; free closed connections. Nothing here blocks: no fsync, no DNS, no
+//! sleep; timeouts come from a deadline heap, not from polling.
+//!
+//! mio's two rules, quoted from its docs, shape the read and write loops:
+//! "Draining readiness": with edge-triggered events, an operation must be repeated
+//! until it returns `WouldBlock`; and "Spurious events": an event is a hint, so a read
+//! may find nothing and must be harmless.
+//!
+//! Frames are handled only when complete; backpressure (too much queued output or too
+//! many unanswered requests) stops handling at a frame boundary and stops reading the
+//! socket, and resumes below the low-water marks. Bytes are never dropped.
+//!
+//! Depends on every room below it: `wire`, `session`, `broker`, `fsync`.
+
+pub mod conn;
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use mio::net::TcpListener;
+use mio::{Events, Interest, Poll, Token, Waker};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook_mio::v1_0::Signals;
+use slab::Slab;
+
+use crate::broker::{Answer, Broker, ConnRef, Effect, Handled, Now};
+use crate::fsync::{Completion, FsyncPool};
+use crate::session::{token_matches, Admit};
+use crate::wire::frame::split_frame;
+use crate::wire::limits::WIRE_VERSION;
+use crate::wire::ops::{Connect, Frame, Message, Op};
+use crate::wire::ErrorCode;
+use conn::{CloseReason, Conn, ConnState};
+
+pub const LISTENER_TOKEN: Token = Token(0);
+pub const WAKER_TOKEN: Token = Token(1);
+pub const SIGNAL_TOKEN: Token = Token(2);
+/// Connection tokens are slab keys plus this, past the fixed tokens.
+const CONN_TOKEN_BASE: usize = 16;
+
+/// Bytes read from a socket per `read` call, into the reactor's one shared buffer:
+/// idle connections then own no read buffer at all.
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Reads per connection per turn before the others get theirs (fairness); a
+/// connection with more goes on the read list for the next pass.
+const READS_PER_TURN_MAX: usize = 16;
+/// Stop reading a connection once this much output waits for it...
+const OUTPUT_HIGH_WATER_BYTES: usize = 1024 * 1024;
+/// ...and read again once it is below this.
+const OUTPUT_LOW_WATER_BYTES: usize = 256 * 1024;
+/// An emptied output buffer keeps at most this much capacity.
+const OUTPUT_IDLE_CAPACITY_MAX_BYTES: usize = 16 * 1024;
+/// An emptied input buffer keeps at most this much capacity.
+const INPUT_IDLE_CAPACITY_MAX_BYTES: usize = 4 * 1024;
+/// A connection closing after an ERR gets this long to take its last bytes.
+const CLOSE_FLUSH_MS: u64 = 2_000;
+/// At shutdown, in-flight answers get this long before the broker exits anyway.
+const SHUTDOWN_DRAIN_MS: u64 = 5_000;
+/// Housekeeping (retention, producer expiry) runs this often.
+const HOUSEKEEPING_INTERVAL_MS: u64 = 1_000;
+/// Events taken from one `poll`.
+const EVENTS_CAPACITY: usize = 1024;
+
+const _: () = assert!(OUTPUT_LOW_WATER_BYTES < OUTPUT_HIGH_WATER_BYTES);
+const _: () = assert!(CONN_TOKEN_BASE > SIGNAL_TOKEN.0);
+
+pub struct ReactorConfig {
+    pub listen: SocketAddr,
+    pub max_connections: usize,
+    pub idle_timeout_ms: u64,
+    pub half_frame_timeout_ms: u64,
+    pub max_output_bytes: usize,
+    pub max_pending_requests: usize,
+    /// `None`: every token is accepted.
+    pub tokens: Option<Vec<Vec<u8>>>,
+}
+
+/// Counters the reactor keeps (read by the admin room through snapshots).
+#[derive(Debug, Default, Clone)]
+pub struct ReactorCounters {
+    pub accepted: u64,
+    pub refused_connection_limit: u64,
+    pub closed: [u64; CloseReason::ALL.len()],
+    /// Frames received per op byte 0x00–0x0F; reserved ops count in `frames_in_reserved`.
+    pub frames_in: [u64; 16],
+    pub frames_in_reserved: u64,
+    pub frames_out_answers: u64,
+    pub errors_sent: std::collections::BTreeMap<u16, u64>,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub backpressure_pauses: u64,
+}
+
+pub struct Reactor {
+    poll: Poll,
+    listener: Option<TcpListener>,
+    signals: Signals,
+    waker: Arc<Waker>,
+    pool: Option<FsyncPool>,
+    conns: Slab<Conn>,
+    next_serial: u64,
+    timers: BinaryHeap<Reverse<(u64, usize, u64)>>,
+    read_list: Vec<usize>,
+    flush_list: Vec<usize>,
+    close_list: Vec<usize>,
+    scratch: Vec<u8>,
+    effects: Vec<Effect>,
+    completions: Vec<Completion>,
+    broker: Broker,
+    config: ReactorConfig,
+    started: Instant,
+    draining_since_ms: Option<u64>,
+    next_housekeeping_ms: u64,
+    pub counters: ReactorCounters,
+}
+
+fn would_block(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::WouldBlock
+}
+
+fn interrupted(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::Interrupted
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Reactor {
+    /// Binds the listener. The broker's fsync pool is created here because its wake
+    /// callback is this reactor's Waker.
+    pub fn bind(
+        config: ReactorConfig,
+        fsync_threads: usize,
+        open_broker: impl FnOnce(crate::fsync::Submitter) -> Result<Broker, String>,
+    ) -> Result<Reactor, String> {
+        let poll = Poll::new().map_err(|e| format!("cannot create poll: {e}"))?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER_TOKEN).map_err(|e| e.to_string())?);
+        let wake = Arc::clone(&waker);
+        let pool = FsyncPool::new(
+            fsync_threads,
+            Arc::new(move || {
+                let _ = wake.wake();
+            }),
+        )
+        .map_err(|e| format!("cannot start fsync workers: {e}"))?;
+        // The broker gets a pool of its own handle: jobs go out through it, completions
+        // come back through `self.pool`, which shares the channels.
+        let broker = open_broker(pool.submitter())?;
+        let mut listener = TcpListener::bind(config.listen)
+            .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+        poll.registry()
+            .register(&mut listener, LISTENER_TOKEN, Interest::READABLE)
+            .map_err(|e| e.to_string())?;
+        let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(|e| e.to_string())?;
+        poll.registry()
+            .register(&mut signals, SIGNAL_TOKEN, Interest::READABLE)
+            .map_err(|e| e.to_string())?;
+        Ok(Reactor {
+            poll,
+            listener: Some(listener),
+            signals,
+            waker,
+            pool: Some(pool),
+            conns: Slab::new(),
+            next_serial: 1,
+            timers: BinaryHeap::new(),
+            read_list: Vec::new(),
+            flush_list: Vec::new(),
+            close_list: Vec::new(),
+            scratch: vec![0; READ_CHUNK_BYTES],
+            effects: Vec::new(),
+            completions: Vec::new(),
+            broker,
+            config,
+            started: Instant::now(),
+            draining_since_ms: None,
+            next_housekeeping_ms: 0,
+            counters: ReactorCounters::default(),
+        })
+    }
+
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.listener.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    pub fn waker(&self) -> Arc<Waker> {
+        Arc::clone(&self.waker)
+    }
+
+    fn now(&self) -> Now {
+        Now {
+            mono_ms: self.started.elapsed().as_millis() as u64,
+            wall_ms: wall_ms(),
+        }
+    }
+
+    /// Runs until SIGTERM/SIGINT, then drains and returns.
+    pub fn run(&mut self) -> io::Result<()> {
+        let mut events = Events::with_capacity(EVENTS_CAPACITY);
+        loop {
+            let timeout = self.poll_timeout();
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if interrupted(&e) {
+                    continue;
+                }
+                return Err(e);
+            }
+            let now = self.now();
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER_TOKEN => self.accept(now),
+                    WAKER_TOKEN => {}
+                    SIGNAL_TOKEN => self.on_signals(now),
+                    Token(t) => {
+                        let key = t - CONN_TOKEN_BASE;
+                        if !self.conns.contains(key) {
+                            continue;
+                        }
+                        if event.is_readable() || event.is_read_closed() || event.is_error() {
+                            self.queue_read(key);
+                        }
+                        if event.is_writable() {
+                            self.queue_flush(key);
+                        }
+                    }
+                }
+            }
+            self.read_turn(now);
+            self.pass_end(now);
+            if let Some(since) = self.draining_since_ms {
+                if self.conns.is_empty() || now.mono_ms >= since + SHUTDOWN_DRAIN_MS {
+                    break;
+                }
+            }
+        }
+        self.shutdown();
+        Ok(())
+    }
+
+    fn poll_timeout(&self) -> Option<Duration> {
+        if !self.read_list.is_empty() {
+            return Some(Duration::ZERO);
+        }
+        let now = self.started.elapsed().as_millis() as u64;
+        let mut next = self.next_housekeeping_ms;
+        if let Some(Reverse((at, _, _))) = self.timers.peek() {
+            next = next.min(*at);
+        }
+        if let Some(at) = self.broker.next_deadline_ms() {
+            next = next.min(at);
+        }
+        if self.draining_since_ms.is_some() {
+            next = next.min(now + 50);
+        }
+        Some(Duration::from_millis(next.saturating_sub(now)))
+    }
+
+    // ---- accept -------------------------------------------------------------------
+
+    fn accept(&mut self, now: Now) {
+        loop {
+            let Some(listener) = &self.listener else {
+                return;
+            };
+            let (mut stream, peer) = match listener.accept() {
+                Ok(pair) => pair,
+                Err(e) if would_block(&e) => return,
+                Err(e) if interrupted(&e) => continue,
+                Err(e) => {
+                    // EMFILE and friends: log and try again on the next event rather
+                    // than spin; the listener stays registered.
+                    log::warn!("accept failed: {e}");
+                    return;
+                }
+            };
+            if self.conns.len() >= self.config.max_connections {
+                self.counters.refused_connection_limit += 1;
+                let mut out = Vec::new();
+                crate::wire::ops::encode_err(
+                    &mut out,
+                    ErrorCode::ConnectionLimit,
+                    Op::Connect as u8,
+                    "the broker's --max-connections is reached",
+                );
+                // Best effort on a fresh socket: the few bytes fit its send buffer.
+                let _ = stream.write(&out);
+                log::info!(
+                    "refused {peer}: connection limit {} reached",
+                    self.config.max_connections
+                );
+                continue;
+            }
+            let _ = stream.set_nodelay(true);
+            let entry = self.conns.vacant_entry();
+            let key = entry.key();
+            let token = Token(key + CONN_TOKEN_BASE);
+            if let Err(e) = self.poll.registry().register(
+                &mut stream,
+                token,
+                Interest::READABLE | Interest::WRITABLE,
+            ) {
+                log::warn!("cannot register {peer}: {e}");
+                continue;
+            }
+            let serial = self.next_serial;
+            self.next_serial += 1;
+            entry.insert(Conn::new(stream, peer, serial, now.mono_ms));
+            self.counters.accepted += 1;
+            log::info!("conn {serial} open from {peer}");
+            self.schedule_timer(key);
+        }
+    }
+
+    // ---- reading and handling frames -----------------------------------------------
+
+    fn queue_read(&mut self, key: usize) {
+        let conn = &mut self.conns[key];
+        if !conn.read_queued {
+            conn.read_queued = true;
+            self.read_list.push(key);
+        }
+    }
+
+    fn queue_flush(&mut self, key: usize) {
+        let conn = &mut self.conns[key];
+        if !conn.flush_queued {
+            conn.flush_queued = true;
+            self.flush_list.push(key);
+        }
+    }
+
+    fn read_turn(&mut self, now: Now) {
+        let list = std::mem::take(&mut self.read_list);
+        for &key in &list {
+            if let Some(conn) = self.conns.get_mut(key) {
+                conn.read_queued = false;
+                self.read_conn(key, now);
+            }
+        }
+        // Reuse the allocation; read_conn may have queued connections again.
+        let mut list = list;
+        list.clear();
+        list.append(&mut self.read_list);
+        self.read_list = list;
+    }
+
+    /// Handles what a connection has buffered, then reads its socket until it would
+    /// block, pauses, closes, or used up its turn.
+    fn read_conn(&mut self, key: usize, now: Now) {
+        self.handle_input(key, now);
+        for _ in 0..READS_PER_TURN_MAX {
+            let conn = &mut self.conns[key];
+            if !conn.is_open() || conn.paused {
+                return;
+            }
+            let result = if conn.input.is_empty() {
+                conn.stream.read(&mut self.scratch)
+            } else {
+                read_into_input(conn)
+            };
+            match result {
+                Ok(0) => {
+                    if conn.partial_since_ms.is_some() {
+                        log::debug!(
+                            "conn {} closed mid-frame; nothing of it applied",
+                            conn.serial
+                        );
+                    }
+                    self.close(key, CloseReason::PeerClosed);
+                    return;
+                }
+                Ok(n) => {
+                    self.counters.bytes_in += n as u64;
+                    if self.conns[key].input.is_empty() {
+                        let consumed = self.handle_bytes(key, FromScratch(n), now);
+                        let rest = &self.scratch[consumed..n];
+                        if !rest.is_empty() && self.conns.contains(key) {
+                            self.conns[key].input.extend_from_slice(rest);
+                        }
+                    } else {
+                        self.handle_input(key, now);
+                    }
+                    self.note_partial(key, now);
+                }
+                Err(e) if would_block(&e) => return,
+                Err(e) if interrupted(&e) => continue,
+                Err(e) => {
+                    log::info!("conn {} read error: {e}", self.conns[key].serial);
+                    self.close(key, CloseReason::IoError);
+                    return;
+                }
+            }
+        }
+        // Turn used up with more perhaps waiting: come back next pass.
+        self.queue_read(key);
+    }
+
+    fn handle_input(&mut self, key: usize, now: Now) {
+        if self.conns[key].input.is_empty() {
+            return;
+        }
+        let input = std::mem::take(&mut self.conns[key].input);
+        let consumed = self.handle_bytes(key, FromInput(&input), now);
+        if let Some(conn) = self.conns.get_mut(key) {
+            let mut input = input;
+            input.drain(..consumed);
+            if input.is_empty() && input.capacity() > INPUT_IDLE_CAPACITY_MAX_BYTES {
+                input = Vec::new();
+            }
+            conn.input = input;
+            self.note_partial(key, now);
+        }
+    }
+
+    /// Tracks when the current incomplete frame began, for the half-frame timeout.
+    fn note_partial(&mut self, key: usize, now: Now) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        let incomplete = !conn.input.is_empty()
+            && matches!(
+                split_frame(&conn.input, conn.session.frame_len_max()),
+                Ok(None)
+            );
+        match (incomplete, conn.partial_since_ms) {
+            (true, None) => {
+                conn.partial_since_ms = Some(now.mono_ms);
+                self.schedule_timer(key);
+            }
+            (false, Some(_)) => conn.partial_since_ms = None,
+            _ => {}
+        }
+    }
+
+    /// Handles every complete frame at the start of `bytes`; returns how many bytes
+    /// were consumed. Stops at a frame boundary on backpressure or close.
+    fn handle_bytes(&mut self, key: usize, source: Source<'_>, now: Now) -> usize {
+        let scratch = std::mem::take(&mut self.scratch);
+        let bytes: &[u8] = match source {
+            FromScratch(n) => &scratch[..n],
+            FromInput(b) => b,
+        };
+        let mut at = 0;
+        loop {
+            let conn = &self.conns[key];
+            if !conn.is_open() || conn.paused {
+                break;
+            }
+            match split_frame(&bytes[at..], conn.session.frame_len_max()) {
+                Ok(None) => break,
+                Err(e) => {
+                    log::info!("conn {} sent a bad frame header: {e}", conn.serial);
+                    self.count_frame_in(e.request_op());
+                    self.refuse(key, e.code(), e.request_op(), &e.to_string());
+                    break;
+                }
+                Ok(Some(raw)) => {
+                    at += raw.total_bytes;
+                    let conn = &mut self.conns[key];
+                    conn.last_frame_ms = now.mono_ms;
+                    conn.partial_since_ms = None;
+                    self.count_frame_in(raw.op);
+                    self.handle_frame(key, raw.op, raw.payload, now);
+                    self.check_pause(key);
+                }
+            }
+        }
+        self.scratch = scratch;
+        at
+    }
+
+    fn count_frame_in(&mut self, op: u8) {
+        match self.counters.frames_in.get_mut(usize::from(op)) {
+            Some(n) => *n += 1,
+            None => self.counters.frames_in_reserved += 1,
+        }
+    }
+
+    fn handle_frame(&mut self, key: usize, op_byte: u8, payload: &[u8], now: Now) {
+        let op = match self.conns[key].session.admit(op_byte) {
+            Admit::Handle(op) => op,
+            Admit::Ignore => {
+                log::info!(
+                    "conn {} sent ERR: {:?}",
+                    self.conns[key].serial,
+                    Frame::decode(Op::Err, payload)
+                );
+                return;
+            }
+            Admit::Refuse(code, why) => return self.refuse(key, code, op_byte, why),
+        };
+        let frame = match Frame::decode(op, payload) {
+            Ok(frame) => frame,
+            Err(e) => {
+                return self.refuse(key, ErrorCode::MalformedPayload, op_byte, &e.to_string())
+            }
+        };
+        let answer = match &frame {
+            Frame::Connect(c) => self.connect(key, c),
+            Frame::Ping(_) => Answer::Ok {
+                request_op: op_byte,
+            },
+            _ => {
+                let conn = &self.conns[key];
+                let cref = ConnRef {
+                    id: key as u32,
+                    serial: conn.serial,
+                };
+                match self.broker.handle(cref, conn.slots.next_id(), &frame, now) {
+                    Handled::Answer(answer) => answer,
+                    Handled::Wait => {
+                        self.conns[key].slots.wait();
+                        return;
+                    }
+                }
+            }
+        };
+        self.answer(key, answer);
+    }
+
+    fn connect(&mut self, key: usize, c: &Connect<'_>) -> Answer {
+        let op = Op::Connect as u8;
+        let conn = &mut self.conns[key];
+        if conn.session.connected {
+            return Answer::err(
+                ErrorCode::AlreadyConnected,
+                op,
+                "this session is already connected",
+            );
+        }
+        if c.protocol_version != WIRE_VERSION {
+            return Answer::err(
+                ErrorCode::UnsupportedVersion,
+                op,
+                format!(
+                    "protocol_version {} is not {WIRE_VERSION}",
+                    c.protocol_version
+                ),
+            );
+        }
+        if let Some(tokens) = &self.config.tokens {
+            if !token_matches(tokens, c.token) {
+                // The token itself is never logged.
+                log::warn!(
+                    "conn {} from {}: token not accepted",
+                    conn.serial,
+                    conn.peer
+                );
+                return Answer::err(ErrorCode::AuthFailed, op, "token not accepted");
+            }
+        }
+        conn.session.connected = true;
+        Answer::Ok { request_op: op }
+    }
+
+    /// Sends an error for the current frame; closes after it when the registry says so.
+    fn refuse(&mut self, key: usize, code: ErrorCode, request_op: u8, why: &str) {
+        self.answer(key, Answer::err(code, request_op, why));
+    }
+
+    fn answer(&mut self, key: usize, answer: Answer) {
+        let closes = answer.error_code().filter(|c| c.closes_connection());
+        if let Some(code) = answer.error_code() {
+            *self.counters.errors_sent.entry(code.code()).or_default() += 1;
+        }
+        self.counters.frames_out_answers += 1;
+        let conn = &mut self.conns[key];
+        conn.slots.answer_now(answer, &mut conn.output);
+        self.queue_flush(key);
+        if let Some(code) = closes {
+            self.begin_close(key, CloseReason::ProtocolError, code);
+        }
+    }
+
+    fn check_pause(&mut self, key: usize) {
+        let max_pending = self.config.max_pending_requests;
+        let max_output = self.config.max_output_bytes;
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        let pending = conn.output_pending();
+        if pending > max_output {
+            log::warn!(
+                "conn {} closed: {pending} bytes of output not taken (cap {max_output})",
+                conn.serial
+            );
+            self.close(key, CloseReason::OutputOverflow);
+            return;
+        }
+        if !conn.paused && (pending > OUTPUT_HIGH_WATER_BYTES || conn.slots.len() >= max_pending) {
+            conn.paused = true;
+            self.counters.backpressure_pauses += 1;
+        } else if conn.paused
+            && pending <= OUTPUT_LOW_WATER_BYTES
+            && conn.slots.len() <= max_pending / 2
+        {
+            conn.paused = false;
+            // Frames may already be buffered: handle them, and read on.
+            self.queue_read(key);
+        }
+    }
+
+    // ---- closing ------------------------------------------------------------------
+
+    /// Stops reading; the queued output (ending with an ERR) goes out, then the close.
+    fn begin_close(&mut self, key: usize, reason: CloseReason, code: ErrorCode) {
+        let now = self.started.elapsed().as_millis() as u64;
+        let conn = &mut self.conns[key];
+        if conn.is_open() {
+            log::info!("conn {} closing after {code}", conn.serial);
+            conn.state = ConnState::Flushing(reason);
+            conn.close_deadline_ms = now + CLOSE_FLUSH_MS;
+            self.schedule_timer(key);
+        }
+    }
+
+    /// Marks a connection closed; it is freed at the end of the pass (never while a
+    /// handler may still hold its key).
+    fn close(&mut self, key: usize, reason: CloseReason) {
+        let conn = &mut self.conns[key];
+        if matches!(conn.state, ConnState::Closed(_)) {
+            return;
+        }
+        conn.state = ConnState::Closed(reason);
+        self.close_list.push(key);
+    }
+
+    fn free_closed(&mut self) {
+        let now = self.now();
+        let mut list = std::mem::take(&mut self.close_list);
+        for key in list.drain(..) {
+            let mut conn = self.conns.remove(key);
+            let _ = self.poll.registry().deregister(&mut conn.stream);
+            let reason = match conn.state {
+                ConnState::Closed(r) => r,
+                _ => CloseReason::IoError,
+            };
+            self.counters.closed[CloseReason::ALL
+                .iter()
+                .position(|r| *r == reason)
+                .unwrap_or(0)] += 1;
+            log::info!(
+                "conn {} from {} closed: {}",
+                conn.serial,
+                conn.peer,
+                reason.name()
+            );
+            self.broker.connection_closed(
+                ConnRef {
+                    id: key as u32,
+                    serial: conn.serial,
+                },
+                now,
+            );
+        }
+        self.close_list = list;
+    }
+
+    // ---- timers -------------------------------------------------------------------
+
+    fn deadline_of(&self, conn: &Conn) -> u64 {
+        let mut at = conn.last_frame_ms + self.config.idle_timeout_ms;
+        if let Some(since) = conn.partial_since_ms {
+            at = at.min(since + self.config.half_frame_timeout_ms);
+        }
+        at.min(conn.close_deadline_ms)
+    }
+
+    fn schedule_timer(&mut self, key: usize) {
+        let deadline = self.deadline_of(&self.conns[key]);
+        let conn = &mut self.conns[key];
+        if deadline < conn.timer_at_ms {
+            conn.timer_at_ms = deadline;
+            self.timers.push(Reverse((deadline, key, conn.serial)));
+        }
+    }
+
+    fn fire_timers(&mut self, now: Now) {
+        while let Some(&Reverse((at, key, serial))) = self.timers.peek() {
+            if at > now.mono_ms {
+                break;
+            }
+            self.timers.pop();
+            let Some(conn) = self.conns.get_mut(key) else {
+                continue;
+            };
+            if conn.serial != serial || conn.timer_at_ms != at {
+                continue; // stale: superseded by an earlier entry, or another connection
+            }
+            conn.timer_at_ms = u64::MAX;
+            if matches!(conn.state, ConnState::Closed(_)) {
+                continue;
+            }
+            let half_frame_at = conn
+                .partial_since_ms
+                .map(|s| s + self.config.half_frame_timeout_ms);
+            if now.mono_ms >= conn.close_deadline_ms {
+                self.close(key, CloseReason::Shutdown);
+            } else if half_frame_at.is_some_and(|t| now.mono_ms >= t) {
+                log::info!("conn {} closed: half-frame timeout", conn.serial);
+                self.close(key, CloseReason::HalfFrameTimeout);
+            } else if now.mono_ms >= conn.last_frame_ms + self.config.idle_timeout_ms {
+                log::info!("conn {} closed: idle timeout", conn.serial);
+                self.close(key, CloseReason::IdleTimeout);
+            } else {
+                self.schedule_timer(key);
+            }
+        }
+    }
+
+    // ---- the end of a pass ----------------------------------------------------------
+
+    fn pass_end(&mut self, now: Now) {
+        if let Some(pool) = &self.pool {
+            pool.drain_completions(&mut self.completions);
+        }
+        for done in self.completions.drain(..) {
+            self.broker.job_done(done);
+        }
+        self.broker.end_pass(now);
+        self.apply_effects();
+        self.fire_timers(now);
+        if now.mono_ms >= self.next_housekeeping_ms {
+            self.next_housekeeping_ms = now.mono_ms + HOUSEKEEPING_INTERVAL_MS;
+            self.broker.housekeeping(now);
+        }
+        if self.draining_since_ms.is_some() {
+            self.drain_step();
+        }
+        self.flush_all();
+        self.free_closed();
+    }
+
+    fn apply_effects(&mut self) {
+        self.broker.drain_effects(&mut self.effects);
+        let mut effects = std::mem::take(&mut self.effects);
+        for effect in effects.drain(..) {
+            match effect {
+                Effect::Answer { conn, slot, answer } => {
+                    let key = conn.id as usize;
+                    let Some(c) = self.conns.get_mut(key) else {
+                        continue;
+                    };
+                    if c.serial != conn.serial || matches!(c.state, ConnState::Closed(_)) {
+                        continue;
+                    }
+                    if let Some(code) = answer.error_code() {
+                        *self.counters.errors_sent.entry(code.code()).or_default() += 1;
+                    }
+                    self.counters.frames_out_answers += 1;
+                    if !c.slots.fill(slot, answer, &mut c.output) {
+                        log::error!("conn {}: answer for unknown slot {slot}", c.serial);
+                    }
+                    self.queue_flush(key);
+                    self.check_pause(key);
+                }
+            }
+        }
+        self.effects = effects;
+    }
+
+    fn flush_all(&mut self) {
+        let list = std::mem::take(&mut self.flush_list);
+        for &key in &list {
+            let Some(conn) = self.conns.get_mut(key) else {
+                continue;
+            };
+            conn.flush_queued = false;
+            if matches!(conn.state, ConnState::Closed(_)) {
+                continue;
+            }
+            self.flush_conn(key);
+        }
+        let mut list = list;
+        list.clear();
+        list.append(&mut self.flush_list);
+        self.flush_list = list;
+    }
+
+    fn flush_conn(&mut self, key: usize) {
+        let conn = &mut self.conns[key];
+        while conn.output_sent < conn.output.len() {
+            match conn.stream.write(&conn.output[conn.output_sent..]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    conn.output_sent += n;
+                    self.counters.bytes_out += n as u64;
+                }
+                Err(e) if would_block(&e) => break,
+                Err(e) if interrupted(&e) => continue,
+                Err(e) => {
+                    log::info!("conn {} write error: {e}", conn.serial);
+                    self.close(key, CloseReason::IoError);
+                    return;
+                }
+            }
+        }
+        if conn.output_sent == conn.output.len() {
+            conn.output.clear();
+            conn.output_sent = 0;
+            if conn.output.capacity() > OUTPUT_IDLE_CAPACITY_MAX_BYTES {
+                conn.output = Vec::new();
+            }
+            if let ConnState::Flushing(reason) = conn.state {
+                if conn.slots.is_empty() {
+                    self.close(key, reason);
+                    return;
+                }
+            }
+        } else if conn.output_sent > OUTPUT_HIGH_WATER_BYTES {
+            // Keep the unsent tail only, so a slow reader's buffer does not grow by
+            // what it already took.
+            conn.output.drain(..conn.output_sent);
+            conn.output_sent = 0;
+        }
+        self.check_pause(key);
+    }
+
+    // ---- signals and shutdown ----------------------------------------------------------
+
+    fn on_signals(&mut self, now: Now) {
+        let pending: Vec<i32> = self.signals.pending().collect();
+        for signal in pending {
+            if signal == SIGHUP {
+                log::info!("SIGHUP ignored: flags are read at start only; restart to change them");
+                continue;
+            }
+            if self.draining_since_ms.is_none() {
+                log::info!(
+                    "signal {signal}: draining {} connections and shutting down",
+                    self.conns.len()
+                );
+                self.draining_since_ms = Some(now.mono_ms);
+                if let Some(mut listener) = self.listener.take() {
+                    let _ = self.poll.registry().deregister(&mut listener);
+                }
+                for (_, conn) in self.conns.iter_mut() {
+                    conn.paused = true;
+                }
+            }
+        }
+    }
+
+    /// While draining: a connection whose in-flight answers are all out gets ERR
+    /// SHUTTING_DOWN (for whatever it sent after) and is closed once that is written.
+    fn drain_step(&mut self) {
+        let ready: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.is_open() && c.slots.is_empty())
+            .map(|(k, _)| k)
+            .collect();
+        for key in ready {
+            self.answer(
+                key,
+                Answer::err(ErrorCode::ShuttingDown, 0, "the broker is shutting down"),
+            );
+        }
+    }
+
+    fn shutdown(&mut self) {
+        // Whatever is still buffered is written and synced on this thread: the loop
+        // has stopped, so blocking here delays nobody.
+        self.broker.end_pass(self.now());
+        if let Some(pool) = self.pool.take() {
+            for done in pool.shutdown() {
+                self.broker.job_done(done);
+            }
+        }
+        if let Err(e) = self.broker.shutdown_sync() {
+            log::error!("final sync failed: {e}");
+        }
+        log::info!("shut down");
+    }
+}
+
+enum Source<'a> {
+    FromScratch(usize),
+    FromInput(&'a [u8]),
+}
+use Source::{FromInput, FromScratch};
+
+/// Reads into a connection's own input buffer, reserving room for the frame it has
+/// begun (its length was already checked against the cap in force).
+fn read_into_input(conn: &mut Conn) -> io::Result<usize> {
+    let want = match crate::wire::frame::declared_length(&conn.input) {
+        Some(len) => (crate::wire::limits::FRAME_HEADER_BYTES + len as usize)
+            .saturating_sub(conn.input.len()),
+        None => READ_CHUNK_BYTES,
+    }
+    .clamp(1, READ_CHUNK_BYTES.max(1))
+    .max(READ_CHUNK_BYTES.min(4096));
+    let start = conn.input.len();
+    conn.input.resize(start + want, 0);
+    let result = conn.stream.read(&mut conn.input[start..]);
+    let got = *result.as_ref().unwrap_or(&0);
+    conn.input.truncate(start + got);
+    result
+}
+
+#[allow(unused)]
+fn _assert_message_trait_in_scope<'a, M: Message<'a>>() {}

@@ -1,0 +1,2 @@
+pub mod golden;
+pub mod mortard;

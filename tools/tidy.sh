@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Mechanical guards (after TigerBeetle's tidy): line length, no debugging leftovers,
+# `unsafe` only where a SAFETY comment explains it, and the rooms' dependency rules.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+fail=0
+say() { echo "tidy: $*"; fail=1; }
+
+long=$(grep -rnE '^.{101,}$' src tools --include='*.rs' || true)
+[ -z "$long" ] || say "lines over 100 characters:"$'\n'"$long"
+
+leftovers=$(grep -rnE '\b(dbg!|todo!|unimplemented!)' src --include='*.rs' || true)
+[ -z "$leftovers" ] || say "debugging leftovers:"$'\n'"$leftovers"
+
+unsafe_files=$(grep -rlE '\bunsafe\b' src --include='*.rs' | grep -v '^src/log/mmap.rs$' || true)
+[ -z "$unsafe_files" ] || say "unsafe outside src/log/mmap.rs: $unsafe_files"
+if grep -qE '\bunsafe\b' src/log/mmap.rs && ! grep -q 'SAFETY:' src/log/mmap.rs; then
+  say "src/log/mmap.rs uses unsafe without a // SAFETY: comment"
+fi
+
+# Dependencies point down: wire <- log, fsync <- broker <- session <- reactor.
+deny() { # room, forbidden pattern
+  local hits
+  hits=$(grep -rnHE "$2" "$1" --include='*.rs' | grep -vE '^[^:]+:[0-9]+:\s*//' || true)
+  [ -z "$hits" ] || say "$1 must not use $2:"$'\n'"$hits"
+}
+deny src/wire 'use crate::(log|broker|reactor|session|fsync|admin|config|client|consume)|mio::'
+deny src/log 'use crate::|mio::'
+deny src/fsync.rs 'use crate::|mio::'
+deny src/broker 'use crate::(reactor|session|admin|config|client)|mio::|TcpStream'
+[ ! -d src/consume ] || deny src/consume 'use crate::(log|broker|reactor|session|fsync|admin|config)|mio::|Instant::now'
+deny src/config.rs 'use crate::'
+deny src/client.rs 'use crate::(log|broker|reactor|session|fsync|admin|config)'
+
+exit $fail
