@@ -1,6 +1,7 @@
 pub mod broker;
 pub mod client;
 pub mod config;
+pub mod consume;
 pub mod fsync;
 pub mod log;
 pub mod reactor;

@@ -10,6 +10,7 @@ use std::process::ExitCode;
 
 use mortarmq::broker::{Broker, BrokerConfig, DefaultDurability, Now};
 use mortarmq::config::{self, Command, Config, Durability};
+use mortarmq::consume::ConsumeConfig;
 use mortarmq::log::LogConfig;
 use mortarmq::reactor::{Reactor, ReactorConfig};
 
@@ -63,6 +64,10 @@ fn load_tokens(config: &Config) -> Result<Option<Vec<Vec<u8>>>, String> {
     Ok(Some(tokens))
 }
 
+fn millis(d: std::time::Duration) -> u64 {
+    d.as_millis() as u64
+}
+
 fn run(config: Config) -> Result<(), String> {
     for warning in config.warnings() {
         log::warn!("{warning}");
@@ -82,6 +87,19 @@ fn run(config: Config) -> Result<(), String> {
         max_partitions: config.max_partitions,
         producer_ttl_ms: config.producer_ttl.as_millis() as u64,
         max_data_bytes: config.max_data_size_bytes,
+        consume: ConsumeConfig {
+            session_timeout_ms: millis(config.session_timeout),
+            revoke_timeout_ms: millis(config.revoke_timeout),
+            ack_wait_ms: millis(config.ack_wait),
+            nack_delay_ms: millis(config.nack_delay),
+            max_attempts: config.max_attempts,
+            max_credit_count: config.max_credit_count,
+            max_credit_bytes: u32::try_from(config.max_credit_size_bytes).unwrap_or(u32::MAX),
+            max_subscriptions_per_conn: usize::from(config.max_subscriptions),
+            max_groups: config.max_groups as usize,
+            max_members_per_group: config.max_members_per_group as usize,
+        },
+        commit_interval_ms: millis(config.commit_interval),
     };
     let reactor_config = ReactorConfig {
         listen: config.listen,

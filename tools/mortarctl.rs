@@ -34,7 +34,9 @@ fn main() -> ExitCode {
         print!("{}", usage());
         return ExitCode::SUCCESS;
     }
-    let broker = m.opt_str("broker").unwrap_or_else(|| BROKER_DEFAULT.to_string());
+    let broker = m
+        .opt_str("broker")
+        .unwrap_or_else(|| BROKER_DEFAULT.to_string());
     let token = m.opt_str("token").unwrap_or_default();
     match m.free.first().map(String::as_str) {
         Some("ping") => {

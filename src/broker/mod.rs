@@ -11,6 +11,7 @@
 //! slot the reactor reserved for it.
 
 pub mod answer;
+pub mod deliver;
 pub mod publish;
 pub mod topics;
 
@@ -18,6 +19,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::consume::{self, ConsumeConfig, Coordinator, GroupPosition};
 use crate::fsync::{Completion, Job};
 use crate::log::{meta, AppendRecord, LogConfig, PartitionLog, StorageError};
 use crate::wire::limits::{MAX_KEY_LEN_BYTES, MAX_VALUE_LEN_BYTES};
@@ -83,6 +85,9 @@ pub struct BrokerConfig {
     pub producer_ttl_ms: u64,
     /// Cap on the bytes of all segments (0 = none): above it PUB gets STORAGE_FULL.
     pub max_data_bytes: u64,
+    pub consume: ConsumeConfig,
+    /// Committed positions are persisted at least this often (`--commit-interval`).
+    pub commit_interval_ms: u64,
 }
 
 /// Where the broker sends durable I/O: the fsync worker pool, or a fake in tests.
@@ -108,6 +113,17 @@ pub enum Effect {
         slot: u64,
         answer: Answer,
     },
+    /// Push a NOTICE (no slot).
+    Notice {
+        conn: ConnRef,
+        notice: crate::wire::ops::Notice,
+    },
+    /// Push a MSG (no slot): the reactor calls [`Broker::encode_delivery`] straight into
+    /// the connection's output buffer.
+    Deliver {
+        conn: ConnRef,
+        delivery: consume::Delivery,
+    },
 }
 
 enum JobKind {
@@ -120,6 +136,7 @@ enum JobKind {
     Registry {
         version: u64,
     },
+    Positions,
 }
 
 struct RegistryWaiter {
@@ -143,6 +160,7 @@ pub struct BrokerCounters {
     pub recovery_truncations: u64,
     pub recovery_truncated_bytes: u64,
     pub producers_expired: u64,
+    pub dead_letters_appended: u64,
 }
 
 /// What start-up found, for the log and /stats.
@@ -153,6 +171,7 @@ pub struct StartupReport {
     pub partitions: usize,
     pub truncations: u64,
     pub orphan_dirs_removed: usize,
+    pub group_positions: usize,
 }
 
 pub struct Broker {
@@ -174,6 +193,14 @@ pub struct Broker {
     effects: Vec<Effect>,
     ready: Vec<Waiter>,
     data_bytes: u64,
+    coordinator: Coordinator,
+    /// Serials of connections that used the consume plane (the coordinator knows ids).
+    conn_serials: HashMap<u32, u64>,
+    consume_effects: Vec<consume::Effect>,
+    dead_letters: Vec<deliver::DeadLetterWait>,
+    persisted_positions: Vec<GroupPosition>,
+    positions_in_flight: bool,
+    next_positions_write_ms: u64,
     pub counters: BrokerCounters,
 }
 
@@ -233,6 +260,7 @@ impl Broker {
             Ok(None) => Registry::default(),
             Err(e) => return Err(format!("registry: {e}")),
         };
+        let config_consume = config.consume.clone();
         let mut broker = Broker {
             config,
             leader_epoch,
@@ -251,6 +279,13 @@ impl Broker {
             effects: Vec::new(),
             ready: Vec::new(),
             data_bytes: 0,
+            coordinator: Coordinator::new(config_consume),
+            conn_serials: HashMap::new(),
+            consume_effects: Vec::new(),
+            dead_letters: Vec::new(),
+            persisted_positions: Vec::new(),
+            positions_in_flight: false,
+            next_positions_write_ms: 0,
             counters: BrokerCounters::default(),
         };
         let mut report = StartupReport {
@@ -271,6 +306,7 @@ impl Broker {
             }
         }
         report.truncations = broker.counters.recovery_truncations;
+        report.group_positions = broker.restore_groups()?;
         report.orphan_dirs_removed = broker.remove_orphan_dirs(&pairs);
         Ok((broker, report))
     }
@@ -376,14 +412,7 @@ impl Broker {
 
     // ---- DECLARE ------------------------------------------------------------------
 
-    pub fn declare(
-        &mut self,
-        conn: ConnRef,
-        slot: u64,
-        d: &Declare<'_>,
-        now: Now,
-        in_use: &dyn Fn(u16) -> bool,
-    ) -> Handled {
+    pub fn declare(&mut self, conn: ConnRef, slot: u64, d: &Declare<'_>, now: Now) -> Handled {
         let op = Op::Declare as u8;
         let fail = |code, msg: String| Handled::Answer(Answer::err(code, op, msg));
         if !topics::valid_name(d.topic) {
@@ -405,15 +434,17 @@ impl Broker {
             let Some(pair) = existing else {
                 return fail(ErrorCode::UnknownTopic, format!("no topic '{name}'"));
             };
-            if d.flags & DECLARE_FLAG_IF_UNUSED != 0
-                && (in_use(pair.source_id()) || in_use(pair.twin_id()))
-            {
+            if d.flags & DECLARE_FLAG_IF_UNUSED != 0 && self.topic_in_use(&pair) {
                 return fail(
                     ErrorCode::TopicInUse,
                     format!("topic '{name}' has live subscriptions"),
                 );
             }
             self.delete_pair(&pair);
+            for topic_id in [pair.source_id(), pair.twin_id()] {
+                self.coordinator.topic_deleted(topic_id, now.mono_ms);
+            }
+            self.collect_consume_effects_pub(now);
             let answer = Answer::Declare(DeclareResult {
                 topic_id: pair.source_id(),
                 partition_count: pair.partition_count,
@@ -485,6 +516,14 @@ impl Broker {
             created: DECLARE_CREATED,
         });
         self.after_registry_write(conn, slot, answer)
+    }
+
+    /// Whether a pair has live subscriptions (DELETE with IF_UNUSED). Rare: a snapshot.
+    fn topic_in_use(&self, pair: &TopicPair) -> bool {
+        self.coordinator.snapshot().groups.iter().any(|g| {
+            (g.topic_id == pair.source_id() || g.topic_id == pair.twin_id())
+                && !g.members.is_empty()
+        })
     }
 
     fn delete_pair(&mut self, pair: &TopicPair) {
@@ -730,6 +769,7 @@ impl Broker {
                 }
             }
             self.answer_ready(key);
+            self.coordinator.records_available(key.0, key.1);
         }
         self.flush_list = flush_list;
         self.recount_data_bytes_if_needed();
@@ -739,6 +779,10 @@ impl Broker {
         }
         self.sync_list = sync_list;
         self.start_registry_write();
+        self.settle_dead_letters();
+        self.pump_consume(_now);
+        self.maybe_persist_positions(_now, false);
+        // Dead letters appended by the pump are flushed on the next pass.
     }
 
     fn recount_data_bytes_if_needed(&mut self) {
@@ -827,6 +871,7 @@ impl Broker {
                             self.sync_list.push(key);
                         }
                         self.answer_ready(key);
+                        self.settle_dead_letters();
                     }
                     Err(e) => {
                         // Sticky: what was not synced is never acknowledged, and the
@@ -860,6 +905,14 @@ impl Broker {
                             });
                         }
                     }
+                }
+            }
+            JobKind::Positions => {
+                self.positions_in_flight = false;
+                if let Err(e) = &done.result {
+                    log::error!("persisting group positions failed: {e}");
+                    // Forget what we thought was on disk so the next turn rewrites it.
+                    self.persisted_positions.clear();
                 }
             }
             JobKind::Registry { version } => {
@@ -918,12 +971,22 @@ impl Broker {
 
     /// The earliest time the broker needs a turn without any socket event.
     pub fn next_deadline_ms(&self) -> Option<u64> {
-        None
+        let positions = self.next_positions_write_ms;
+        Some(
+            self.coordinator
+                .next_deadline_ms()
+                .map_or(positions, |d| d.min(positions)),
+        )
     }
 
     /// A connection went away: its waiting answers are dropped by the reactor (their
     /// serial no longer matches); its group memberships end.
-    pub fn connection_closed(&mut self, _conn: ConnRef, _now: Now) {}
+    pub fn connection_closed(&mut self, conn: ConnRef, now: Now) {
+        if self.conn_serials.get(&conn.id) == Some(&conn.serial) {
+            self.conn_serials.remove(&conn.id);
+            self.coordinator.connection_closed(conn.id, now.mono_ms);
+        }
+    }
 
     /// At shutdown, after the worker pool stopped: writes and syncs everything still
     /// buffered on the calling thread, and persists what must survive a restart.
@@ -941,11 +1004,24 @@ impl Broker {
                 }
             }
         }
+        if let Err(e) = self.persist_positions_now() {
+            failed.push(format!("group positions: {e}"));
+        }
         if failed.is_empty() {
             Ok(())
         } else {
             Err(failed.join("; "))
         }
+    }
+
+    /// The coordinator's effects after a DECLARE DELETE (REVOKEs to the owners).
+    fn collect_consume_effects_pub(&mut self, now: Now) {
+        self.pump_consume(now);
+    }
+
+    /// The consumer groups, for /stats.
+    pub fn coordinator(&self) -> &Coordinator {
+        &self.coordinator
     }
 
     /// Periodic housekeeping (about once a second): retention and producer expiry.
@@ -1000,8 +1076,15 @@ impl Broker {
     ) -> Handled {
         use crate::wire::Frame;
         match frame {
-            Frame::Declare(d) => self.declare(conn, slot, d, now, &|_| false),
+            Frame::Declare(d) => self.declare(conn, slot, d, now),
             Frame::Pub(p) => self.publish(conn, slot, p, now),
+            Frame::Sub(_)
+            | Frame::Ack(_)
+            | Frame::Nack(_)
+            | Frame::Pull(_)
+            | Frame::Heartbeat(_)
+            | Frame::ControlAck(_)
+            | Frame::Credit(_) => self.handle_consume(conn, slot, frame, now),
             other => Handled::Answer(Answer::err(
                 ErrorCode::InternalError,
                 other.op() as u8,

@@ -100,6 +100,8 @@ pub struct ReactorCounters {
     pub bytes_in: u64,
     pub bytes_out: u64,
     pub backpressure_pauses: u64,
+    /// MSG and NOTICE frames pushed.
+    pub pushes_out: u64,
 }
 
 pub struct Reactor {
@@ -768,9 +770,36 @@ impl Reactor {
                     self.queue_flush(key);
                     self.check_pause(key);
                 }
+                Effect::Notice { conn, notice } => {
+                    let Some(c) = self.live_conn(conn) else {
+                        continue;
+                    };
+                    notice.encode_frame(&mut c.output);
+                    self.counters.pushes_out += 1;
+                    self.queue_flush(conn.id as usize);
+                }
+                Effect::Deliver { conn, delivery } => {
+                    let key = conn.id as usize;
+                    if self.live_conn(conn).is_none() {
+                        continue;
+                    }
+                    let c = &mut self.conns[key];
+                    if self.broker.encode_delivery(&delivery, &mut c.output) {
+                        self.counters.pushes_out += 1;
+                    }
+                    self.queue_flush(key);
+                    self.check_pause(key);
+                }
             }
         }
         self.effects = effects;
+    }
+
+    /// The connection an effect names, unless it closed (or its slot was reused).
+    fn live_conn(&mut self, conn: ConnRef) -> Option<&mut Conn> {
+        self.conns
+            .get_mut(conn.id as usize)
+            .filter(|c| c.serial == conn.serial && !matches!(c.state, ConnState::Closed(_)))
     }
 
     fn flush_all(&mut self) {

@@ -1,0 +1,1046 @@
+//! One consumer group: its members, the ownership of each partition, and per
+//! partition the delivery bookkeeping (semantics §3–§4).
+//!
+//! Every record of a partition at or above `next_seq` is undelivered. Every record
+//! below it is in exactly one of these states:
+//!
+//! ```text
+//!   outstanding   delivered to a member, awaiting ACK/NACK/expiry     (outstanding map)
+//!   retry         failed or released, awaiting redelivery             (retries map)
+//!   dead-pending  DeadLetter effect emitted, append not yet durable   (dead_pending map)
+//!   settled       ACKed, dead-lettered, skipped by retention, or      (not stored)
+//!                 restored as already dead-lettered
+//! ```
+//!
+//! so the committed position — the highest sequence with everything up to it settled
+//! — is one below the lowest key of the three maps, or `next_seq - 1` when they are
+//! empty. Memory per partition is therefore bounded by what is in flight.
+//!
+//! Ownership of a partition moves `Unowned → Assigning → Owned → Revoking → Unowned`.
+//! Only `Owned` partitions deliver: MSGs flow after CONTROL_ACK(OK) of the ASSIGN and
+//! stop once REVOKE is sent (the old owner may still ACK what it holds until release).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use super::{
+    ConnId, CreditResult, Delivery, Effect, ErrorCode, GroupSnapshot, MemberSnapshot, Notice,
+    Origin, OwnershipState, PartitionSnapshot, PendingNotice, Records, Restored, Shared, Timer,
+    NOTICE_KIND_ASSIGN, NOTICE_KIND_REVOKE, START_POLICY_EARLIEST,
+};
+
+fn ack_timer(group_id: u16, p: usize, seq: u64) -> Timer {
+    Timer::AckWait {
+        group_id,
+        partition: p as u16,
+        seq,
+    }
+}
+
+fn retry_timer(group_id: u16, p: usize, seq: u64) -> Timer {
+    Timer::Retry {
+        group_id,
+        partition: p as u16,
+        seq,
+    }
+}
+
+fn pull_timer(group_id: u16, member_id: u64, pull_id: u64) -> Timer {
+    Timer::Pull {
+        group_id,
+        member_id,
+        pull_id,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ownership {
+    Unowned,
+    Assigning {
+        member_id: u64,
+        notice_id: u64,
+    },
+    Owned {
+        member_id: u64,
+    },
+    Revoking {
+        member_id: u64,
+        notice_id: u64,
+        deadline_ms: u64,
+    },
+}
+
+impl Ownership {
+    fn member(self) -> Option<u64> {
+        match self {
+            Ownership::Unowned => None,
+            Ownership::Assigning { member_id, .. }
+            | Ownership::Owned { member_id }
+            | Ownership::Revoking { member_id, .. } => Some(member_id),
+        }
+    }
+
+    /// Held = counted against the member's share; a partition being revoked is
+    /// already on its way out.
+    fn held_by(self) -> Option<u64> {
+        match self {
+            Ownership::Assigning { member_id, .. } | Ownership::Owned { member_id } => {
+                Some(member_id)
+            }
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Outstanding {
+    delivery_id: u64,
+    member_id: u64,
+    attempt: u16,
+    bytes: u32,
+    deadline_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Retry {
+    /// Deliveries made so far; the redelivery is attempt `attempts + 1`.
+    attempts: u16,
+    ready_at_ms: u64,
+}
+
+pub(super) struct Partition {
+    pub(super) ownership: Ownership,
+    ownership_epoch: u64,
+    next_seq: u64,
+    outstanding: BTreeMap<u64, Outstanding>,
+    retries: BTreeMap<u64, Retry>,
+    /// seq → attempts, DeadLetter emitted, waiting for `dead_lettered`.
+    dead_pending: BTreeMap<u64, u16>,
+    /// Restored at start: already in the DLQ, skip when reached. Only entries at or
+    /// above `next_seq` are kept.
+    restored_dead: BTreeSet<u64>,
+}
+
+pub(super) struct PendingPull {
+    pub(super) pull_id: u64,
+    pub(super) ownership_epochs: Vec<u64>,
+    pub(super) max_msgs: u16,
+    pub(super) max_bytes: u32,
+    pub(super) min_bytes: u32,
+    pub(super) deadline_ms: u64,
+}
+
+pub(super) struct Member {
+    pub(super) member_id: u64,
+    pub(super) membership_epoch: u32,
+    assignment_epoch: u32,
+    pub(super) conn: ConnId,
+    pub(super) subscription_id: u16,
+    pull_mode: bool,
+    pub(super) session_deadline_ms: u64,
+    pub(super) credit_count: u16,
+    pub(super) credit_bytes: u32,
+    pub(super) credit_epoch: u64,
+    outstanding_count: u32,
+    outstanding_bytes: u64,
+    /// Waiting PULLs in request order; only the head is served (later answers queue
+    /// behind it on the connection anyway, and serving them first would hand later
+    /// records to an earlier slot out of order).
+    pub(super) pulls: VecDeque<PendingPull>,
+    /// Where the next delivery pass starts among the member's partitions (fairness).
+    rotation: usize,
+}
+
+impl Member {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        member_id: u64,
+        membership_epoch: u32,
+        conn: ConnId,
+        subscription_id: u16,
+        pull_mode: bool,
+        credit_count: u16,
+        credit_bytes: u32,
+        session_deadline_ms: u64,
+    ) -> Self {
+        Member {
+            member_id,
+            membership_epoch,
+            assignment_epoch: 0,
+            conn,
+            subscription_id,
+            pull_mode,
+            session_deadline_ms,
+            credit_count,
+            credit_bytes,
+            credit_epoch: 0,
+            outstanding_count: 0,
+            outstanding_bytes: 0,
+            pulls: VecDeque::new(),
+            rotation: 0,
+        }
+    }
+
+    pub(super) fn assignment_epoch(&self) -> u32 {
+        self.assignment_epoch
+    }
+
+    pub(super) fn credit_result(&self) -> CreditResult {
+        CreditResult {
+            granted_count: self.credit_count,
+            granted_bytes: self.credit_bytes,
+            outstanding_count: u16::try_from(self.outstanding_count).unwrap_or(u16::MAX),
+            outstanding_bytes: u32::try_from(self.outstanding_bytes).unwrap_or(u32::MAX),
+            credit_epoch: self.credit_epoch,
+        }
+    }
+
+    fn credit_return(&mut self, bytes: u32) {
+        self.outstanding_count -= 1;
+        self.outstanding_bytes -= u64::from(bytes);
+    }
+}
+
+/// How much a delivery pass may hand out. The first record is always allowed when
+/// `have_count` is 0, so a record larger than the byte window still flows.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    have_count: u32,
+    have_bytes: u64,
+    max_count: u32,
+    max_bytes: u64,
+}
+
+impl Window {
+    fn admits(&self, bytes: u32) -> bool {
+        self.have_count == 0
+            || (self.have_count < self.max_count
+                && self.have_bytes + u64::from(bytes) <= self.max_bytes)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    partition: usize,
+    seq: u64,
+    bytes: u32,
+    retry: bool,
+}
+
+#[derive(Default)]
+struct Gathered {
+    candidates: Vec<Candidate>,
+    bytes: u64,
+    /// Stopped by the window rather than by running out of records.
+    full: bool,
+}
+
+/// A partition's view for one delivery pass.
+struct Cursor {
+    partition: usize,
+    ready_retries: Vec<u64>,
+    next_retry: usize,
+    next_new: u64,
+    end: u64,
+    done: bool,
+}
+
+pub(super) struct Group {
+    pub(super) id: u16,
+    pub(super) name: Vec<u8>,
+    pub(super) topic_id: u16,
+    pub(super) members: BTreeMap<u64, Member>,
+    pub(super) partitions: Vec<Partition>,
+}
+
+impl Group {
+    /// Creates the group and gives each partition its start: the restored committed
+    /// position, else EARLIEST = first retained, LATEST = the log's next sequence now
+    /// (the group first gets all its partitions when it is created).
+    pub(super) fn new(
+        id: u16,
+        name: Vec<u8>,
+        topic_id: u16,
+        partition_count: u16,
+        start_policy: u8,
+        mut restored: Restored,
+        recs: &mut dyn Records,
+    ) -> Self {
+        let partitions = (0..partition_count)
+            .map(|p| {
+                let next_seq = match restored.committed.get(&p) {
+                    Some(&committed) => committed + 1,
+                    None if start_policy == START_POLICY_EARLIEST => {
+                        recs.first_sequence(topic_id, p)
+                    }
+                    None => recs.next_sequence(topic_id, p),
+                };
+                let mut restored_dead = restored.dead_lettered.remove(&p).unwrap_or_default();
+                restored_dead.retain(|&s| s >= next_seq);
+                Partition {
+                    ownership: Ownership::Unowned,
+                    ownership_epoch: 0,
+                    next_seq,
+                    outstanding: BTreeMap::new(),
+                    retries: BTreeMap::new(),
+                    dead_pending: BTreeMap::new(),
+                    restored_dead,
+                }
+            })
+            .collect();
+        Group {
+            id,
+            name,
+            topic_id,
+            members: BTreeMap::new(),
+            partitions,
+        }
+    }
+
+    pub(super) fn committed(&self, p: usize) -> u64 {
+        let part = &self.partitions[p];
+        let lowest_unsettled = [
+            part.outstanding.keys().next(),
+            part.retries.keys().next(),
+            part.dead_pending.keys().next(),
+        ]
+        .into_iter()
+        .flatten()
+        .copied()
+        .min()
+        .unwrap_or(part.next_seq)
+        .min(part.next_seq);
+        lowest_unsettled.saturating_sub(1)
+    }
+
+    // ---- assignment -----------------------------------------------------------------
+
+    /// Spreads the partitions evenly, moving as few as possible: each member's share
+    /// is ⌊n/m⌋, and the n mod m larger shares go to the members already holding the
+    /// most (ties: lower member id). Members over their share get REVOKEs (highest
+    /// partitions first); free partitions go to members under their share (lowest
+    /// member id first). Partitions being revoked are reassigned once released.
+    pub(super) fn rebalance(&mut self, sh: &mut Shared, now_ms: u64) {
+        if self.members.is_empty() {
+            return;
+        }
+        let mut held: BTreeMap<u64, Vec<usize>> =
+            self.members.keys().map(|&id| (id, Vec::new())).collect();
+        for (p, part) in self.partitions.iter().enumerate() {
+            if let Some(m) = part.ownership.held_by() {
+                held.get_mut(&m).expect("owner is a member").push(p);
+            }
+        }
+        let (n, m) = (self.partitions.len(), self.members.len());
+        let (base, extra) = (n / m, n % m);
+        let mut ranked: Vec<u64> = held.keys().copied().collect();
+        ranked.sort_by_key(|id| (Reverse(held[id].len()), *id));
+        let share: BTreeMap<u64, usize> = ranked
+            .iter()
+            .enumerate()
+            .map(|(rank, &id)| (id, base + usize::from(rank < extra)))
+            .collect();
+
+        let mut surplus = Vec::new();
+        for (id, parts) in &held {
+            if parts.len() > share[id] {
+                surplus.extend(parts.iter().rev().take(parts.len() - share[id]));
+            }
+        }
+        for p in surplus {
+            self.revoke(sh, p, now_ms);
+        }
+
+        let mut count: BTreeMap<u64, usize> = held
+            .iter()
+            .map(|(&id, ps)| (id, ps.len().min(share[&id])))
+            .collect();
+        for p in 0..n {
+            if self.partitions[p].ownership != Ownership::Unowned {
+                continue;
+            }
+            let Some((&id, c)) = count.iter_mut().find(|(id, c)| **c < share[*id]) else {
+                break;
+            };
+            *c += 1;
+            self.assign(sh, p, id);
+        }
+    }
+
+    fn notice(&mut self, sh: &mut Shared, p: usize, member_id: u64, kind: u8) -> u64 {
+        let member = self
+            .members
+            .get_mut(&member_id)
+            .expect("notice to a member");
+        member.assignment_epoch = member.assignment_epoch.wrapping_add(1);
+        let notice_id = sh.next_notice_id;
+        sh.next_notice_id += 1;
+        sh.notices.insert(
+            notice_id,
+            PendingNotice {
+                conn: member.conn,
+                subscription_id: member.subscription_id,
+                group_id: self.id,
+                member_id,
+                kind,
+                partition: p as u16,
+            },
+        );
+        sh.stats.notices += 1;
+        sh.effects.push(Effect::Notice {
+            conn: member.conn,
+            notice: Notice {
+                notice_id,
+                kind,
+                group_id: self.id,
+                membership_epoch: member.membership_epoch,
+                assignment_epoch: member.assignment_epoch,
+                ownership_epoch: self.partitions[p].ownership_epoch,
+                topic_id: self.topic_id,
+                partition: p as u16,
+                member_id,
+            },
+        });
+        notice_id
+    }
+
+    fn assign(&mut self, sh: &mut Shared, p: usize, member_id: u64) {
+        self.partitions[p].ownership_epoch += 1;
+        let notice_id = self.notice(sh, p, member_id, NOTICE_KIND_ASSIGN);
+        self.partitions[p].ownership = Ownership::Assigning {
+            member_id,
+            notice_id,
+        };
+    }
+
+    fn revoke(&mut self, sh: &mut Shared, p: usize, now_ms: u64) {
+        let Some(member_id) = self.partitions[p].ownership.held_by() else {
+            return;
+        };
+        let notice_id = self.notice(sh, p, member_id, NOTICE_KIND_REVOKE);
+        let deadline_ms = now_ms.saturating_add(sh.config.revoke_timeout_ms);
+        self.partitions[p].ownership = Ownership::Revoking {
+            member_id,
+            notice_id,
+            deadline_ms,
+        };
+        sh.timer_set(
+            deadline_ms,
+            Timer::Revoke {
+                group_id: self.id,
+                partition: p as u16,
+            },
+        );
+    }
+
+    /// Frees the partition: its outstanding deliveries return their credit and become
+    /// redeliverable at once (a release is not a failure: no dead-letter check).
+    pub(super) fn release(&mut self, sh: &mut Shared, p: usize, now_ms: u64) {
+        let part = &mut self.partitions[p];
+        if let Ownership::Revoking { deadline_ms, .. } = part.ownership {
+            sh.timer_clear(
+                deadline_ms,
+                Timer::Revoke {
+                    group_id: self.id,
+                    partition: p as u16,
+                },
+            );
+        }
+        part.ownership = Ownership::Unowned;
+        for (seq, o) in std::mem::take(&mut part.outstanding) {
+            sh.timer_clear(o.deadline_ms, ack_timer(self.id, p, seq));
+            if let Some(m) = self.members.get_mut(&o.member_id) {
+                m.credit_return(o.bytes);
+            }
+            part.retries.insert(
+                seq,
+                Retry {
+                    attempts: o.attempt,
+                    ready_at_ms: now_ms,
+                },
+            );
+        }
+        sh.dirty.insert(self.id);
+    }
+
+    /// Removes a member, freeing its partitions. Waiting PULLs are answered empty
+    /// when the connection is still open (each request is answered exactly once).
+    pub(super) fn remove_member(
+        &mut self,
+        sh: &mut Shared,
+        member_id: u64,
+        now_ms: u64,
+        conn_open: bool,
+    ) -> Option<Member> {
+        if !self.members.contains_key(&member_id) {
+            return None;
+        }
+        for p in 0..self.partitions.len() {
+            if self.partitions[p].ownership.member() == Some(member_id) {
+                self.release(sh, p, now_ms);
+            }
+        }
+        let member = self.members.remove(&member_id)?;
+        debug_assert_eq!(member.outstanding_count, 0);
+        sh.timer_clear(
+            member.session_deadline_ms,
+            Timer::Session {
+                group_id: self.id,
+                member_id,
+            },
+        );
+        for pull in &member.pulls {
+            sh.timer_clear(
+                pull.deadline_ms,
+                pull_timer(self.id, member_id, pull.pull_id),
+            );
+            if conn_open {
+                sh.effects.push(Effect::PullAnswer {
+                    conn: member.conn,
+                    pull_id: pull.pull_id,
+                    deliveries: Vec::new(),
+                });
+            }
+        }
+        Some(member)
+    }
+
+    /// CONTROL_ACK of a notice of this group. A notice that no longer describes the
+    /// partition's phase (an ASSIGN overtaken by a REVOKE, a REVOKE after its
+    /// timeout) is simply consumed.
+    pub(super) fn control_ack(
+        &mut self,
+        sh: &mut Shared,
+        notice_id: u64,
+        kind: u8,
+        partition: u16,
+        ok: bool,
+        now_ms: u64,
+    ) {
+        let p = usize::from(partition);
+        let Some(part) = self.partitions.get_mut(p) else {
+            return;
+        };
+        match (kind, part.ownership) {
+            (NOTICE_KIND_REVOKE, Ownership::Revoking { notice_id: n, .. }) if n == notice_id => {
+                // Any result releases: STALE/ERROR on a REVOKE means "not mine anyway".
+                self.release(sh, p, now_ms);
+                self.rebalance(sh, now_ms);
+            }
+            (
+                NOTICE_KIND_ASSIGN,
+                Ownership::Assigning {
+                    notice_id: n,
+                    member_id,
+                },
+            ) if n == notice_id => {
+                if ok {
+                    part.ownership = Ownership::Owned { member_id };
+                    sh.dirty.insert(self.id);
+                } else {
+                    // Refused: offer it to the group again.
+                    part.ownership = Ownership::Unowned;
+                    self.rebalance(sh, now_ms);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// DELETE of the topic: REVOKE to every owner not already being revoked, and
+    /// empty answers to waiting PULLs. The caller drops the group.
+    pub(super) fn revoke_all_for_delete(&mut self, sh: &mut Shared) {
+        for p in 0..self.partitions.len() {
+            if let Some(member_id) = self.partitions[p].ownership.held_by() {
+                self.notice(sh, p, member_id, NOTICE_KIND_REVOKE);
+            }
+        }
+        for m in self.members.values() {
+            for pull in &m.pulls {
+                sh.effects.push(Effect::PullAnswer {
+                    conn: m.conn,
+                    pull_id: pull.pull_id,
+                    deliveries: Vec::new(),
+                });
+            }
+        }
+    }
+
+    // ---- settlement -----------------------------------------------------------------
+
+    /// Finds the outstanding delivery an ACK/NACK names. Fencing first: an ownership
+    /// epoch that is not the partition's current one is 0x0022 and changes nothing.
+    pub(super) fn find_delivery(
+        &self,
+        member_id: u64,
+        topic_id: u16,
+        partition: u16,
+        seq: u64,
+        delivery_id: u64,
+        ownership_epoch: u64,
+    ) -> Result<(usize, u64), ErrorCode> {
+        let p = usize::from(partition);
+        let part = self
+            .partitions
+            .get(p)
+            .filter(|_| topic_id == self.topic_id)
+            .ok_or(ErrorCode::UnknownDelivery)?;
+        if ownership_epoch != part.ownership_epoch {
+            return Err(ErrorCode::OwnershipFenced);
+        }
+        match part.outstanding.get(&seq) {
+            Some(o) if o.delivery_id == delivery_id && o.member_id == member_id => Ok((p, seq)),
+            _ => Err(ErrorCode::UnknownDelivery),
+        }
+    }
+
+    /// ACK PROGRESS: the deadline restarts from now; nothing is settled.
+    pub(super) fn extend_deadline(&mut self, sh: &mut Shared, (p, seq): (usize, u64), now_ms: u64) {
+        let timer = ack_timer(self.id, p, seq);
+        let o = self.partitions[p].outstanding.get_mut(&seq).expect("found");
+        sh.timer_clear(o.deadline_ms, timer);
+        o.deadline_ms = now_ms.saturating_add(sh.config.ack_wait_ms);
+        sh.timer_set(o.deadline_ms, timer);
+    }
+
+    /// Ends an outstanding delivery (ACK or NACK) and returns its credit; returns the
+    /// delivery's attempt for the caller's failure handling.
+    pub(super) fn settle(&mut self, sh: &mut Shared, (p, seq): (usize, u64)) -> u16 {
+        let timer = ack_timer(self.id, p, seq);
+        let o = self.partitions[p].outstanding.remove(&seq).expect("found");
+        sh.timer_clear(o.deadline_ms, timer);
+        if let Some(m) = self.members.get_mut(&o.member_id) {
+            m.credit_return(o.bytes);
+        }
+        sh.dirty.insert(self.id);
+        o.attempt
+    }
+
+    /// Ack-wait deadline reached: the credit returns and the record fails.
+    pub(super) fn expire(&mut self, sh: &mut Shared, p: usize, seq: u64, now_ms: u64) {
+        let due = self
+            .partitions
+            .get(p)
+            .and_then(|part| part.outstanding.get(&seq))
+            .is_some_and(|o| o.deadline_ms <= now_ms);
+        if !due {
+            return;
+        }
+        sh.stats.expired += 1;
+        let attempt = self.settle(sh, (p, seq));
+        self.fail(sh, p, seq, attempt, now_ms, now_ms);
+    }
+
+    /// A delivery failed (NACK RETRY or expiry): dead-letter at `max_attempts`, else
+    /// redeliver from `ready_at_ms` to whoever owns the partition then.
+    pub(super) fn fail(
+        &mut self,
+        sh: &mut Shared,
+        p: usize,
+        seq: u64,
+        attempt: u16,
+        now_ms: u64,
+        ready_at_ms: u64,
+    ) {
+        if attempt >= sh.config.max_attempts.max(1) {
+            self.dead_letter(sh, p, seq, attempt, Origin::REASON_MAX_ATTEMPTS);
+            return;
+        }
+        self.partitions[p].retries.insert(
+            seq,
+            Retry {
+                attempts: attempt,
+                ready_at_ms,
+            },
+        );
+        if ready_at_ms > now_ms {
+            sh.timer_set(ready_at_ms, retry_timer(self.id, p, seq));
+        } else {
+            sh.dirty.insert(self.id);
+        }
+    }
+
+    /// Emits the DeadLetter effect, once per record: the record waits in
+    /// `dead_pending` (holding the committed position) until the append is durable.
+    pub(super) fn dead_letter(
+        &mut self,
+        sh: &mut Shared,
+        p: usize,
+        seq: u64,
+        attempts: u16,
+        reason: u8,
+    ) {
+        let part = &mut self.partitions[p];
+        if part.dead_pending.contains_key(&seq) {
+            return;
+        }
+        part.dead_pending.insert(seq, attempts);
+        sh.stats.dead_letters += 1;
+        sh.effects.push(Effect::DeadLetter {
+            group_id: self.id,
+            topic_id: self.topic_id,
+            partition: p as u16,
+            sequence: seq,
+            attempts,
+            reason,
+        });
+    }
+
+    pub(super) fn dead_lettered(&mut self, partition: u16, seq: u64) {
+        if let Some(part) = self.partitions.get_mut(usize::from(partition)) {
+            part.dead_pending.remove(&seq);
+        }
+    }
+
+    // ---- delivery -------------------------------------------------------------------
+
+    /// One delivery pass: each member's waiting PULLs, then pushes within credit.
+    pub(super) fn deliver(&mut self, sh: &mut Shared, now_ms: u64, recs: &mut dyn Records) {
+        let ids: Vec<u64> = self.members.keys().copied().collect();
+        for id in ids {
+            self.serve_pulls(sh, id, now_ms, recs);
+            self.push(sh, id, now_ms, recs);
+        }
+    }
+
+    fn push(&mut self, sh: &mut Shared, member_id: u64, now_ms: u64, recs: &mut dyn Records) {
+        let member = &self.members[&member_id];
+        if member.pull_mode {
+            return;
+        }
+        let window = Window {
+            have_count: member.outstanding_count,
+            have_bytes: member.outstanding_bytes,
+            max_count: u32::from(member.credit_count),
+            max_bytes: u64::from(member.credit_bytes),
+        };
+        let conn = member.conn;
+        let gathered = self.gather(sh, member_id, &[], window, now_ms, recs);
+        for delivery in self.commit(sh, member_id, &gathered.candidates, now_ms) {
+            sh.effects.push(Effect::Deliver { conn, delivery });
+        }
+    }
+
+    /// Answers the member's waiting PULLs, in order, that are satisfied (enough
+    /// bytes, or their window is full) or past their deadline.
+    pub(super) fn serve_pulls(
+        &mut self,
+        sh: &mut Shared,
+        member_id: u64,
+        now_ms: u64,
+        recs: &mut dyn Records,
+    ) {
+        loop {
+            let Some(member) = self.members.get(&member_id) else {
+                return;
+            };
+            let Some(pull) = member.pulls.front() else {
+                return;
+            };
+            let window = Window {
+                have_count: 0,
+                have_bytes: 0,
+                max_count: u32::from(pull.max_msgs),
+                max_bytes: u64::from(pull.max_bytes),
+            };
+            let epochs = pull.ownership_epochs.clone();
+            let (min_bytes, deadline_ms) = (pull.min_bytes, pull.deadline_ms);
+            let gathered = self.gather(sh, member_id, &epochs, window, now_ms, recs);
+            let satisfied = !gathered.candidates.is_empty()
+                && (min_bytes == 0
+                    || gathered.bytes >= u64::from(min_bytes)
+                    || gathered.full
+                    || gathered.candidates.len() as u32 >= window.max_count);
+            if !satisfied && now_ms < deadline_ms {
+                return;
+            }
+            let member = self.members.get_mut(&member_id).expect("checked");
+            let pull = member.pulls.pop_front().expect("checked");
+            let conn = member.conn;
+            sh.timer_clear(
+                pull.deadline_ms,
+                pull_timer(self.id, member_id, pull.pull_id),
+            );
+            let deliveries = self.commit(sh, member_id, &gathered.candidates, now_ms);
+            sh.effects.push(Effect::PullAnswer {
+                conn,
+                pull_id: pull.pull_id,
+                deliveries,
+            });
+        }
+    }
+
+    /// Prepares a partition for a delivery pass: skips what retention removed (the
+    /// log only loses whole segments from its start) and what was restored as
+    /// already dead-lettered at the head.
+    fn cursor(&mut self, sh: &mut Shared, p: usize, now_ms: u64, recs: &mut dyn Records) -> Cursor {
+        let (topic, pi) = (self.topic_id, p as u16);
+        let first = recs.first_sequence(topic, pi);
+        let end = recs.next_sequence(topic, pi);
+        let part = &mut self.partitions[p];
+        if part.next_seq < first {
+            sh.stats.skipped_records += first - part.next_seq;
+            part.next_seq = first;
+        }
+        while part
+            .retries
+            .first_key_value()
+            .is_some_and(|(&s, _)| s < first)
+        {
+            let (seq, r) = part.retries.pop_first().expect("checked");
+            sh.timer_clear(r.ready_at_ms, retry_timer(self.id, p, seq));
+            sh.stats.skipped_records += 1;
+        }
+        let part = &mut self.partitions[p];
+        while part
+            .restored_dead
+            .first()
+            .is_some_and(|&s| s <= part.next_seq)
+        {
+            let s = part.restored_dead.pop_first().expect("checked");
+            if s == part.next_seq {
+                part.next_seq += 1;
+            }
+        }
+        Cursor {
+            partition: p,
+            ready_retries: part
+                .retries
+                .iter()
+                .filter(|(_, r)| r.ready_at_ms <= now_ms)
+                .map(|(&s, _)| s)
+                .collect(),
+            next_retry: 0,
+            next_new: part.next_seq,
+            end,
+            done: false,
+        }
+    }
+
+    /// Picks records for `member_id` within `window`, round-robin over its Owned
+    /// partitions (those whose ownership epoch is in `epochs`, or all when empty);
+    /// redeliveries before new records within a partition. Changes no delivery state.
+    fn gather(
+        &mut self,
+        sh: &mut Shared,
+        member_id: u64,
+        epochs: &[u64],
+        mut window: Window,
+        now_ms: u64,
+        recs: &mut dyn Records,
+    ) -> Gathered {
+        let eligible: Vec<usize> = (0..self.partitions.len())
+            .filter(|&p| {
+                let part = &self.partitions[p];
+                part.ownership == Ownership::Owned { member_id }
+                    && (epochs.is_empty() || epochs.contains(&part.ownership_epoch))
+            })
+            .collect();
+        let mut out = Gathered::default();
+        if eligible.is_empty() {
+            return out;
+        }
+        let start = {
+            let m = self.members.get_mut(&member_id).expect("member");
+            m.rotation = m.rotation.wrapping_add(1);
+            m.rotation % eligible.len()
+        };
+        let mut cursors: Vec<Cursor> = eligible[start..]
+            .iter()
+            .chain(&eligible[..start])
+            .map(|&p| self.cursor(sh, p, now_ms, recs))
+            .collect();
+        loop {
+            let mut progressed = false;
+            for c in cursors.iter_mut().filter(|c| !c.done) {
+                let part = &self.partitions[c.partition];
+                let (seq, retry) = if let Some(&s) = c.ready_retries.get(c.next_retry) {
+                    (s, true)
+                } else {
+                    while c.next_new < c.end && part.restored_dead.contains(&c.next_new) {
+                        c.next_new += 1;
+                    }
+                    if c.next_new >= c.end {
+                        c.done = true;
+                        continue;
+                    }
+                    (c.next_new, false)
+                };
+                // Gone despite the cursor's retention check: stop this partition for
+                // this pass rather than guess.
+                let Some(bytes) = recs.record_bytes(self.topic_id, c.partition as u16, seq) else {
+                    c.done = true;
+                    continue;
+                };
+                if !window.admits(bytes) {
+                    out.full = true;
+                    return out;
+                }
+                window.have_count += 1;
+                window.have_bytes += u64::from(bytes);
+                out.bytes += u64::from(bytes);
+                out.candidates.push(Candidate {
+                    partition: c.partition,
+                    seq,
+                    bytes,
+                    retry,
+                });
+                if retry {
+                    c.next_retry += 1;
+                } else {
+                    c.next_new += 1;
+                }
+                progressed = true;
+            }
+            if !progressed {
+                return out;
+            }
+        }
+    }
+
+    /// Makes gathered records outstanding for the member and returns the deliveries.
+    fn commit(
+        &mut self,
+        sh: &mut Shared,
+        member_id: u64,
+        candidates: &[Candidate],
+        now_ms: u64,
+    ) -> Vec<Delivery> {
+        let mut out = Vec::with_capacity(candidates.len());
+        for c in candidates {
+            let (p, seq) = (c.partition, c.seq);
+            let retry_timer = retry_timer(self.id, p, seq);
+            let ack_timer = ack_timer(self.id, p, seq);
+            let part = &mut self.partitions[p];
+            let attempt = if c.retry {
+                let r = part.retries.remove(&seq).expect("gathered retry");
+                sh.timer_clear(r.ready_at_ms, retry_timer);
+                r.attempts.saturating_add(1)
+            } else {
+                // Restored dead letters passed over on the way are settled.
+                part.next_seq = seq + 1;
+                while part.restored_dead.first().is_some_and(|&s| s <= seq) {
+                    part.restored_dead.pop_first();
+                }
+                1
+            };
+            let delivery_id = sh.next_delivery_id;
+            sh.next_delivery_id += 1;
+            let deadline_ms = now_ms.saturating_add(sh.config.ack_wait_ms);
+            part.outstanding.insert(
+                seq,
+                Outstanding {
+                    delivery_id,
+                    member_id,
+                    attempt,
+                    bytes: c.bytes,
+                    deadline_ms,
+                },
+            );
+            sh.timer_set(deadline_ms, ack_timer);
+            sh.stats.deliveries += 1;
+            if attempt > 1 {
+                sh.stats.redeliveries += 1;
+            }
+            let member = self.members.get_mut(&member_id).expect("member");
+            member.outstanding_count += 1;
+            member.outstanding_bytes += u64::from(c.bytes);
+            out.push(Delivery {
+                subscription_id: member.subscription_id,
+                topic_id: self.topic_id,
+                partition: p as u16,
+                sequence: seq,
+                delivery_id,
+                attempt,
+                ownership_epoch: part.ownership_epoch,
+            });
+        }
+        out
+    }
+
+    // ---- observation ----------------------------------------------------------------
+
+    pub(super) fn snapshot(&self) -> GroupSnapshot {
+        GroupSnapshot {
+            group_id: self.id,
+            name: self.name.clone(),
+            topic_id: self.topic_id,
+            members: self
+                .members
+                .values()
+                .map(|m| MemberSnapshot {
+                    member_id: m.member_id,
+                    membership_epoch: m.membership_epoch,
+                    assignment_epoch: m.assignment_epoch,
+                    conn: m.conn,
+                    subscription_id: m.subscription_id,
+                    pull_mode: m.pull_mode,
+                    credit_count: m.credit_count,
+                    credit_bytes: m.credit_bytes,
+                    credit_epoch: m.credit_epoch,
+                    outstanding_count: m.outstanding_count,
+                    outstanding_bytes: m.outstanding_bytes,
+                    pending_pulls: m.pulls.len(),
+                })
+                .collect(),
+            partitions: self
+                .partitions
+                .iter()
+                .enumerate()
+                .map(|(p, part)| PartitionSnapshot {
+                    partition: p as u16,
+                    owner: part.ownership.member(),
+                    state: match part.ownership {
+                        Ownership::Unowned => OwnershipState::Unowned,
+                        Ownership::Assigning { .. } => OwnershipState::Assigning,
+                        Ownership::Owned { .. } => OwnershipState::Owned,
+                        Ownership::Revoking { .. } => OwnershipState::Revoking,
+                    },
+                    ownership_epoch: part.ownership_epoch,
+                    committed: self.committed(p),
+                    next_sequence: part.next_seq,
+                    outstanding: part.outstanding.len(),
+                    pending_redeliveries: part.retries.len(),
+                    dead_letter_pending: part.dead_pending.len(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The bookkeeping rules of the module doc, checked after every test step.
+    #[cfg(test)]
+    pub(super) fn check_invariants(&self) {
+        let mut count: BTreeMap<u64, (u32, u64)> = BTreeMap::new();
+        for part in &self.partitions {
+            if let Some(m) = part.ownership.member() {
+                assert!(self.members.contains_key(&m), "owner {m} is not a member");
+            }
+            for (&seq, o) in &part.outstanding {
+                assert!(seq < part.next_seq);
+                assert!(!part.retries.contains_key(&seq) && !part.dead_pending.contains_key(&seq));
+                assert!(
+                    matches!(
+                        part.ownership,
+                        Ownership::Owned { member_id } | Ownership::Revoking { member_id, .. }
+                            if member_id == o.member_id
+                    ),
+                    "outstanding delivery on a partition its member does not own"
+                );
+                let e = count.entry(o.member_id).or_default();
+                e.0 += 1;
+                e.1 += u64::from(o.bytes);
+            }
+            for seq in part.retries.keys() {
+                assert!(*seq < part.next_seq && !part.dead_pending.contains_key(seq));
+            }
+        }
+        for m in self.members.values() {
+            let (c, b) = count.get(&m.member_id).copied().unwrap_or_default();
+            assert_eq!(
+                (m.outstanding_count, m.outstanding_bytes),
+                (c, b),
+                "credit books"
+            );
+        }
+    }
+}

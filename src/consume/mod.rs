@@ -1,0 +1,1079 @@
+//! The consumer-group coordinator and delivery engine (semantics.md §2–§4).
+//!
+//! A pure state machine: inputs are the client ops of the consume plane (SUB, ACK,
+//! NACK, PULL, HEARTBEAT, CONTROL_ACK, CREDIT), reactor events (connection closed,
+//! records appended, topic deleted, dead letter durable) and a clock value `now_ms`;
+//! outputs are the op's result plus [`Effect`]s queued for the broker to carry out
+//! (push a NOTICE, push a MSG, answer a waiting PULL, append a dead letter). No
+//! sockets, threads, files or `Instant::now()` here, so every path is testable with
+//! an injected clock and a fake log ([`Records`]).
+//!
+//! How the broker drives it:
+//! - call the op handler for each decoded request, answer the request's slot with
+//!   the `Result` (SUB/CREDIT results are typed OK results), *then* drain effects, so
+//!   a SUB's OK reaches the client before the NOTICEs naming its member id;
+//! - call [`Coordinator::pump`] once per reactor pass (after the batch of inputs):
+//!   it runs due timers and pushes deliveries that became possible (handlers without a
+//!   `Records` argument only mark groups dirty);
+//! - poll no longer than [`Coordinator::next_deadline_ms`].
+//!
+//! Memory is bounded by what is in flight, never by the log: per partition the
+//! coordinator keeps the next sequence to deliver, the outstanding deliveries, the
+//! pending redeliveries and the dead letters awaiting durability. Settled records are
+//! not tracked: the committed position is derived as "one below the lowest unsettled
+//! sequence" (see `group.rs`).
+//!
+//! Groups, members and partitions are kept in ordered maps so that assignment and
+//! timer firing are deterministic for a given input sequence.
+
+mod group;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::wire::limits::{MAX_GROUP_LEN_BYTES, SUB_PARTITION_ANY};
+use crate::wire::ops::{
+    Ack, ControlAck, Credit, CreditResult, Heartbeat, Nack, Notice, Origin, Pull, Sub, SubResult,
+};
+use crate::wire::ErrorCode;
+
+use group::{Group, Member, Ownership, PendingPull};
+
+/// The reactor's connection id.
+pub type ConnId = u32;
+
+/// SUB `credit_count` 0 means this window (semantics §2 SUB).
+pub const DEFAULT_CREDIT_COUNT: u16 = 256;
+/// SUB `credit_bytes` 0 means this window: 2 MiB.
+pub const DEFAULT_CREDIT_BYTES: u32 = 2 * 1024 * 1024;
+
+/// SUB flags bit0: no pushed MSG, messages only through PULL.
+pub const SUB_FLAG_PULL_MODE: u16 = 0x0001;
+/// SUB start_policy values (apply only where the group has no committed position).
+pub const START_POLICY_EARLIEST: u8 = 0;
+pub const START_POLICY_LATEST: u8 = 1;
+/// ACK flags bit0: extend the delivery's deadline; does not settle it.
+pub const ACK_FLAG_PROGRESS: u16 = 0x0001;
+/// NACK reasons; 2 is reserved and 3 (SLOW) is not implemented → 0x0014.
+pub const NACK_REASON_RETRY: u8 = 0;
+pub const NACK_REASON_REJECT: u8 = 1;
+/// NOTICE kinds.
+pub const NOTICE_KIND_ASSIGN: u8 = 0;
+pub const NOTICE_KIND_REVOKE: u8 = 1;
+/// CONTROL_ACK results; STALE and ERROR both mean "refused".
+pub const CONTROL_RESULT_OK: u8 = 0;
+pub const CONTROL_RESULT_STALE: u8 = 1;
+pub const CONTROL_RESULT_ERROR: u8 = 2;
+/// HEARTBEAT states.
+pub const HEARTBEAT_STATE_ACTIVE: u8 = 0;
+pub const HEARTBEAT_STATE_LEAVE: u8 = 1;
+/// CREDIT modes.
+pub const CREDIT_MODE_SET: u8 = 0;
+pub const CREDIT_MODE_ADD: u8 = 1;
+
+/// Operator-tunable limits and timers of the consume plane. Defaults are the spec's
+/// where it names one (session 30 s, revoke 10 s, ack-wait 30 s, 5 attempts).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumeConfig {
+    /// `--session-timeout`: a member with no op on its subscription for this long leaves.
+    pub session_timeout_ms: u64,
+    /// `--revoke-timeout`: a REVOKE not CONTROL_ACKed by then is treated as acked.
+    pub revoke_timeout_ms: u64,
+    /// `--ack-wait`: a delivery not settled (or PROGRESSed) by then expires.
+    pub ack_wait_ms: u64,
+    /// `--nack-delay`: a NACK(RETRY)ed record is redelivered after this long.
+    pub nack_delay_ms: u64,
+    /// `--max-attempts`: a record failing at this attempt is dead-lettered. 0 acts as 1.
+    pub max_attempts: u16,
+    /// `--max-credit-count`: per-subscription cap on the credit window's count.
+    pub max_credit_count: u16,
+    /// `--max-credit-size`: per-subscription cap on the credit window's bytes.
+    pub max_credit_bytes: u32,
+    /// Open (live) subscriptions one connection may hold; beyond → 0x0025.
+    pub max_subscriptions_per_conn: usize,
+    /// Groups the broker holds; a SUB creating one more → 0x2005.
+    pub max_groups: usize,
+    /// Members one group holds; one more → 0x2005.
+    pub max_members_per_group: usize,
+}
+
+impl Default for ConsumeConfig {
+    fn default() -> Self {
+        ConsumeConfig {
+            session_timeout_ms: 30_000,
+            revoke_timeout_ms: 10_000,
+            ack_wait_ms: 30_000,
+            // The spec names the flag but no default; one second keeps a poison
+            // record from spinning while still retrying promptly.
+            nack_delay_ms: 1_000,
+            max_attempts: 5,
+            max_credit_count: u16::MAX,
+            max_credit_bytes: 64 * 1024 * 1024,
+            max_subscriptions_per_conn: 64,
+            max_groups: 1024,
+            max_members_per_group: 1024,
+        }
+    }
+}
+
+/// What the coordinator needs to know about the log, supplied by the broker at each
+/// call. The coordinator never holds record bytes; it asks for sizes when it delivers.
+pub trait Records {
+    /// Partition count of a topic; `None` = unknown topic.
+    fn partition_count(&self, topic_id: u16) -> Option<u16>;
+    /// Oldest retained sequence.
+    fn first_sequence(&self, topic_id: u16, partition: u16) -> u64;
+    /// One past the newest deliverable record.
+    fn next_sequence(&self, topic_id: u16, partition: u16) -> u64;
+    /// Size for credit accounting (key + value); `None` if gone (retention).
+    fn record_bytes(&mut self, topic_id: u16, partition: u16, sequence: u64) -> Option<u32>;
+}
+
+/// One send of one record to one member (semantics §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    pub subscription_id: u16,
+    pub topic_id: u16,
+    pub partition: u16,
+    pub sequence: u64,
+    pub delivery_id: u64,
+    pub attempt: u16,
+    pub ownership_epoch: u64,
+}
+
+/// Work for the broker, queued by every call and drained with
+/// [`Coordinator::drain_effects`] / [`Coordinator::take_effects`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Push a NOTICE to this connection (never takes a response slot).
+    Notice { conn: ConnId, notice: Notice },
+    /// Push MSG for this record to this connection; the broker reads the record.
+    Deliver { conn: ConnId, delivery: Delivery },
+    /// Answer a pending PULL: MSG×N (in order) then OK, in that PULL's response slot.
+    PullAnswer {
+        conn: ConnId,
+        pull_id: u64,
+        deliveries: Vec<Delivery>,
+    },
+    /// Append this record to the source topic's `.dlq` twin with the origin trailer;
+    /// when the append is durable the broker calls [`Coordinator::dead_lettered`].
+    DeadLetter {
+        group_id: u16,
+        topic_id: u16,
+        partition: u16,
+        sequence: u64,
+        attempts: u16,
+        /// [`Origin::REASON_REJECTED`] or [`Origin::REASON_MAX_ATTEMPTS`].
+        reason: u8,
+    },
+}
+
+/// A committed position to persist.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct GroupPosition {
+    pub group: Vec<u8>,
+    pub topic_id: u16,
+    pub partition: u16,
+    /// Every record up to and including this sequence is settled (0 = none).
+    pub committed: u64,
+}
+
+/// Counters for `/metrics` and `/stats`; they only grow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConsumeStats {
+    /// MSGs sent (pushed or pulled), first attempts and redeliveries.
+    pub deliveries: u64,
+    /// Of those, attempt > 1.
+    pub redeliveries: u64,
+    /// Deliveries that reached their ack-wait deadline.
+    pub expired: u64,
+    /// DeadLetter effects emitted.
+    pub dead_letters: u64,
+    /// Records skipped because retention removed them before delivery.
+    pub skipped_records: u64,
+    /// NOTICEs sent.
+    pub notices: u64,
+}
+
+/// A partition's ownership phase, for `/stats`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnershipState {
+    Unowned,
+    /// ASSIGN sent, CONTROL_ACK(OK) not yet received: no MSG flows.
+    Assigning,
+    Owned,
+    /// REVOKE sent to the owner; released on its CONTROL_ACK or the revoke timeout.
+    Revoking,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberSnapshot {
+    pub member_id: u64,
+    pub membership_epoch: u32,
+    pub assignment_epoch: u32,
+    pub conn: ConnId,
+    pub subscription_id: u16,
+    pub pull_mode: bool,
+    pub credit_count: u16,
+    pub credit_bytes: u32,
+    pub credit_epoch: u64,
+    pub outstanding_count: u32,
+    pub outstanding_bytes: u64,
+    pub pending_pulls: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionSnapshot {
+    pub partition: u16,
+    pub owner: Option<u64>,
+    pub state: OwnershipState,
+    pub ownership_epoch: u64,
+    pub committed: u64,
+    /// Next never-delivered sequence (lag = log next_sequence − this).
+    pub next_sequence: u64,
+    pub outstanding: usize,
+    pub pending_redeliveries: usize,
+    pub dead_letter_pending: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupSnapshot {
+    pub group_id: u16,
+    pub name: Vec<u8>,
+    pub topic_id: u16,
+    pub members: Vec<MemberSnapshot>,
+    pub partitions: Vec<PartitionSnapshot>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoordinatorSnapshot {
+    pub groups: Vec<GroupSnapshot>,
+    pub stats: ConsumeStats,
+}
+
+/// One timer. The set holds each live timer exactly once, at its current deadline:
+/// whoever moves or cancels a deadline removes the old entry, so
+/// `next_deadline_ms` is never an already-handled instant (no busy polling).
+/// Handlers still re-check state when a timer fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Timer {
+    Session {
+        group_id: u16,
+        member_id: u64,
+    },
+    Revoke {
+        group_id: u16,
+        partition: u16,
+    },
+    AckWait {
+        group_id: u16,
+        partition: u16,
+        seq: u64,
+    },
+    Retry {
+        group_id: u16,
+        partition: u16,
+        seq: u64,
+    },
+    Pull {
+        group_id: u16,
+        member_id: u64,
+        pull_id: u64,
+    },
+}
+
+impl Timer {
+    fn group_id(self) -> u16 {
+        match self {
+            Timer::Session { group_id, .. }
+            | Timer::Revoke { group_id, .. }
+            | Timer::AckWait { group_id, .. }
+            | Timer::Retry { group_id, .. }
+            | Timer::Pull { group_id, .. } => group_id,
+        }
+    }
+}
+
+/// A NOTICE awaiting its CONTROL_ACK.
+#[derive(Debug, Clone, Copy)]
+struct PendingNotice {
+    conn: ConnId,
+    subscription_id: u16,
+    group_id: u16,
+    member_id: u64,
+    kind: u8,
+    partition: u16,
+}
+
+/// State every group touches: split from the group map so a `&mut Group` and this
+/// can be borrowed together.
+struct Shared {
+    config: ConsumeConfig,
+    timers: BTreeSet<(u64, Timer)>,
+    effects: Vec<Effect>,
+    notices: HashMap<u64, PendingNotice>,
+    /// Groups where a delivery may have become possible since the last pump.
+    dirty: BTreeSet<u16>,
+    next_notice_id: u64,
+    next_delivery_id: u64,
+    stats: ConsumeStats,
+}
+
+impl Shared {
+    fn timer_set(&mut self, at_ms: u64, timer: Timer) {
+        self.timers.insert((at_ms, timer));
+    }
+
+    fn timer_clear(&mut self, at_ms: u64, timer: Timer) {
+        self.timers.remove(&(at_ms, timer));
+    }
+}
+
+/// One subscription on a connection.
+#[derive(Debug, Clone, Copy)]
+struct SubEntry {
+    group_id: u16,
+    member_id: u64,
+    /// False once the member left (LEAVE or session expiry): the id stays open so the
+    /// client learns 0x0026 "SUB again" rather than 0x0020.
+    live: bool,
+}
+
+struct ConnSubs {
+    /// u32 so that exhaustion of the u16 id space is visible (→ 0x0025).
+    next_subscription_id: u32,
+    subs: BTreeMap<u16, SubEntry>,
+}
+
+impl Default for ConnSubs {
+    fn default() -> Self {
+        ConnSubs {
+            next_subscription_id: 1,
+            subs: BTreeMap::new(),
+        }
+    }
+}
+
+/// Persisted state read at start, applied when the group is first created by a SUB.
+#[derive(Default)]
+struct Restored {
+    committed: BTreeMap<u16, u64>,
+    dead_lettered: BTreeMap<u16, BTreeSet<u64>>,
+}
+
+/// The consumer-group coordinator. See the module doc.
+pub struct Coordinator {
+    sh: Shared,
+    groups: BTreeMap<u16, Group>,
+    group_ids: HashMap<(Vec<u8>, u16), u16>,
+    conns: HashMap<ConnId, ConnSubs>,
+    restored: BTreeMap<(Vec<u8>, u16), Restored>,
+    /// u32 so that exhaustion of the u16 group id space is visible (→ 0x2005).
+    next_group_id: u32,
+    next_member_id: u64,
+    next_membership_epoch: u32,
+}
+
+/// Group names: 1..=255 bytes of `[A-Za-z0-9._-]` (emptiness is checked first and is
+/// 0x0024, not 0x2002).
+fn group_name_valid(name: &[u8]) -> bool {
+    name.len() <= MAX_GROUP_LEN_BYTES
+        && name
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+impl Coordinator {
+    pub fn new(config: ConsumeConfig) -> Self {
+        Coordinator {
+            sh: Shared {
+                config,
+                timers: BTreeSet::new(),
+                effects: Vec::new(),
+                notices: HashMap::new(),
+                dirty: BTreeSet::new(),
+                next_notice_id: 1,
+                next_delivery_id: 1,
+                stats: ConsumeStats::default(),
+            },
+            groups: BTreeMap::new(),
+            group_ids: HashMap::new(),
+            conns: HashMap::new(),
+            restored: BTreeMap::new(),
+            next_group_id: 1,
+            next_member_id: 1,
+            next_membership_epoch: 1,
+        }
+    }
+
+    pub fn config(&self) -> &ConsumeConfig {
+        &self.sh.config
+    }
+
+    // ---- ops -------------------------------------------------------------------------
+
+    /// SUB: join (or create) the group `(sub.group, sub.topic_id)`. The new member gets
+    /// its share of partitions through NOTICE ASSIGN effects (after REVOKEs elsewhere).
+    pub fn subscribe(
+        &mut self,
+        conn: ConnId,
+        sub: &Sub,
+        now_ms: u64,
+        recs: &mut dyn Records,
+    ) -> Result<SubResult, ErrorCode> {
+        if sub.partition != SUB_PARTITION_ANY
+            || sub.start_policy > START_POLICY_LATEST
+            || sub.group.is_empty()
+        {
+            return Err(ErrorCode::InvalidSubscription);
+        }
+        if !group_name_valid(sub.group) {
+            return Err(ErrorCode::InvalidGroupName);
+        }
+        let partition_count = recs
+            .partition_count(sub.topic_id)
+            .ok_or(ErrorCode::UnknownTopic)?;
+        let config = &self.sh.config;
+        let credit_count = match sub.credit_count {
+            0 => DEFAULT_CREDIT_COUNT.min(config.max_credit_count),
+            n if n > config.max_credit_count => return Err(ErrorCode::CreditLimit),
+            n => n,
+        };
+        let credit_bytes = match sub.credit_bytes {
+            0 => DEFAULT_CREDIT_BYTES.min(config.max_credit_bytes),
+            n if n > config.max_credit_bytes => return Err(ErrorCode::CreditLimit),
+            n => n,
+        };
+        if let Some(cs) = self.conns.get(&conn) {
+            let live = cs.subs.values().filter(|s| s.live).count();
+            if live >= config.max_subscriptions_per_conn
+                || cs.next_subscription_id > u32::from(u16::MAX)
+            {
+                return Err(ErrorCode::TooManySubscriptions);
+            }
+        } else if config.max_subscriptions_per_conn == 0 {
+            return Err(ErrorCode::TooManySubscriptions);
+        }
+        let key = (sub.group.to_vec(), sub.topic_id);
+        let group_id = match self.group_ids.get(&key) {
+            Some(&id) => {
+                if self.groups[&id].members.len() >= config.max_members_per_group {
+                    return Err(ErrorCode::GroupLimitReached);
+                }
+                id
+            }
+            None => {
+                if self.groups.len() >= config.max_groups
+                    || self.next_group_id > u32::from(u16::MAX)
+                    || config.max_members_per_group == 0
+                {
+                    return Err(ErrorCode::GroupLimitReached);
+                }
+                self.create_group(key, partition_count, sub.start_policy, recs)
+            }
+        };
+
+        // Accepted: nothing below can fail.
+        let member_id = self.next_member_id;
+        self.next_member_id += 1;
+        let membership_epoch = self.next_membership_epoch;
+        self.next_membership_epoch = self.next_membership_epoch.checked_add(1).unwrap_or(1);
+
+        let cs = self.conns.entry(conn).or_default();
+        // An expelled subscription of the same group on this connection is superseded
+        // by the rejoin; dropping it keeps a flapping client from growing the table.
+        cs.subs.retain(|_, s| s.live || s.group_id != group_id);
+        let subscription_id = cs.next_subscription_id as u16;
+        cs.next_subscription_id += 1;
+        cs.subs.insert(
+            subscription_id,
+            SubEntry {
+                group_id,
+                member_id,
+                live: true,
+            },
+        );
+
+        let session_deadline_ms = now_ms.saturating_add(self.sh.config.session_timeout_ms);
+        self.sh.timer_set(
+            session_deadline_ms,
+            Timer::Session {
+                group_id,
+                member_id,
+            },
+        );
+        let group = self.groups.get_mut(&group_id).expect("group exists");
+        group.members.insert(
+            member_id,
+            Member::new(
+                member_id,
+                membership_epoch,
+                conn,
+                subscription_id,
+                sub.flags & SUB_FLAG_PULL_MODE != 0,
+                credit_count,
+                credit_bytes,
+                session_deadline_ms,
+            ),
+        );
+        group.rebalance(&mut self.sh, now_ms);
+        Ok(SubResult {
+            subscription_id,
+            member_id,
+            membership_epoch,
+            assignment_epoch: 0,
+        })
+    }
+
+    /// ACK: settle a delivery, or with PROGRESS extend its deadline.
+    pub fn ack(&mut self, conn: ConnId, ack: &Ack, now_ms: u64) -> Result<(), ErrorCode> {
+        let entry = self.sub_entry(conn, ack.subscription_id)?;
+        self.touch(entry, now_ms);
+        let group = self
+            .groups
+            .get_mut(&entry.group_id)
+            .ok_or(ErrorCode::UnknownSubscription)?;
+        let found = group.find_delivery(
+            entry.member_id,
+            ack.topic_id,
+            ack.partition,
+            ack.seq,
+            ack.delivery_id,
+            ack.ownership_epoch,
+        )?;
+        if ack.flags & ACK_FLAG_PROGRESS != 0 {
+            group.extend_deadline(&mut self.sh, found, now_ms);
+        } else {
+            group.settle(&mut self.sh, found);
+        }
+        Ok(())
+    }
+
+    /// NACK: RETRY redelivers after the nack delay; REJECT dead-letters now.
+    pub fn nack(&mut self, conn: ConnId, nack: &Nack, now_ms: u64) -> Result<(), ErrorCode> {
+        if nack.reason > NACK_REASON_REJECT {
+            return Err(ErrorCode::InvalidArgument);
+        }
+        let entry = self.sub_entry(conn, nack.subscription_id)?;
+        self.touch(entry, now_ms);
+        let group = self
+            .groups
+            .get_mut(&entry.group_id)
+            .ok_or(ErrorCode::UnknownSubscription)?;
+        let found = group.find_delivery(
+            entry.member_id,
+            nack.topic_id,
+            nack.partition,
+            nack.seq,
+            nack.delivery_id,
+            nack.ownership_epoch,
+        )?;
+        let attempt = group.settle(&mut self.sh, found);
+        if nack.reason == NACK_REASON_REJECT {
+            group.dead_letter(
+                &mut self.sh,
+                found.0,
+                found.1,
+                attempt,
+                Origin::REASON_REJECTED,
+            );
+        } else {
+            let ready_at_ms = now_ms.saturating_add(self.sh.config.nack_delay_ms);
+            group.fail(&mut self.sh, found.0, found.1, attempt, now_ms, ready_at_ms);
+        }
+        Ok(())
+    }
+
+    /// HEARTBEAT: keep the session alive, or LEAVE.
+    pub fn heartbeat(
+        &mut self,
+        conn: ConnId,
+        hb: &Heartbeat,
+        now_ms: u64,
+    ) -> Result<(), ErrorCode> {
+        if hb.state > HEARTBEAT_STATE_LEAVE {
+            return Err(ErrorCode::InvalidArgument);
+        }
+        let (entry, member) = self.live_member(conn, hb.subscription_id)?;
+        if hb.member_id != member.member_id || hb.membership_epoch != member.membership_epoch {
+            return Err(ErrorCode::UnknownMember);
+        }
+        if hb.state == HEARTBEAT_STATE_LEAVE {
+            self.member_leaves(entry.group_id, entry.member_id, now_ms, true);
+        } else {
+            self.touch(entry, now_ms);
+        }
+        Ok(())
+    }
+
+    /// CONTROL_ACK of a NOTICE. The subscription is the one the notice went to.
+    pub fn control_ack(
+        &mut self,
+        conn: ConnId,
+        ca: &ControlAck,
+        now_ms: u64,
+    ) -> Result<(), ErrorCode> {
+        if ca.result > CONTROL_RESULT_ERROR {
+            return Err(ErrorCode::InvalidArgument);
+        }
+        let notice = match self.sh.notices.get(&ca.notice_id) {
+            Some(n) if n.conn == conn => *n,
+            _ => return Err(ErrorCode::UnknownNotice),
+        };
+        self.sh.notices.remove(&ca.notice_id);
+        // After DELETE of the topic the subscription is gone: "later ops on those
+        // subscriptions get 0x0020", the CONTROL_ACK of the final REVOKE included.
+        let entry = self.sub_entry(conn, notice.subscription_id)?;
+        self.touch(entry, now_ms);
+        let Some(group) = self.groups.get_mut(&notice.group_id) else {
+            return Err(ErrorCode::UnknownSubscription);
+        };
+        group.control_ack(
+            &mut self.sh,
+            ca.notice_id,
+            notice.kind,
+            notice.partition,
+            ca.result == CONTROL_RESULT_OK,
+            now_ms,
+        );
+        Ok(())
+    }
+
+    /// CREDIT: SET or ADD the subscription's window.
+    pub fn credit(
+        &mut self,
+        conn: ConnId,
+        c: &Credit,
+        now_ms: u64,
+    ) -> Result<CreditResult, ErrorCode> {
+        if c.mode > CREDIT_MODE_ADD {
+            return Err(ErrorCode::InvalidArgument);
+        }
+        let (entry, member) = self.live_member(conn, c.subscription_id)?;
+        if c.membership_epoch != member.membership_epoch {
+            return Err(ErrorCode::StaleEpoch);
+        }
+        self.touch(entry, now_ms);
+        let config = &self.sh.config;
+        let group = self
+            .groups
+            .get_mut(&entry.group_id)
+            .expect("live member's group");
+        let member = group
+            .members
+            .get_mut(&entry.member_id)
+            .expect("live member");
+        let (count, bytes) = if c.mode == CREDIT_MODE_SET {
+            let count = if c.credit_count == 0 {
+                member.credit_count
+            } else {
+                c.credit_count
+            };
+            let bytes = if c.credit_bytes == 0 {
+                member.credit_bytes
+            } else {
+                c.credit_bytes
+            };
+            (u64::from(count), u64::from(bytes))
+        } else {
+            (
+                u64::from(member.credit_count) + u64::from(c.credit_count),
+                u64::from(member.credit_bytes) + u64::from(c.credit_bytes),
+            )
+        };
+        if count > u64::from(config.max_credit_count) || bytes > u64::from(config.max_credit_bytes)
+        {
+            return Err(ErrorCode::CreditLimit);
+        }
+        let (count, bytes) = (count as u16, bytes as u32);
+        if (count, bytes) != (member.credit_count, member.credit_bytes) {
+            member.credit_count = count;
+            member.credit_bytes = bytes;
+            member.credit_epoch += 1;
+            self.sh.dirty.insert(entry.group_id);
+        }
+        Ok(member.credit_result())
+    }
+
+    /// PULL: answered through [`Effect::PullAnswer`], at once when satisfied or when
+    /// `wait_ms` is 0, else when satisfied later or when `wait_ms` passes.
+    pub fn pull(
+        &mut self,
+        conn: ConnId,
+        pull_id: u64,
+        p: &Pull,
+        now_ms: u64,
+        recs: &mut dyn Records,
+    ) -> Result<(), ErrorCode> {
+        if p.max_msgs == 0 {
+            return Err(ErrorCode::InvalidArgument);
+        }
+        let (entry, member) = self.live_member(conn, p.subscription_id)?;
+        if p.member_id != member.member_id || p.membership_epoch != member.membership_epoch {
+            return Err(ErrorCode::UnknownMember);
+        }
+        if p.assignment_epoch != member.assignment_epoch() {
+            return Err(ErrorCode::StaleEpoch);
+        }
+        self.touch(entry, now_ms);
+        let group = self
+            .groups
+            .get_mut(&entry.group_id)
+            .expect("live member's group");
+        let member = group
+            .members
+            .get_mut(&entry.member_id)
+            .expect("live member");
+        let deadline_ms = now_ms.saturating_add(u64::from(p.wait_ms));
+        member.pulls.push_back(PendingPull {
+            pull_id,
+            ownership_epochs: p.ownership_epochs.clone(),
+            max_msgs: p.max_msgs,
+            max_bytes: if p.max_bytes == 0 {
+                member.credit_bytes
+            } else {
+                p.max_bytes
+            },
+            min_bytes: p.min_bytes,
+            deadline_ms,
+        });
+        if deadline_ms > now_ms {
+            self.sh.timer_set(
+                deadline_ms,
+                Timer::Pull {
+                    group_id: entry.group_id,
+                    member_id: entry.member_id,
+                    pull_id,
+                },
+            );
+        }
+        group.serve_pulls(&mut self.sh, entry.member_id, now_ms, recs);
+        Ok(())
+    }
+
+    // ---- reactor events --------------------------------------------------------------
+
+    /// The connection is gone: its members leave (no REVOKE to a gone member, no
+    /// answers to its PULLs), its pending notices are forgotten.
+    pub fn connection_closed(&mut self, conn: ConnId, now_ms: u64) {
+        let Some(cs) = self.conns.remove(&conn) else {
+            return;
+        };
+        for entry in cs.subs.values().filter(|e| e.live) {
+            self.member_leaves(entry.group_id, entry.member_id, now_ms, false);
+        }
+        self.sh.notices.retain(|_, n| n.conn != conn);
+    }
+
+    /// New records were appended (or became durable): wake delivery for the topic.
+    pub fn records_available(&mut self, topic_id: u16, _partition: u16) {
+        for g in self.groups.values().filter(|g| g.topic_id == topic_id) {
+            if !g.members.is_empty() {
+                self.sh.dirty.insert(g.id);
+            }
+        }
+    }
+
+    /// DELETE of the pair: every owner gets NOTICE REVOKE for its partitions, waiting
+    /// PULLs are answered empty, the groups and their positions are dropped, and later
+    /// ops on those subscriptions get 0x0020.
+    pub fn topic_deleted(&mut self, topic_id: u16, _now_ms: u64) {
+        let ids: Vec<u16> = self
+            .groups
+            .values()
+            .filter(|g| g.topic_id == topic_id)
+            .map(|g| g.id)
+            .collect();
+        for gid in ids {
+            let mut group = self.groups.remove(&gid).expect("listed");
+            group.revoke_all_for_delete(&mut self.sh);
+            self.group_ids.remove(&(group.name.clone(), topic_id));
+            self.sh.timers.retain(|(_, t)| t.group_id() != gid);
+            self.sh.dirty.remove(&gid);
+            for cs in self.conns.values_mut() {
+                cs.subs.retain(|_, s| s.group_id != gid);
+            }
+            // The REVOKEs just sent stay pending so their CONTROL_ACK finds the
+            // (now closed) subscription and gets 0x0020; other notices are moot.
+            self.sh
+                .notices
+                .retain(|_, n| n.group_id != gid || n.kind == NOTICE_KIND_REVOKE);
+        }
+        self.restored.retain(|(_, t), _| *t != topic_id);
+    }
+
+    /// The DeadLetter append for this record is durable: it is settled.
+    pub fn dead_lettered(&mut self, group_id: u16, topic_id: u16, partition: u16, sequence: u64) {
+        if let Some(g) = self.groups.get_mut(&group_id) {
+            if g.topic_id == topic_id {
+                g.dead_lettered(partition, sequence);
+            }
+        }
+    }
+
+    /// Runs due timers (session expiry, revoke timeout, ack-wait expiry, nack delay,
+    /// PULL wait) and pushes deliveries within credit for groups that changed.
+    pub fn pump(&mut self, now_ms: u64, recs: &mut dyn Records) {
+        while let Some(&(at_ms, timer)) = self.sh.timers.first() {
+            if at_ms > now_ms {
+                break;
+            }
+            self.sh.timers.pop_first();
+            self.fire(timer, now_ms);
+        }
+        while let Some(gid) = self.sh.dirty.pop_first() {
+            if let Some(g) = self.groups.get_mut(&gid) {
+                g.deliver(&mut self.sh, now_ms, recs);
+            }
+        }
+    }
+
+    /// Moves the queued effects into `out` (keeps both allocations).
+    pub fn drain_effects(&mut self, out: &mut Vec<Effect>) {
+        out.append(&mut self.sh.effects);
+    }
+
+    pub fn take_effects(&mut self) -> Vec<Effect> {
+        std::mem::take(&mut self.sh.effects)
+    }
+
+    /// The earliest timer deadline, for the reactor's poll timeout.
+    pub fn next_deadline_ms(&self) -> Option<u64> {
+        self.sh.timers.first().map(|&(at_ms, _)| at_ms)
+    }
+
+    // ---- persistence and observation ------------------------------------------------
+
+    /// Committed positions to persist, in (group, topic, partition) order; includes
+    /// restored positions of groups no SUB has recreated yet, so they are not lost.
+    pub fn positions(&self) -> Vec<GroupPosition> {
+        let mut out = Vec::new();
+        for g in self.groups.values() {
+            for p in 0..g.partitions.len() {
+                out.push(GroupPosition {
+                    group: g.name.clone(),
+                    topic_id: g.topic_id,
+                    partition: p as u16,
+                    committed: g.committed(p),
+                });
+            }
+        }
+        for ((name, topic_id), r) in &self.restored {
+            for (&partition, &committed) in &r.committed {
+                out.push(GroupPosition {
+                    group: name.clone(),
+                    topic_id: *topic_id,
+                    partition,
+                    committed,
+                });
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// At start, before any SUB: the group's persisted committed position. Ignored
+    /// for a group that already exists (its live position wins).
+    pub fn restore_position(
+        &mut self,
+        group: &[u8],
+        topic_id: u16,
+        partition: u16,
+        committed: u64,
+    ) {
+        if self.group_ids.contains_key(&(group.to_vec(), topic_id)) {
+            return;
+        }
+        let r = self.restored.entry((group.to_vec(), topic_id)).or_default();
+        r.committed.insert(partition, committed);
+    }
+
+    /// At start: a DLQ record of this group already appended above the committed
+    /// point. It counts as settled, so a record is dead-lettered at most once per
+    /// group even across a crash.
+    pub fn restore_dead_lettered(
+        &mut self,
+        group: &[u8],
+        topic_id: u16,
+        partition: u16,
+        sequence: u64,
+    ) {
+        if self.group_ids.contains_key(&(group.to_vec(), topic_id)) {
+            return;
+        }
+        let r = self.restored.entry((group.to_vec(), topic_id)).or_default();
+        r.dead_lettered
+            .entry(partition)
+            .or_default()
+            .insert(sequence);
+    }
+
+    /// For `/stats`.
+    pub fn snapshot(&self) -> CoordinatorSnapshot {
+        CoordinatorSnapshot {
+            groups: self.groups.values().map(Group::snapshot).collect(),
+            stats: self.sh.stats,
+        }
+    }
+
+    pub fn stats(&self) -> ConsumeStats {
+        self.sh.stats
+    }
+
+    // ---- internals -------------------------------------------------------------------
+
+    fn create_group(
+        &mut self,
+        key: (Vec<u8>, u16),
+        partition_count: u16,
+        start_policy: u8,
+        recs: &mut dyn Records,
+    ) -> u16 {
+        let id = self.next_group_id as u16;
+        self.next_group_id += 1;
+        let restored = self.restored.remove(&key).unwrap_or_default();
+        let group = Group::new(
+            id,
+            key.0.clone(),
+            key.1,
+            partition_count,
+            start_policy,
+            restored,
+            recs,
+        );
+        self.groups.insert(id, group);
+        self.group_ids.insert(key, id);
+        id
+    }
+
+    fn sub_entry(&self, conn: ConnId, subscription_id: u16) -> Result<SubEntry, ErrorCode> {
+        self.conns
+            .get(&conn)
+            .and_then(|cs| cs.subs.get(&subscription_id))
+            .copied()
+            .ok_or(ErrorCode::UnknownSubscription)
+    }
+
+    /// The subscription's member, which must still be in its group (else 0x0026).
+    fn live_member(
+        &self,
+        conn: ConnId,
+        subscription_id: u16,
+    ) -> Result<(SubEntry, &Member), ErrorCode> {
+        let entry = self.sub_entry(conn, subscription_id)?;
+        self.groups
+            .get(&entry.group_id)
+            .and_then(|g| g.members.get(&entry.member_id))
+            .filter(|_| entry.live)
+            .map(|m| (entry, m))
+            .ok_or(ErrorCode::UnknownMember)
+    }
+
+    /// Any op on a live subscription keeps its session alive (semantics §3).
+    fn touch(&mut self, entry: SubEntry, now_ms: u64) {
+        if !entry.live {
+            return;
+        }
+        let Some(member) = self
+            .groups
+            .get_mut(&entry.group_id)
+            .and_then(|g| g.members.get_mut(&entry.member_id))
+        else {
+            return;
+        };
+        let timer = Timer::Session {
+            group_id: entry.group_id,
+            member_id: entry.member_id,
+        };
+        self.sh.timer_clear(member.session_deadline_ms, timer);
+        member.session_deadline_ms = now_ms.saturating_add(self.sh.config.session_timeout_ms);
+        self.sh.timer_set(member.session_deadline_ms, timer);
+    }
+
+    /// The member leaves: its partitions are freed at once (no REVOKE to a gone
+    /// member), its outstanding deliveries become redeliverable, the group rebalances.
+    fn member_leaves(&mut self, group_id: u16, member_id: u64, now_ms: u64, conn_open: bool) {
+        let Some(group) = self.groups.get_mut(&group_id) else {
+            return;
+        };
+        let Some(member) = group.remove_member(&mut self.sh, member_id, now_ms, conn_open) else {
+            return;
+        };
+        self.sh
+            .notices
+            .retain(|_, n| !(n.group_id == group_id && n.member_id == member_id));
+        if let Some(e) = self
+            .conns
+            .get_mut(&member.conn)
+            .and_then(|cs| cs.subs.get_mut(&member.subscription_id))
+        {
+            e.live = false;
+        }
+        group.rebalance(&mut self.sh, now_ms);
+    }
+
+    fn fire(&mut self, timer: Timer, now_ms: u64) {
+        match timer {
+            Timer::Session {
+                group_id,
+                member_id,
+            } => {
+                let expired = self
+                    .groups
+                    .get(&group_id)
+                    .and_then(|g| g.members.get(&member_id))
+                    .is_some_and(|m| m.session_deadline_ms <= now_ms);
+                if expired {
+                    self.member_leaves(group_id, member_id, now_ms, true);
+                }
+            }
+            Timer::Revoke {
+                group_id,
+                partition,
+            } => {
+                if let Some(g) = self.groups.get_mut(&group_id) {
+                    if let Some(Ownership::Revoking { deadline_ms, .. }) = g
+                        .partitions
+                        .get(usize::from(partition))
+                        .map(|p| p.ownership)
+                    {
+                        if deadline_ms <= now_ms {
+                            g.release(&mut self.sh, usize::from(partition), now_ms);
+                            g.rebalance(&mut self.sh, now_ms);
+                        }
+                    }
+                }
+            }
+            Timer::AckWait {
+                group_id,
+                partition,
+                seq,
+            } => {
+                if let Some(g) = self.groups.get_mut(&group_id) {
+                    g.expire(&mut self.sh, usize::from(partition), seq, now_ms);
+                }
+            }
+            // Redeliveries and PULL deadlines are served by the delivery pass.
+            Timer::Retry { group_id, .. } | Timer::Pull { group_id, .. } => {
+                self.sh.dirty.insert(group_id);
+            }
+        }
+    }
+
+    /// Debug check of the bookkeeping every test runs after each step.
+    #[cfg(test)]
+    fn check_invariants(&self) {
+        for g in self.groups.values() {
+            g.check_invariants();
+        }
+        for n in self.sh.notices.values() {
+            if let Some(g) = self.groups.get(&n.group_id) {
+                assert!(
+                    g.members.contains_key(&n.member_id),
+                    "notice for a gone member"
+                );
+            }
+        }
+    }
+}
