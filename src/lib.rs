@@ -1,3 +1,4 @@
+pub mod admin;
 pub mod broker;
 pub mod client;
 pub mod config;

@@ -8,6 +8,9 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::process::ExitCode;
 
+use std::sync::Arc;
+
+use mortarmq::admin::Admin;
 use mortarmq::broker::{Broker, BrokerConfig, DefaultDurability, Now};
 use mortarmq::config::{self, Command, Config, Durability};
 use mortarmq::consume::ConsumeConfig;
@@ -136,6 +139,30 @@ fn run(config: Config) -> Result<(), String> {
     log::info!("mortard {} listening on {addr}", env!("CARGO_PKG_VERSION"));
     let mut stdout = std::io::stdout().lock();
     let _ = writeln!(stdout, "listening {addr}");
+    let _admin = match config.admin_listen {
+        Some(admin_addr) => {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let last_turn = reactor.attach_admin(rx);
+            let waker = reactor.waker();
+            let admin = Admin::start(
+                admin_addr,
+                config.data_dir.clone(),
+                tx,
+                Arc::new(move || {
+                    let _ = waker.wake();
+                }),
+                last_turn,
+                reactor.started(),
+            )?;
+            log::info!(
+                "admin HTTP on http://{}/ (/healthz /metrics /stats)",
+                admin.addr
+            );
+            let _ = writeln!(stdout, "admin {}", admin.addr);
+            Some(admin)
+        }
+        None => None,
+    };
     let _ = stdout.flush();
     drop(stdout);
     reactor.run().map_err(|e| format!("reactor failed: {e}"))

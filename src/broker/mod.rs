@@ -146,6 +146,21 @@ struct RegistryWaiter {
     answer: Answer,
 }
 
+/// Upper bounds (µs) of the fsync latency histogram buckets; a last bucket is +Inf.
+pub const FSYNC_LATENCY_BUCKETS_US: [u64; 12] = [
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
+];
+/// Upper bounds of the records-per-fsync histogram buckets; a last bucket is +Inf.
+pub const FSYNC_BATCH_BUCKETS: [u64; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
+
+/// Index of the histogram bucket `value` falls in (the last index is +Inf).
+pub fn bucket_of(bounds: &[u64], value: u64) -> usize {
+    bounds
+        .iter()
+        .position(|&b| value <= b)
+        .unwrap_or(bounds.len())
+}
+
 /// Counters the broker keeps; the admin room reads copies of them.
 #[derive(Debug, Default, Clone)]
 pub struct BrokerCounters {
@@ -157,6 +172,10 @@ pub struct BrokerCounters {
     pub fsync_records: u64,
     pub fsync_failures: u64,
     pub fsync_micros_total: u64,
+    /// fdatasync latency histogram: counts per bucket of [`FSYNC_LATENCY_BUCKETS_US`].
+    pub fsync_latency: [u64; FSYNC_LATENCY_BUCKETS_US.len() + 1],
+    /// Records covered per fdatasync: counts per bucket of [`FSYNC_BATCH_BUCKETS`].
+    pub fsync_batch: [u64; FSYNC_BATCH_BUCKETS.len() + 1],
     pub recovery_truncations: u64,
     pub recovery_truncated_bytes: u64,
     pub producers_expired: u64,
@@ -375,6 +394,10 @@ impl Broker {
             }
         }
         removed
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.config.data_dir
     }
 
     pub fn leader_epoch(&self) -> u64 {
@@ -866,7 +889,11 @@ impl Broker {
                         part.unsynced_bytes = part.unsynced_bytes.saturating_sub(bytes);
                         self.counters.fsyncs += 1;
                         self.counters.fsync_records += records;
-                        self.counters.fsync_micros_total += done.elapsed.as_micros() as u64;
+                        let micros = done.elapsed.as_micros() as u64;
+                        self.counters.fsync_micros_total += micros;
+                        self.counters.fsync_latency
+                            [bucket_of(&FSYNC_LATENCY_BUCKETS_US, micros)] += 1;
+                        self.counters.fsync_batch[bucket_of(&FSYNC_BATCH_BUCKETS, records)] += 1;
                         if part.log.written_sequence() > upto {
                             self.sync_list.push(key);
                         }

@@ -246,7 +246,7 @@ pub struct GroupSnapshot {
     pub partitions: Vec<PartitionSnapshot>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CoordinatorSnapshot {
     pub groups: Vec<GroupSnapshot>,
     pub stats: ConsumeStats,

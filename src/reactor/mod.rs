@@ -25,6 +25,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -34,6 +36,7 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
+use crate::admin::{AdminRequest, PartitionFigures, Snapshot, TopicFigures};
 use crate::broker::{Answer, Broker, ConnRef, Effect, Handled, Now};
 use crate::fsync::{Completion, FsyncPool};
 use crate::session::{token_matches, Admit};
@@ -124,6 +127,9 @@ pub struct Reactor {
     started: Instant,
     draining_since_ms: Option<u64>,
     next_housekeeping_ms: u64,
+    admin_requests: Option<Receiver<AdminRequest>>,
+    /// Monotonic ms of the last turn, read by `/healthz` on the admin thread.
+    last_turn_ms: Arc<AtomicU64>,
     pub counters: ReactorCounters,
 }
 
@@ -191,6 +197,8 @@ impl Reactor {
             started: Instant::now(),
             draining_since_ms: None,
             next_housekeeping_ms: 0,
+            admin_requests: None,
+            last_turn_ms: Arc::new(AtomicU64::new(0)),
             counters: ReactorCounters::default(),
         })
     }
@@ -201,6 +209,16 @@ impl Reactor {
 
     pub fn waker(&self) -> Arc<Waker> {
         Arc::clone(&self.waker)
+    }
+
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Connects the admin thread: its snapshot requests, and the turn clock it reads.
+    pub fn attach_admin(&mut self, requests: Receiver<AdminRequest>) -> Arc<AtomicU64> {
+        self.admin_requests = Some(requests);
+        Arc::clone(&self.last_turn_ms)
     }
 
     fn now(&self) -> Now {
@@ -745,6 +763,90 @@ impl Reactor {
         }
         self.flush_all();
         self.free_closed();
+        self.last_turn_ms.store(now.mono_ms, Ordering::Relaxed);
+        self.answer_admin(now);
+    }
+
+    fn answer_admin(&mut self, now: Now) {
+        let Some(rx) = &self.admin_requests else {
+            return;
+        };
+        let requests: Vec<AdminRequest> = crate::admin::pending_requests(rx).collect();
+        for request in requests {
+            // The admin thread may have given up waiting; nothing to do then.
+            let _ = request.reply.send(Box::new(self.snapshot(now)));
+        }
+    }
+
+    /// Copies what /stats and /metrics show. Runs only when asked, on this thread.
+    fn snapshot(&self, now: Now) -> Snapshot {
+        let c = &self.counters;
+        let ops = crate::wire::ops::Op::ALL;
+        let mut frames_in: Vec<(&'static str, u64)> = ops
+            .iter()
+            .map(|op| (op.name(), c.frames_in[*op as usize]))
+            .collect();
+        frames_in.push(("RESERVED", c.frames_in_reserved));
+        frames_in.push(("ILLEGAL", c.frames_in[0]));
+        let errors: u64 = c.errors_sent.values().sum();
+        let mut topics = Vec::new();
+        let mut pairs: Vec<_> = self.broker.registry().pairs().collect();
+        pairs.sort_by_key(|p| p.pair);
+        for pair in pairs {
+            for (topic_id, name, dlq_twin) in [
+                (pair.source_id(), pair.name.clone(), false),
+                (pair.twin_id(), pair.twin_name(), true),
+            ] {
+                let partitions = (0..pair.partition_count)
+                    .filter_map(|i| self.broker.partition(topic_id, i))
+                    .map(|p| {
+                        let st = p.log.stats();
+                        PartitionFigures {
+                            partition: p.index,
+                            first_sequence: st.first_sequence,
+                            last_sequence: st.written_sequence,
+                            commit_sequence: st.synced_sequence,
+                            bytes: st.bytes,
+                            segments: st.segments,
+                            poisoned: st.poisoned,
+                        }
+                    })
+                    .collect();
+                topics.push(TopicFigures {
+                    topic_id,
+                    name,
+                    dlq_twin,
+                    partitions,
+                });
+            }
+        }
+        Snapshot {
+            version: env!("CARGO_PKG_VERSION"),
+            uptime_ms: now.mono_ms,
+            leader_epoch: self.broker.leader_epoch(),
+            data_dir: self.broker.data_dir().to_path_buf(),
+            connections_open: self.conns.len() as u64,
+            connections_accepted: c.accepted,
+            connections_refused: c.refused_connection_limit,
+            connections_closed: CloseReason::ALL
+                .iter()
+                .zip(c.closed.iter())
+                .map(|(r, n)| (r.name(), *n))
+                .collect(),
+            frames_in,
+            frames_out: vec![
+                ("OK", c.frames_out_answers.saturating_sub(errors)),
+                ("ERR", errors),
+                ("PUSH", c.pushes_out),
+            ],
+            errors_sent: c.errors_sent.clone(),
+            bytes_in: c.bytes_in,
+            bytes_out: c.bytes_out,
+            backpressure_pauses: c.backpressure_pauses,
+            broker: self.broker.counters.clone(),
+            topics,
+            groups: self.broker.coordinator().snapshot(),
+        }
     }
 
     fn apply_effects(&mut self) {

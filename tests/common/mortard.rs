@@ -19,17 +19,24 @@ pub struct Mortard {
     pub addr: SocketAddr,
     pub admin: Option<SocketAddr>,
     dir: tempfile::TempDir,
+    data_name: String,
     args: Vec<String>,
 }
 
 impl Mortard {
     pub fn start(args: &[&str]) -> Mortard {
+        Mortard::start_in("data", args)
+    }
+
+    /// Like `start`, with the data directory named `data_name` (inside a temp dir).
+    pub fn start_in(data_name: &str, args: &[&str]) -> Mortard {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut m = Mortard {
             child: None,
             addr: "127.0.0.1:0".parse().unwrap(),
             admin: None,
             dir,
+            data_name: data_name.to_string(),
             args: args.iter().map(|s| s.to_string()).collect(),
         };
         m.spawn();
@@ -37,7 +44,32 @@ impl Mortard {
     }
 
     pub fn data_dir(&self) -> PathBuf {
-        self.dir.path().join("data")
+        self.dir.path().join(&self.data_name)
+    }
+
+    /// `GET`/other method on the admin listener: (status, body).
+    pub fn http(&self, method: &str, path: &str) -> (u16, String) {
+        use std::io::{Read, Write};
+        let addr = self.admin.expect("admin listener");
+        let mut s = TcpStream::connect(addr).expect("admin connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).expect("admin response");
+        let status = text
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .expect("status");
+        let body = text
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_string();
+        (status, body)
     }
 
     pub fn log_path(&self) -> PathBuf {
@@ -83,7 +115,12 @@ impl Mortard {
         });
         let deadline = Instant::now() + START_TIMEOUT;
         let mut addr = None;
-        while addr.is_none() {
+        let admin_off = self
+            .args
+            .windows(2)
+            .any(|w| w[0] == "--admin-listen" && w[1] == "off");
+        self.admin = None;
+        while addr.is_none() || (!admin_off && self.admin.is_none()) {
             let left = deadline.saturating_duration_since(Instant::now());
             let line = rx.recv_timeout(left).unwrap_or_else(|_| {
                 let _ = child.kill();
