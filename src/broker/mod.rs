@@ -137,6 +137,9 @@ enum JobKind {
         version: u64,
     },
     Positions,
+    ProducerSnapshot {
+        key: (u16, u16),
+    },
 }
 
 struct RegistryWaiter {
@@ -180,6 +183,8 @@ pub struct BrokerCounters {
     pub recovery_truncated_bytes: u64,
     pub producers_expired: u64,
     pub dead_letters_appended: u64,
+    /// Corrupt records met (start-up scans and reads).
+    pub corrupt_records_found: u64,
 }
 
 /// What start-up found, for the log and /stats.
@@ -220,13 +225,20 @@ pub struct Broker {
     persisted_positions: Vec<GroupPosition>,
     positions_in_flight: bool,
     next_positions_write_ms: u64,
+    next_producer_snapshot_ms: u64,
     pub counters: BrokerCounters,
+}
+
+/// A topic's directory: `<topic_id>-<crc32 of its name, 8 hex digits>`. Not the name
+/// itself: a 255-byte name (plus `.dlq`) does not fit a file name (NAME_MAX).
+fn topic_dir_name(topic_id: u16, name: &str) -> String {
+    format!("{topic_id}-{:08x}", crc32fast::hash(name.as_bytes()))
 }
 
 fn partition_dir(data_dir: &Path, topic_id: u16, name: &str, index: u16) -> PathBuf {
     data_dir
         .join(TOPICS_DIR)
-        .join(format!("{topic_id}-{name}"))
+        .join(topic_dir_name(topic_id, name))
         .join(index.to_string())
 }
 
@@ -305,6 +317,7 @@ impl Broker {
             persisted_positions: Vec::new(),
             positions_in_flight: false,
             next_positions_write_ms: 0,
+            next_producer_snapshot_ms: publish::PRODUCER_SNAPSHOT_INTERVAL_MS,
             counters: BrokerCounters::default(),
         };
         let mut report = StartupReport {
@@ -349,10 +362,26 @@ impl Broker {
             self.counters.recovery_truncations += 1;
             self.counters.recovery_truncated_bytes += recovery.truncated_bytes;
         }
-        let mut producers = publish::Producers::default();
         let ttl_ms = self.config.producer_ttl_ms;
-        let first = log.first_sequence();
-        log.scan_headers(
+        let written = log.written_sequence();
+        let snapshot = meta::read_checked(&dir.join(publish::PRODUCERS_FILE))
+            .ok()
+            .flatten()
+            .and_then(|bytes| {
+                publish::Producers::decode(&bytes, now.mono_ms, now.wall_ms, ttl_ms)
+                    .map_err(|e| log::warn!("{}: producer snapshot ignored: {e}", dir.display()))
+                    .ok()
+            });
+        let (mut producers, first) = match snapshot {
+            Some((mut producers, covered)) => {
+                // The log may have lost an unsynced tail the snapshot saw (power loss).
+                producers.roll_back_above(written);
+                (producers, covered.min(written) + 1)
+            }
+            None => (publish::Producers::default(), log.first_sequence()),
+        };
+        let first = first.max(log.first_sequence());
+        let scanned = log.scan_headers(
             first,
             |sequence, timestamp_ms, producer_id, producer_seq| {
                 if producer_id != 0 && now.wall_ms.saturating_sub(timestamp_ms) <= ttl_ms {
@@ -360,11 +389,18 @@ impl Broker {
                     producers.record(producer_id, producer_seq, sequence, now.mono_ms);
                 }
             },
-        )
-        .map_err(|e| e.to_string())?;
+        );
+        if let Err(e) = scanned {
+            // A damaged record in a closed segment must not keep every topic down: the
+            // partition starts with the producer state found before it, reads of that
+            // record report the corruption, and the count shows in /stats.
+            log::error!("topic {topic_id} partition {index}: producer state rebuild stopped: {e}");
+            self.counters.corrupt_records_found += 1;
+        }
         self.data_bytes += log.stats().bytes;
         let mut partition = Partition::new(topic_id, index, log);
         partition.producers = producers;
+        partition.producers_snapshot_covered = first - 1;
         self.partitions.insert((topic_id, index), partition);
         Ok(())
     }
@@ -374,8 +410,8 @@ impl Broker {
             .iter()
             .flat_map(|p| {
                 [
-                    format!("{}-{}", p.source_id(), p.name),
-                    format!("{}-{}", p.twin_id(), p.twin_name()),
+                    topic_dir_name(p.source_id(), &p.name),
+                    topic_dir_name(p.twin_id(), &p.twin_name()),
                 ]
             })
             .collect();
@@ -561,7 +597,7 @@ impl Broker {
                 self.config
                     .data_dir
                     .join(TOPICS_DIR)
-                    .join(format!("{topic_id}-{name}")),
+                    .join(topic_dir_name(topic_id, &name)),
             );
         }
         log::info!("deleted topic '{}' id {}", pair.name, pair.source_id());
@@ -934,6 +970,19 @@ impl Broker {
                     }
                 }
             }
+            JobKind::ProducerSnapshot { key } => {
+                if let Some(part) = self.partitions.get_mut(&key) {
+                    part.producers_snapshot_in_flight = false;
+                }
+                if let Err(e) = &done.result {
+                    // Harmless: start-up then scans from the previous snapshot.
+                    log::warn!(
+                        "producer snapshot of topic {} partition {}: {e}",
+                        key.0,
+                        key.1
+                    );
+                }
+            }
             JobKind::Positions => {
                 self.positions_in_flight = false;
                 if let Err(e) = &done.result {
@@ -1017,7 +1066,7 @@ impl Broker {
 
     /// At shutdown, after the worker pool stopped: writes and syncs everything still
     /// buffered on the calling thread, and persists what must survive a restart.
-    pub fn shutdown_sync(&mut self) -> Result<(), String> {
+    pub fn shutdown_sync(&mut self, now: Now) -> Result<(), String> {
         let mut failed = Vec::new();
         for part in self.partitions.values_mut() {
             if let Err(e) = part.log.flush() {
@@ -1029,6 +1078,13 @@ impl Broker {
                     Ok(()) => part.log.sync_done(job.upto_sequence),
                     Err(e) => failed.push(e.to_string()),
                 }
+            }
+            let covered = part.log.written_sequence();
+            let bytes = part.producers.encode(covered, now.mono_ms, now.wall_ms);
+            if let Err(e) =
+                meta::write_atomic(&part.log.dir().join(publish::PRODUCERS_FILE), &bytes)
+            {
+                failed.push(format!("producer snapshot: {e}"));
             }
         }
         if let Err(e) = self.persist_positions_now() {
@@ -1074,6 +1130,32 @@ impl Broker {
                 part.producers
                     .expire(now.mono_ms, self.config.producer_ttl_ms) as u64;
         }
+        if now.mono_ms >= self.next_producer_snapshot_ms {
+            self.next_producer_snapshot_ms = now.mono_ms + publish::PRODUCER_SNAPSHOT_INTERVAL_MS;
+            let keys: Vec<(u16, u16)> = self.partitions.keys().copied().collect();
+            for key in keys {
+                self.snapshot_producers(key, now);
+            }
+        }
+    }
+
+    /// Writes a partition's producer snapshot on a worker when it changed.
+    fn snapshot_producers(&mut self, key: (u16, u16), now: Now) {
+        let Some(part) = self.partitions.get_mut(&key) else {
+            return;
+        };
+        let covered = part.log.next_sequence() - 1;
+        if part.producers_snapshot_in_flight || covered == part.producers_snapshot_covered {
+            return;
+        }
+        part.producers_snapshot_in_flight = true;
+        part.producers_snapshot_covered = covered;
+        let bytes = part.producers.encode(covered, now.mono_ms, now.wall_ms);
+        let path = part.log.dir().join(publish::PRODUCERS_FILE);
+        self.submit(
+            JobKind::ProducerSnapshot { key },
+            Box::new(move || meta::write_atomic(&path, &bytes)),
+        );
     }
 }
 

@@ -1012,7 +1012,7 @@ impl Reactor {
                 self.broker.job_done(done);
             }
         }
-        if let Err(e) = self.broker.shutdown_sync() {
+        if let Err(e) = self.broker.shutdown_sync(self.now()) {
             log::error!("final sync failed: {e}");
         }
         log::info!("shut down");
