@@ -862,6 +862,46 @@ fn idempotent_duplicates_older_than_the_window_are_refused() {
     assert_eq!((r.sequence, r.result_flags), (LAST + 1, 0));
 }
 
+#[test]
+fn idle_producers_expire_after_producer_ttl() {
+    let mut broker = Mortard::start(&["--producer-ttl", "1s"]);
+    let mut c = broker.client();
+    let t = c.declare("ttl", 1, 0).unwrap().topic_id;
+    for s in 1..=3 {
+        pub_idem(&mut c, t, 0, 5, s, DURABILITY_FSYNC, b"x").unwrap();
+    }
+    // Right away, seq 10 skips ahead. Refused PUBs do not count as activity, so once the
+    // producer has been idle for the TTL (housekeeping runs each second) it is forgotten
+    // and may start again anywhere.
+    let started = Instant::now();
+    let r = loop {
+        match pub_idem(&mut c, t, 0, 5, 10, DURABILITY_FSYNC, b"y") {
+            Ok(r) => break r,
+            Err(e) => {
+                assert_eq!(e.code(), Some(ErrorCode::SequenceOutOfOrder), "{e}");
+                assert!(started.elapsed() < Duration::from_secs(5), "never expired");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    };
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "expired too early"
+    );
+    assert_eq!((r.sequence, r.result_flags), (4, 0));
+    // Records older than the TTL do not rebuild producer state at start either.
+    drop(c);
+    std::thread::sleep(Duration::from_millis(1100));
+    broker.restart();
+    let mut c = broker.client();
+    let r = pub_idem(&mut c, t, 0, 5, 3, DURABILITY_FSYNC, b"z").unwrap();
+    assert_eq!(
+        (r.sequence, r.result_flags),
+        (5, 0),
+        "stale producer state was rebuilt"
+    );
+}
+
 fn dedup_survives_restart(kill: bool) {
     let mut broker = Mortard::start(&[]);
     let mut c = broker.client();
@@ -976,6 +1016,57 @@ fn segments_roll_and_sequences_continue_after_restart() {
         first += std::fs::metadata(s.with_extension("idx")).unwrap().len() / 4;
     }
     assert_eq!(first, N + 2);
+}
+
+#[test]
+fn records_larger_than_a_segment_and_multi_roll_batches_survive_sigkill() {
+    const SEGMENT: u64 = 4096;
+    let mut broker = Mortard::start(&["--segment-size", "4KiB"]);
+    let mut c = broker.client();
+    let t = c.declare("huge", 1, 0).unwrap().topic_id;
+    // Sizes around the segment size: each big one gets a segment of its own, and one
+    // pipelined batch (one flush) crosses many rolls.
+    let sizes = [
+        10_000, 100, 4096, 4000, 1, 3000, 3000, 20_000, 50, 4048, 4049, 0, 700,
+    ];
+    let mut values: Vec<Vec<u8>> = Vec::new();
+    for round in 0..3u64 {
+        let batch: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| value_of(round * 100 + i as u64, n))
+            .collect();
+        let base = values.len() as u64;
+        for (i, r) in publish_burst(&mut c, t, 0, &batch).iter().enumerate() {
+            assert_eq!(r.sequence, base + i as u64 + 1);
+        }
+        values.extend(batch);
+    }
+    drop(c);
+    broker.restart_after_kill9();
+    let mut c = broker.client();
+    let n = values.len() as u64;
+    assert_eq!(
+        c.publish_value(t, 0, b"next", DURABILITY_FSYNC)
+            .unwrap()
+            .sequence,
+        n + 1
+    );
+    drop(c);
+    assert!(broker.terminate().success());
+    let dir = topic_dir(&broker, t, "huge").join("0");
+    let segments = segment_files(&dir);
+    assert!(segments.len() >= 12, "{} segments", segments.len());
+    let records = read_partition(&dir, SEGMENT);
+    assert_eq!(records.len() as u64, n + 1);
+    for (i, v) in values.iter().enumerate() {
+        assert_eq!(
+            (records[i].0, &records[i].3),
+            (i as u64 + 1, v),
+            "record {}",
+            i + 1
+        );
+    }
 }
 
 #[test]
