@@ -285,7 +285,7 @@ fn acknowledged_pubs_survive_sigkill_and_retries_are_deduplicated() {
     let dir = broker
         .data_dir()
         .join("topics")
-        .join(format!("{topic}-crash"));
+        .join(format!("{topic}-{:08x}", crc32fast::hash(b"crash")));
     let mut by_sequence: HashMap<(u16, u64), (u64, u64, Vec<u8>)> = HashMap::new();
     for partition in 0..PARTITIONS {
         let records = read_partition(&dir.join(partition.to_string()));
