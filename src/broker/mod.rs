@@ -15,6 +15,9 @@ pub mod deliver;
 pub mod publish;
 pub mod topics;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,273 @@
+//! The broker as a state machine, without sockets: requests in, answers and effects
+//! out, durable I/O through a fake job sink whose jobs the test runs (or fails) when
+//! it chooses. This is where group commit, sticky fsync failure and dedup waiting are
+//! pinned down.
+
+use std::cell::RefCell;
+use std::io;
+use std::rc::Rc;
+use std::time::Duration;
+
+use super::*;
+use crate::fsync::Completion;
+use crate::wire::ops::{Declare, Pub};
+
+/// Holds submitted jobs until the test runs them.
+#[derive(Clone, Default)]
+struct HeldJobs(Rc<RefCell<Vec<(u64, Job)>>>);
+
+impl JobSink for HeldJobs {
+    fn submit(&self, id: u64, job: Job) {
+        self.0.borrow_mut().push((id, job));
+    }
+}
+
+impl HeldJobs {
+    fn len(&self) -> usize {
+        self.0.borrow().len()
+    }
+
+    /// Runs every held job; the ones `fail` picks report an I/O error instead.
+    fn run(&self, broker: &mut Broker, fail: impl Fn(usize) -> bool) {
+        let jobs: Vec<_> = self.0.borrow_mut().drain(..).collect();
+        for (i, (id, job)) in jobs.into_iter().enumerate() {
+            let result = if fail(i) {
+                Err(io::Error::other("injected EIO"))
+            } else {
+                job()
+            };
+            broker.job_done(Completion {
+                id,
+                result,
+                elapsed: Duration::from_micros(50),
+            });
+        }
+    }
+}
+
+const CONN: ConnRef = ConnRef { id: 1, serial: 1 };
+
+fn open(dir: &std::path::Path) -> (Broker, HeldJobs) {
+    let jobs = HeldJobs::default();
+    let config = BrokerConfig {
+        data_dir: dir.to_path_buf(),
+        durability: DefaultDurability::Fsync,
+        log: LogConfig {
+            segment_size_bytes: 1 << 20,
+            retention_size_bytes: 0,
+            retention_age_ms: 0,
+        },
+        max_partitions: 8,
+        producer_ttl_ms: 60_000,
+        max_data_bytes: 0,
+        consume: ConsumeConfig::default(),
+        commit_interval_ms: 1_000,
+    };
+    let (broker, _) = Broker::open(config, Box::new(jobs.clone()), Now::default()).unwrap();
+    (broker, jobs)
+}
+
+fn answers(broker: &mut Broker) -> Vec<(u64, Answer)> {
+    let mut effects = Vec::new();
+    broker.drain_effects(&mut effects);
+    effects
+        .into_iter()
+        .filter_map(|e| match e {
+            Effect::Answer { slot, answer, .. } => Some((slot, answer)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// DECLAREs `name` and completes its registry write; returns the topic id.
+fn declare(broker: &mut Broker, jobs: &HeldJobs, name: &str, partitions: u16) -> u16 {
+    let d = Declare {
+        topic: name.as_bytes(),
+        partition_count: partitions,
+        flags: 0,
+    };
+    assert!(matches!(
+        broker.declare(CONN, 0, &d, Now::default()),
+        Handled::Wait
+    ));
+    broker.end_pass(Now::default());
+    jobs.run(broker, |_| false);
+    match answers(broker).pop() {
+        Some((_, Answer::Declare(r))) => r.topic_id,
+        other => panic!("declare answered {other:?}"),
+    }
+}
+
+fn publish(
+    broker: &mut Broker,
+    slot: u64,
+    topic_id: u16,
+    partition: u16,
+    producer: (u64, u64),
+) -> Handled {
+    let p = Pub {
+        topic_id,
+        partition,
+        producer_id: producer.0,
+        producer_seq: producer.1,
+        flags: 2,
+        value: b"v",
+        ..Pub::default()
+    };
+    broker.publish(CONN, slot, &p, Now::default())
+}
+
+fn pub_result(a: &Answer) -> PubResult {
+    match a {
+        Answer::Pub(r) => *r,
+        other => panic!("expected a PUB result, got {other:?}"),
+    }
+}
+
+#[test]
+fn fsync_answers_wait_for_the_sync_and_group_commit_batches_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut broker, jobs) = open(dir.path());
+    let topic = declare(&mut broker, &jobs, "t", 1);
+    for slot in 0..3 {
+        assert!(matches!(
+            publish(&mut broker, slot, topic, 0, (0, 0)),
+            Handled::Wait
+        ));
+    }
+    broker.end_pass(Now::default());
+    assert_eq!(jobs.len(), 1, "one fdatasync for the three");
+    assert!(
+        answers(&mut broker).is_empty(),
+        "nothing is answered before the sync"
+    );
+    // Two more arrive while the sync runs: they ride the next one, not a second job now.
+    for slot in 3..5 {
+        publish(&mut broker, slot, topic, 0, (0, 0));
+    }
+    broker.end_pass(Now::default());
+    assert_eq!(jobs.len(), 1, "at most one sync in flight per partition");
+    jobs.run(&mut broker, |_| false);
+    let first = answers(&mut broker);
+    assert_eq!(first.len(), 3);
+    assert!(first.iter().all(|(_, a)| pub_result(a).durability == 2));
+    assert_eq!(pub_result(&first[2].1).commit_seq, 3);
+    broker.end_pass(Now::default());
+    assert_eq!(
+        jobs.len(),
+        1,
+        "the pass after the completion starts the next sync"
+    );
+    jobs.run(&mut broker, |_| false);
+    let second = answers(&mut broker);
+    assert_eq!(
+        second.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        vec![3, 4]
+    );
+    assert_eq!(broker.counters.fsyncs, 2);
+    assert_eq!(broker.counters.fsync_records, 5);
+}
+
+#[test]
+fn a_failed_fdatasync_poisons_only_its_partition_and_acknowledges_nothing_unsynced() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut broker, jobs) = open(dir.path());
+    let topic = declare(&mut broker, &jobs, "t", 2);
+    publish(&mut broker, 0, topic, 0, (0, 0));
+    broker.end_pass(Now::default());
+    jobs.run(&mut broker, |_| false);
+    assert_eq!(pub_result(&answers(&mut broker)[0].1).sequence, 1);
+
+    publish(&mut broker, 1, topic, 0, (0, 0));
+    publish(&mut broker, 2, topic, 1, (0, 0));
+    broker.end_pass(Now::default());
+    assert_eq!(jobs.len(), 2);
+    jobs.run(&mut broker, |i| i == 0); // partition 0's sync fails
+    let mut got = answers(&mut broker);
+    got.sort_by_key(|(s, _)| *s);
+    assert_eq!(
+        got[0].1.error_code(),
+        Some(ErrorCode::InternalError),
+        "never acknowledged"
+    );
+    assert_eq!(
+        pub_result(&got[1].1).sequence,
+        1,
+        "partition 1 is unaffected"
+    );
+    // No retry-and-pretend: the partition refuses writes from now on.
+    match publish(&mut broker, 3, topic, 0, (0, 0)) {
+        Handled::Answer(a) => assert_eq!(a.error_code(), Some(ErrorCode::InternalError)),
+        Handled::Wait => panic!("a poisoned partition accepted a write"),
+    }
+    assert_eq!(broker.counters.fsync_failures, 1);
+    // Reads of what was synced still work.
+    let part = broker.partitions.get_mut(&(topic, 0)).unwrap();
+    assert_eq!(part.log.read_one(1).unwrap().unwrap().value, b"v");
+    assert!(matches!(
+        publish(&mut broker, 4, topic, 1, (0, 0)),
+        Handled::Wait
+    ));
+}
+
+#[test]
+fn a_duplicate_waits_for_its_original_to_be_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut broker, jobs) = open(dir.path());
+    let topic = declare(&mut broker, &jobs, "t", 1);
+    publish(&mut broker, 0, topic, 0, (9, 1));
+    // The retry arrives before the original's fsync finished: it must not be answered
+    // FSYNCED early.
+    assert!(matches!(
+        publish(&mut broker, 1, topic, 0, (9, 1)),
+        Handled::Wait
+    ));
+    broker.end_pass(Now::default());
+    assert!(answers(&mut broker).is_empty());
+    jobs.run(&mut broker, |_| false);
+    let got = answers(&mut broker);
+    assert_eq!(got.len(), 2);
+    let (original, duplicate) = (pub_result(&got[0].1), pub_result(&got[1].1));
+    assert_eq!((original.sequence, original.result_flags), (1, 0));
+    assert_eq!(
+        (duplicate.sequence, duplicate.result_flags),
+        (1, PUB_RESULT_DEDUPLICATED)
+    );
+    assert_eq!(
+        broker.partition(topic, 0).unwrap().log.next_sequence(),
+        2,
+        "nothing appended"
+    );
+}
+
+#[test]
+fn a_failed_registry_write_fails_the_declare_and_is_retried_by_the_next_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut broker, jobs) = open(dir.path());
+    let d = Declare {
+        topic: b"a",
+        partition_count: 1,
+        flags: 0,
+    };
+    broker.declare(CONN, 0, &d, Now::default());
+    broker.end_pass(Now::default());
+    jobs.run(&mut broker, |_| true);
+    assert_eq!(
+        answers(&mut broker)[0].1.error_code(),
+        Some(ErrorCode::InternalError)
+    );
+    let d2 = Declare {
+        topic: b"b",
+        partition_count: 1,
+        flags: 0,
+    };
+    broker.declare(CONN, 1, &d2, Now::default());
+    broker.end_pass(Now::default());
+    jobs.run(&mut broker, |_| false);
+    assert!(matches!(answers(&mut broker)[0].1, Answer::Declare(_)));
+    let on_disk = meta::read_checked(&dir.path().join(REGISTRY_FILE))
+        .unwrap()
+        .unwrap();
+    let registry = Registry::decode(&on_disk).unwrap();
+    assert!(registry.lookup("a").is_some() && registry.lookup("b").is_some());
+}
