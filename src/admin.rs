@@ -177,7 +177,11 @@ impl Ctx {
                 },
             }
         };
-        let mut response = tiny_http::Response::from_string(body).with_status_code(status);
+        // The whole body is known: send Content-Length, never chunked (tiny_http chunks
+        // bodies over 32 KiB by default, which simple scripts and clients mishandle).
+        let mut response = tiny_http::Response::from_string(body)
+            .with_status_code(status)
+            .with_chunked_threshold(usize::MAX);
         response.add_header(header("Content-Type", content_type));
         if status == 405 {
             response.add_header(header("Allow", "GET"));

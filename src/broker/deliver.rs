@@ -3,12 +3,18 @@
 //! answers, appends dead letters to `.dlq` twins, and persists committed positions.
 //!
 //! Dead letters are stored in the twin with the log record flag
-//! [`RECORD_FLAG_ORIGIN`]: the last [`Origin::ENCODED_BYTES`] of the stored value are
-//! the origin trailer, so a MSG from the twin carries the original value and the
-//! trailer separately. The record's producer_id names the group (a hash of its name
-//! with the top bit set) and its producer_seq is the origin sequence, so start-up can
-//! find which records each group already dead-lettered: at most once per group, even
-//! across a crash.
+//! [`RECORD_FLAG_ORIGIN`], the stored value laid out as
+//!
+//! ```text
+//! original value | origin trailer (15 bytes, semantics §4) | group name | group_len:u8
+//! ```
+//!
+//! so a MSG from the twin carries the original value and the trailer (the group name is
+//! the broker's own bookkeeping and never sent). Start-up reads the group name and the
+//! origin back to settle, not resend, what each group already dead-lettered: at most
+//! once per group, even across a crash and even before the group's first position was
+//! persisted. The record's producer_id is a hash of the group name with the top bit set
+//! and its producer_seq the origin sequence, for tools reading the twin.
 
 use std::collections::HashMap;
 
@@ -323,6 +329,9 @@ impl Broker {
             .find(|g| g.group_id == group_id)
             .map(|g| g.name)
             .unwrap_or_default();
+        // Group names are at most 255 bytes (MAX_GROUP_LEN_BYTES): the length fits a u8.
+        value.extend_from_slice(&group);
+        value.push(group.len() as u8);
         let record = AppendRecord {
             timestamp_ms: now.wall_ms,
             producer_id: dlq_producer_id(&group),
@@ -380,18 +389,17 @@ impl Broker {
             Err(e) => return Err(format!("{}: {e}", path.display())),
         };
         let positions = decode_positions(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-        // (dead-letter producer id, topic) -> the group and its committed positions.
-        let mut by_hash: HashMap<(u64, u16), (Vec<u8>, PartitionPositions)> = HashMap::new();
+        // (group, topic) -> committed position per partition.
+        let mut known: HashMap<(Vec<u8>, u16), PartitionPositions> = HashMap::new();
         for p in &positions {
             if self.registry.by_topic_id(p.topic_id).is_none() {
                 continue; // the topic was deleted since
             }
             self.coordinator
                 .restore_position(&p.group, p.topic_id, p.partition, p.committed);
-            by_hash
-                .entry((dlq_producer_id(&p.group), p.topic_id))
-                .or_insert_with(|| (p.group.clone(), HashMap::new()))
-                .1
+            known
+                .entry((p.group.clone(), p.topic_id))
+                .or_default()
                 .insert(p.partition, p.committed);
         }
         // Dead letters above a group's committed point were appended but maybe not yet
@@ -406,20 +414,19 @@ impl Broker {
             let part = self.partitions.get_mut(&twin).expect("listed");
             let mut found = Vec::new();
             scan_dead_letters(&mut part.log, &mut found).map_err(|e| e.to_string())?;
-            for (producer_id, origin) in found {
-                let key = (producer_id, origin.origin_topic_id);
-                if let Some((group, committed)) = by_hash.get(&key) {
-                    if committed
-                        .get(&origin.origin_partition)
-                        .is_some_and(|&c| origin.origin_sequence > c)
-                    {
-                        self.coordinator.restore_dead_lettered(
-                            group,
-                            origin.origin_topic_id,
-                            origin.origin_partition,
-                            origin.origin_sequence,
-                        );
-                    }
+            for (group, origin) in found {
+                let committed = known
+                    .get(&(group.clone(), origin.origin_topic_id))
+                    .and_then(|c| c.get(&origin.origin_partition))
+                    .copied()
+                    .unwrap_or(0);
+                if origin.origin_sequence > committed {
+                    self.coordinator.restore_dead_lettered(
+                        &group,
+                        origin.origin_topic_id,
+                        origin.origin_partition,
+                        origin.origin_sequence,
+                    );
                 }
             }
         }
@@ -457,24 +464,42 @@ impl Broker {
     }
 }
 
-/// Splits a stored value into the original value and its origin trailer.
-pub fn split_origin(flags: u16, value: &[u8]) -> (&[u8], Option<Origin>) {
-    if flags & RECORD_FLAG_ORIGIN == 0 || value.len() < Origin::ENCODED_BYTES {
+/// Splits a stored dead letter into (original value, origin, group name); a record
+/// without the flag is all value.
+pub fn split_dead_letter(flags: u16, value: &[u8]) -> (&[u8], Option<(Origin, &[u8])>) {
+    if flags & RECORD_FLAG_ORIGIN == 0 {
         return (value, None);
     }
-    let (original, trailer) = value.split_at(value.len() - Origin::ENCODED_BYTES);
-    (original, Origin::decode(trailer))
+    let Some((&group_len, rest)) = value.split_last() else {
+        return (value, None);
+    };
+    let group_len = usize::from(group_len);
+    let Some(head_len) = rest.len().checked_sub(group_len + Origin::ENCODED_BYTES) else {
+        return (value, None);
+    };
+    let (original, tail) = rest.split_at(head_len);
+    let (trailer, group) = tail.split_at(Origin::ENCODED_BYTES);
+    match Origin::decode(trailer) {
+        Some(origin) => (original, Some((origin, group))),
+        None => (value, None),
+    }
+}
+
+/// Splits a stored value into the original value and its origin trailer.
+pub fn split_origin(flags: u16, value: &[u8]) -> (&[u8], Option<Origin>) {
+    let (original, dead) = split_dead_letter(flags, value);
+    (original, dead.map(|(origin, _)| origin))
 }
 
 fn scan_dead_letters(
     log: &mut PartitionLog,
-    found: &mut Vec<(u64, Origin)>,
+    found: &mut Vec<(Vec<u8>, Origin)>,
 ) -> Result<(), crate::log::StorageError> {
     let mut from = log.first_sequence();
     loop {
         let outcome = log.read(from, DLQ_SCAN_BATCH_RECORDS, usize::MAX, |r| {
-            if let (_, Some(origin)) = split_origin(r.flags, r.value) {
-                found.push((r.producer_id, origin));
+            if let (_, Some((origin, group))) = split_dead_letter(r.flags, r.value) {
+                found.push((group.to_vec(), origin));
             }
         })?;
         if outcome.records == 0 {
@@ -560,6 +585,12 @@ mod tests {
         };
         let mut stored = b"hello".to_vec();
         origin.write(&mut stored);
+        stored.extend_from_slice(b"billing");
+        stored.push(7);
+        assert_eq!(
+            split_dead_letter(RECORD_FLAG_ORIGIN, &stored),
+            (&b"hello"[..], Some((origin, &b"billing"[..])))
+        );
         assert_eq!(
             split_origin(RECORD_FLAG_ORIGIN, &stored),
             (&b"hello"[..], Some(origin))
