@@ -1,60 +1,1168 @@
-//! `mortarctl`: the MortarMQ operator CLI. This first version speaks the wire
-//! protocol for `ping`; the read path over admin HTTP and the topic, pub and sub
-//! subcommands land with the operator-surface work (issue 6).
+//! `mortarctl`: the MortarMQ operator CLI (see `man/mortarctl.1`).
+//!
+//! Read path: `stats`, `topics list`, `groups list`, `groups describe` fetch the broker's
+//! admin `/stats` JSON over a hand-rolled HTTP/1.1 GET and print aligned tables, or the
+//! JSON itself with `--json`. Write path: `topics create`, `topics delete`, `pub`, `sub`
+//! and `ping` speak the wire protocol through [`mortarmq::client::Client`].
+//!
+//! Exit status: 0 success, 1 an error from the broker (printed with its registry name and
+//! what the client should do) or from the connection, 2 a usage error.
 
+use std::collections::VecDeque;
+use std::io::{self, BufRead, IsTerminal, Read, Write};
+use std::net::TcpStream;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
-use mortarmq::client::Client;
+use getopts::{Matches, Options, ParsingStyle};
+use mortarmq::client::{
+    Client, ClientError, Delivery, Push, DURABILITY_DEFAULT, DURABILITY_FSYNC, DURABILITY_WRITTEN,
+};
+use mortarmq::wire::ops::*;
+use mortarmq::wire::ErrorCode;
+use serde_json::Value;
 
-const EXIT_BROKER_ERROR: u8 = 1;
+const EXIT_ERROR: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 const BROKER_DEFAULT: &str = "127.0.0.1:7411";
+const ADMIN_DEFAULT: &str = "127.0.0.1:7412";
+/// PUBs sent and not yet answered, at most.
+const PUB_WINDOW: usize = 64;
+const STDIN_BUFFER_BYTES: usize = 64 * 1024;
+/// A subscriber with nothing to do sends HEARTBEAT this often (the broker's default
+/// `--session-timeout` is 30 s).
+const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(3);
+/// Admin HTTP connect/read limit.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most records a bounded `sub --count` asks credit for at once (the broker's default).
+const SUB_CREDIT_MAX: u64 = 256;
+/// How often the `pub` progress line is redrawn, and how long `pub` runs before it shows.
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+const PROGRESS_AFTER: Duration = Duration::from_secs(1);
 
-fn usage() -> String {
-    format!(
-        "usage: mortarctl [--broker ADDR] [--token TOKEN] ping\n\
-         \n  --broker ADDR   broker address (default {BROKER_DEFAULT})\n\
-         \x20 --token TOKEN   CONNECT token (default empty)\n"
-    )
+/// DECLARE flags.
+const DECLARE_DELETE: u16 = 0x0001;
+const DECLARE_IF_UNUSED: u16 = 0x0002;
+const DECLARE_PASSIVE: u16 = 0x0004;
+
+enum Failure {
+    /// Exit 2: the command line is wrong. The text says how.
+    Usage(String),
+    /// Exit 1: the broker or the connection failed.
+    Runtime(String),
+}
+
+impl From<ClientError> for Failure {
+    fn from(e: ClientError) -> Self {
+        Failure::Runtime(e.to_string())
+    }
+}
+
+type Outcome = Result<(), Failure>;
+
+fn usage_err<T>(text: impl Into<String>) -> Result<T, Failure> {
+    Err(Failure::Usage(text.into()))
+}
+
+fn runtime_err<T>(text: impl Into<String>) -> Result<T, Failure> {
+    Err(Failure::Runtime(text.into()))
+}
+
+/// Which connection options a subcommand takes.
+#[derive(Clone, Copy, PartialEq)]
+enum Via {
+    Admin,
+    Wire,
+}
+
+struct Command {
+    words: &'static [&'static str],
+    /// Positional arguments and flags, for the synopsis.
+    synopsis: &'static str,
+    about: &'static str,
+    via: Via,
+    options: fn(&mut Options),
+    /// Number of positional arguments after the command words.
+    positional: usize,
+    run: fn(&Ctx) -> Outcome,
+}
+
+fn no_options(_: &mut Options) {}
+
+fn json_option(o: &mut Options) {
+    o.optflag("", "json", "print the JSON document instead of a table");
+}
+
+const COMMANDS: &[Command] = &[
+    Command {
+        words: &["stats"],
+        synopsis: "[--json]",
+        about: "Show the broker's statistics (admin /stats).",
+        via: Via::Admin,
+        options: json_option,
+        positional: 0,
+        run: cmd_stats,
+    },
+    Command {
+        words: &["topics", "list"],
+        synopsis: "[--json]",
+        about: "List topics and their dead-letter twins with sizes (admin /stats).",
+        via: Via::Admin,
+        options: json_option,
+        positional: 0,
+        run: cmd_topics_list,
+    },
+    Command {
+        words: &["topics", "create"],
+        synopsis: "NAME --partitions N",
+        about: "Create topic NAME (and its NAME.dlq twin) with N partitions.",
+        via: Via::Wire,
+        options: |o| {
+            o.reqopt(
+                "",
+                "partitions",
+                "partition count (1 to the broker's max)",
+                "N",
+            );
+        },
+        positional: 1,
+        run: cmd_topics_create,
+    },
+    Command {
+        words: &["topics", "delete"],
+        synopsis: "NAME [--if-unused]",
+        about: "Delete topic NAME and its NAME.dlq twin, with every record in them.",
+        via: Via::Wire,
+        options: |o| {
+            o.optflag(
+                "",
+                "if-unused",
+                "refuse (TOPIC_IN_USE) while it has subscribers",
+            );
+        },
+        positional: 1,
+        run: cmd_topics_delete,
+    },
+    Command {
+        words: &["groups", "list"],
+        synopsis: "[--json]",
+        about: "List consumer groups with members, lag and outstanding deliveries.",
+        via: Via::Admin,
+        options: json_option,
+        positional: 0,
+        run: cmd_groups_list,
+    },
+    Command {
+        words: &["groups", "describe"],
+        synopsis: "GROUP [--topic TOPIC] [--json]",
+        about: "Show a group's members and, per partition, owner, position and lag.",
+        via: Via::Admin,
+        options: |o| {
+            json_option(o);
+            o.optopt("", "topic", "only the group on this topic", "TOPIC");
+        },
+        positional: 1,
+        run: cmd_groups_describe,
+    },
+    Command {
+        words: &["pub"],
+        synopsis: "TOPIC [--value V] [--key K] [--partition P] [--durability written|fsync]",
+        about: "Publish --value V, or one record per line of standard input.",
+        via: Via::Wire,
+        options: |o| {
+            o.optopt(
+                "",
+                "value",
+                "publish this one value; stdin is not read",
+                "V",
+            );
+            o.optopt("", "key", "record key (also picks the partition)", "K");
+            o.optopt(
+                "",
+                "partition",
+                "partition (default: hash of the key, or 0)",
+                "P",
+            );
+            o.optopt("", "durability", "wait for: written or fsync", "LEVEL");
+        },
+        positional: 1,
+        run: cmd_pub,
+    },
+    Command {
+        words: &["sub"],
+        synopsis: "TOPIC --group G [--from earliest|latest] [--count N] [--meta]",
+        about: "Consume as a member of group G: print each record's value and ACK it.",
+        via: Via::Wire,
+        options: |o| {
+            o.reqopt("", "group", "consumer group name", "G");
+            o.optopt(
+                "",
+                "from",
+                "start without a committed position: earliest|latest",
+                "POS",
+            );
+            o.optopt(
+                "",
+                "count",
+                "exit after N records (default: run until killed)",
+                "N",
+            );
+            o.optflag(
+                "",
+                "meta",
+                "print partition, sequence, attempt, key, value (tabs)",
+            );
+        },
+        positional: 1,
+        run: cmd_sub,
+    },
+    Command {
+        words: &["ping"],
+        synopsis: "",
+        about: "Connect, authenticate and PING the broker; print the round trip.",
+        via: Via::Wire,
+        options: no_options,
+        positional: 0,
+        run: cmd_ping,
+    },
+];
+
+fn connection_options(o: &mut Options, via: Via) {
+    match via {
+        Via::Admin => {
+            o.optopt(
+                "",
+                "admin",
+                &format!("admin HTTP address ({ADMIN_DEFAULT})"),
+                "ADDR",
+            );
+        }
+        Via::Wire => {
+            o.optopt(
+                "",
+                "broker",
+                &format!("broker address ({BROKER_DEFAULT})"),
+                "ADDR",
+            );
+            o.optopt("", "token", "CONNECT token (default: empty)", "TOKEN");
+            o.optopt("", "token-file", "read the CONNECT token from PATH", "PATH");
+        }
+    }
+    o.optflag("h", "help", "print this help and exit");
+}
+
+fn global_options() -> Options {
+    let mut o = Options::new();
+    connection_options(&mut o, Via::Admin);
+    o.optopt("", "broker", "", "ADDR");
+    o.optopt("", "token", "", "TOKEN");
+    o.optopt("", "token-file", "", "PATH");
+    o.optflag("V", "version", "");
+    o.parsing_style(ParsingStyle::StopAtFirstFree);
+    o
+}
+
+fn main_help() -> String {
+    let mut s = String::from(
+        "Usage: mortarctl [CONNECTION OPTIONS] COMMAND [ARGS] [OPTIONS]\n\n\
+         Operator CLI for the MortarMQ broker (mortard). Commands:\n\n",
+    );
+    let width = COMMANDS
+        .iter()
+        .map(|c| c.words.join(" ").len())
+        .max()
+        .unwrap_or(0);
+    for c in COMMANDS {
+        s.push_str(&format!("  {:<width$}  {}\n", c.words.join(" "), c.about));
+    }
+    s.push_str(&format!(
+        "\nConnection options (before or after the command):\n\
+         \x20 --admin ADDR       admin HTTP address (default {ADMIN_DEFAULT}); read commands\n\
+         \x20 --broker ADDR      broker address (default {BROKER_DEFAULT}); write commands\n\
+         \x20 --token TOKEN      CONNECT token (default empty)\n\
+         \x20 --token-file PATH  read the CONNECT token from the first line of PATH\n\n\
+         `mortarctl COMMAND --help` describes a command. Exit status: 0 success,\n\
+         1 error from the broker or the connection, 2 usage error. See mortarctl(1).\n"
+    ));
+    s
+}
+
+fn command_help(c: &Command) -> String {
+    let mut o = Options::new();
+    (c.options)(&mut o);
+    connection_options(&mut o, c.via);
+    let brief = format!(
+        "Usage: mortarctl {} {}\n\n{}",
+        c.words.join(" "),
+        c.synopsis,
+        c.about
+    );
+    o.usage(&brief)
+}
+
+/// Connection settings, from the options given before and after the command.
+struct Ctx {
+    admin: String,
+    broker: String,
+    token: Vec<u8>,
+    matches: Matches,
+}
+
+impl Ctx {
+    fn positional(&self, i: usize) -> &str {
+        &self.matches.free[i]
+    }
+
+    fn connect(&self) -> Result<Client, Failure> {
+        Client::connect(self.broker.as_str(), &self.token).map_err(|e| match e {
+            ClientError::Io(io) => Failure::Runtime(format!("broker {}: {io}", self.broker)),
+            other => other.into(),
+        })
+    }
+
+    fn stats(&self) -> Result<Value, Failure> {
+        let body = http_get(&self.admin, "/stats")?;
+        serde_json::from_str(&body)
+            .or_else(|e| runtime_err(format!("admin {}/stats: not JSON: {e}", self.admin)))
+    }
 }
 
 fn main() -> ExitCode {
-    let mut opts = getopts::Options::new();
-    opts.optopt("", "broker", "broker address", "ADDR");
-    opts.optopt("", "token", "CONNECT token", "TOKEN");
-    opts.optflag("h", "help", "this help");
-    let m = match opts.parse(std::env::args().skip(1)) {
-        Ok(m) => m,
-        Err(e) => {
-            eprintln!("mortarctl: {e}\n{}", usage());
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
-    if m.opt_present("help") {
-        print!("{}", usage());
-        return ExitCode::SUCCESS;
-    }
-    let broker = m
-        .opt_str("broker")
-        .unwrap_or_else(|| BROKER_DEFAULT.to_string());
-    let token = m.opt_str("token").unwrap_or_default();
-    match m.free.first().map(String::as_str) {
-        Some("ping") => {
-            let started = std::time::Instant::now();
-            match Client::connect(broker.as_str(), token.as_bytes()).and_then(|mut c| c.ping()) {
-                Ok(()) => {
-                    println!("pong from {broker} in {:?}", started.elapsed());
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("mortarctl: {e}");
-                    ExitCode::from(EXIT_BROKER_ERROR)
-                }
-            }
-        }
-        _ => {
-            eprint!("{}", usage());
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Usage(text)) => {
+            eprintln!("mortarctl: {text}");
             ExitCode::from(EXIT_USAGE)
         }
+        Err(Failure::Runtime(text)) => {
+            eprintln!("mortarctl: {text}");
+            ExitCode::from(EXIT_ERROR)
+        }
     }
+}
+
+fn run(args: &[String]) -> Outcome {
+    let global = global_options()
+        .parse(args)
+        .or_else(|e| usage_err(format!("{e}\nTry 'mortarctl --help'.")))?;
+    if global.opt_present("help") {
+        print!("{}", main_help());
+        return Ok(());
+    }
+    if global.opt_present("version") {
+        println!("mortarctl {} (wire v1)", env!("CARGO_PKG_VERSION"));
+        return Ok(());
+    }
+    let rest = &global.free;
+    let Some(first) = rest.first() else {
+        return usage_err(format!("a command is required\n\n{}", main_help()));
+    };
+    let command = COMMANDS.iter().find(|c| {
+        c.words.len() <= rest.len() && c.words.iter().zip(rest).all(|(w, a)| *w == a.as_str())
+    });
+    let Some(command) = command else {
+        let known: Vec<String> = COMMANDS
+            .iter()
+            .filter(|c| c.words[0] == first.as_str())
+            .map(|c| c.words.join(" "))
+            .collect();
+        return if known.is_empty() {
+            usage_err(format!(
+                "unknown command '{first}'\nTry 'mortarctl --help'."
+            ))
+        } else {
+            usage_err(format!(
+                "'{first}' needs a subcommand: {}",
+                known.join(", ")
+            ))
+        };
+    };
+    let mut opts = Options::new();
+    (command.options)(&mut opts);
+    connection_options(&mut opts, command.via);
+    let name = command.words.join(" ");
+    // `--help` wins over missing required options.
+    if rest[command.words.len()..]
+        .iter()
+        .take_while(|a| *a != "--")
+        .any(|a| a == "--help" || a == "-h")
+    {
+        print!("{}", command_help(command));
+        return Ok(());
+    }
+    let m = opts
+        .parse(&rest[command.words.len()..])
+        .or_else(|e| usage_err(format!("{name}: {e}\nTry 'mortarctl {name} --help'.")))?;
+    if m.free.len() != command.positional {
+        let synopsis = format!("mortarctl {name} {}", command.synopsis);
+        return usage_err(match m.free.get(command.positional) {
+            Some(extra) => format!("{name}: unexpected argument '{extra}'\nUsage: {synopsis}"),
+            None => format!("{name}: missing argument\nUsage: {synopsis}"),
+        });
+    }
+    // Only the options of the command's path are defined on `m` (getopts panics otherwise).
+    let pick = |flag: &str| {
+        let defined = (flag == "admin") == (command.via == Via::Admin);
+        defined
+            .then(|| m.opt_str(flag))
+            .flatten()
+            .or_else(|| global.opt_str(flag))
+    };
+    let token = match (pick("token"), pick("token-file")) {
+        (Some(_), Some(_)) => return usage_err("--token and --token-file exclude each other"),
+        (Some(t), None) => t.into_bytes(),
+        (None, Some(path)) => read_token_file(&path)?,
+        (None, None) => Vec::new(),
+    };
+    let ctx = Ctx {
+        admin: pick("admin").unwrap_or_else(|| ADMIN_DEFAULT.to_string()),
+        broker: pick("broker").unwrap_or_else(|| BROKER_DEFAULT.to_string()),
+        token,
+        matches: m,
+    };
+    (command.run)(&ctx)
+}
+
+/// The token is the first line of the file, without its line ending.
+fn read_token_file(path: &str) -> Result<Vec<u8>, Failure> {
+    let text = std::fs::read(path).or_else(|e| runtime_err(format!("--token-file {path}: {e}")))?;
+    let line = text.split(|b| *b == b'\n').next().unwrap_or_default();
+    Ok(line.strip_suffix(b"\r").unwrap_or(line).to_vec())
+}
+
+// ---- admin HTTP ----
+
+/// A minimal HTTP/1.1 GET with `Connection: close`; the body of a 200 answer.
+fn http_get(admin: &str, path: &str) -> Result<String, Failure> {
+    let fail = |e: io::Error| Failure::Runtime(format!("admin {admin}: {e}"));
+    let mut s = TcpStream::connect(admin).map_err(fail)?;
+    s.set_read_timeout(Some(HTTP_TIMEOUT)).map_err(fail)?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {admin}\r\nAccept: application/json\r\n\
+         Connection: close\r\n\r\n"
+    )
+    .map_err(fail)?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).map_err(fail)?;
+    let text = String::from_utf8_lossy(&raw);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return runtime_err(format!("admin {admin}{path}: truncated HTTP answer"));
+    };
+    let status = head.split(' ').nth(1).unwrap_or("?");
+    let chunked = head.lines().any(|l| {
+        let l = l.to_ascii_lowercase();
+        l.starts_with("transfer-encoding:") && l.contains("chunked")
+    });
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    if status != "200" {
+        return runtime_err(format!(
+            "admin {admin}{path}: HTTP {status}: {}",
+            body.trim()
+        ));
+    }
+    Ok(body)
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16);
+        match size {
+            Ok(n) if n > 0 && rest.len() >= n => {
+                out.push_str(&rest[..n]);
+                body = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
+            }
+            _ => break,
+        }
+    }
+    out
+}
+
+// ---- tables ----
+
+/// Columns aligned; a column whose cells are all numbers is right-aligned.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let cols = header.len();
+    let mut width: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    let mut numeric = vec![!rows.is_empty(); cols];
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            width[i] = width[i].max(cell.chars().count());
+            numeric[i] &= cell.parse::<f64>().is_ok() || cell == "-";
+        }
+    }
+    let mut out = String::new();
+    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    for row in std::iter::once(&header).chain(rows) {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i > 0 {
+                line.push_str("  ");
+            }
+            let pad = width[i] - cell.chars().count();
+            if numeric[i] {
+                line.push_str(&" ".repeat(pad));
+                line.push_str(cell);
+            } else {
+                line.push_str(cell);
+                line.push_str(&" ".repeat(pad));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn u64_of(v: &Value, key: &str) -> u64 {
+    v[key].as_u64().unwrap_or(0)
+}
+
+fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
+    v[key].as_str().unwrap_or("")
+}
+
+fn array_of<'a>(v: &'a Value, key: &str) -> &'a [Value] {
+    v[key].as_array().map_or(&[], Vec::as_slice)
+}
+
+fn print_json(v: &Value) {
+    println!("{v}");
+}
+
+/// `1536` → `1.5 KiB`.
+fn human_bytes(n: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut x = n as f64;
+    let mut unit = 0;
+    while x >= 1024.0 && unit + 1 < units.len() {
+        x /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{x:.1} {}", units[unit])
+    }
+}
+
+/// One `section.key  value` row per scalar, nested objects flattened with dots.
+fn flatten(prefix: &str, v: &Value, rows: &mut Vec<Vec<String>>) {
+    match v {
+        Value::Object(map) => {
+            for (k, child) in map {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(&key, child, rows);
+            }
+        }
+        Value::Array(items) => rows.push(vec![prefix.to_string(), items.len().to_string()]),
+        Value::String(s) => rows.push(vec![prefix.to_string(), s.clone()]),
+        Value::Number(n) => {
+            let mut cell = n.to_string();
+            if prefix.ends_with("bytes") && n.as_u64().is_some_and(|b| b >= 1024) {
+                cell = format!("{cell} ({})", human_bytes(n.as_u64().unwrap_or(0)));
+            }
+            rows.push(vec![prefix.to_string(), cell]);
+        }
+        other => rows.push(vec![prefix.to_string(), other.to_string()]),
+    }
+}
+
+// ---- read path ----
+
+fn cmd_stats(ctx: &Ctx) -> Outcome {
+    if ctx.matches.opt_present("json") {
+        let body = http_get(&ctx.admin, "/stats")?;
+        println!("{}", body.trim_end());
+        return Ok(());
+    }
+    let stats = ctx.stats()?;
+    let mut rows = Vec::new();
+    flatten("", &stats, &mut rows);
+    print!("{}", table(&["STAT", "VALUE"], &rows));
+    Ok(())
+}
+
+fn cmd_topics_list(ctx: &Ctx) -> Outcome {
+    let stats = ctx.stats()?;
+    if ctx.matches.opt_present("json") {
+        print_json(&stats["topics"]);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = array_of(&stats, "topics")
+        .iter()
+        .map(|t| {
+            let parts = array_of(t, "partitions");
+            let records: u64 = parts
+                .iter()
+                .map(|p| {
+                    let (first, last) = (u64_of(p, "first_sequence"), u64_of(p, "last_sequence"));
+                    if last >= first.max(1) {
+                        last - first.max(1) + 1
+                    } else {
+                        0
+                    }
+                })
+                .sum();
+            let bytes: u64 = parts.iter().map(|p| u64_of(p, "bytes")).sum();
+            let segments: u64 = parts.iter().map(|p| u64_of(p, "segments")).sum();
+            let dlq = t["dlq_twin"].as_bool().unwrap_or(false);
+            vec![
+                str_of(t, "name").to_string(),
+                u64_of(t, "topic_id").to_string(),
+                parts.len().to_string(),
+                records.to_string(),
+                bytes.to_string(),
+                segments.to_string(),
+                if dlq { "dlq" } else { "source" }.to_string(),
+            ]
+        })
+        .collect();
+    let header = [
+        "TOPIC",
+        "ID",
+        "PARTITIONS",
+        "RECORDS",
+        "BYTES",
+        "SEGMENTS",
+        "KIND",
+    ];
+    print!("{}", table(&header, &rows));
+    Ok(())
+}
+
+fn cmd_groups_list(ctx: &Ctx) -> Outcome {
+    let stats = ctx.stats()?;
+    if ctx.matches.opt_present("json") {
+        print_json(&stats["groups"]);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = array_of(&stats, "groups")
+        .iter()
+        .map(|g| {
+            let parts = array_of(g, "partitions");
+            let sum = |key: &str| parts.iter().map(|p| u64_of(p, key)).sum::<u64>();
+            vec![
+                str_of(g, "group").to_string(),
+                str_of(g, "topic").to_string(),
+                array_of(g, "members").len().to_string(),
+                parts.len().to_string(),
+                sum("lag").to_string(),
+                sum("outstanding").to_string(),
+            ]
+        })
+        .collect();
+    let header = [
+        "GROUP",
+        "TOPIC",
+        "MEMBERS",
+        "PARTITIONS",
+        "LAG",
+        "OUTSTANDING",
+    ];
+    print!("{}", table(&header, &rows));
+    Ok(())
+}
+
+fn cmd_groups_describe(ctx: &Ctx) -> Outcome {
+    let name = ctx.positional(0);
+    let topic = ctx.matches.opt_str("topic");
+    let stats = ctx.stats()?;
+    let found: Vec<&Value> = array_of(&stats, "groups")
+        .iter()
+        .filter(|g| str_of(g, "group") == name)
+        .filter(|g| topic.as_deref().is_none_or(|t| str_of(g, "topic") == t))
+        .collect();
+    if found.is_empty() {
+        let on = topic.map_or(String::new(), |t| format!(" on topic {t}"));
+        return runtime_err(format!("no consumer group {name}{on}"));
+    }
+    if ctx.matches.opt_present("json") {
+        print_json(&Value::Array(found.into_iter().cloned().collect()));
+        return Ok(());
+    }
+    for (i, g) in found.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        println!(
+            "group {}  topic {}  (group id {}, topic id {})\n",
+            str_of(g, "group"),
+            str_of(g, "topic"),
+            u64_of(g, "group_id"),
+            u64_of(g, "topic_id")
+        );
+        let members: Vec<Vec<String>> = array_of(g, "members")
+            .iter()
+            .map(|m| {
+                let mode = if m["pull_mode"].as_bool().unwrap_or(false) {
+                    "pull"
+                } else {
+                    "push"
+                };
+                vec![
+                    u64_of(m, "member_id").to_string(),
+                    u64_of(m, "subscription_id").to_string(),
+                    u64_of(m, "membership_epoch").to_string(),
+                    u64_of(m, "assignment_epoch").to_string(),
+                    mode.to_string(),
+                    format!(
+                        "{}/{}",
+                        u64_of(m, "credit_count"),
+                        u64_of(m, "credit_bytes")
+                    ),
+                    u64_of(m, "outstanding_count").to_string(),
+                ]
+            })
+            .collect();
+        if members.is_empty() {
+            println!("no members\n");
+        } else {
+            let header = [
+                "MEMBER",
+                "SUBSCRIPTION",
+                "MEMBERSHIP_EPOCH",
+                "ASSIGNMENT_EPOCH",
+                "MODE",
+                "CREDIT",
+                "OUTSTANDING",
+            ];
+            println!("{}", table(&header, &members));
+        }
+        let parts: Vec<Vec<String>> = array_of(g, "partitions")
+            .iter()
+            .map(|p| {
+                let owner = match u64_of(p, "owner") {
+                    0 => "-".to_string(),
+                    o => o.to_string(),
+                };
+                vec![
+                    u64_of(p, "partition").to_string(),
+                    owner,
+                    str_of(p, "state").to_string(),
+                    u64_of(p, "ownership_epoch").to_string(),
+                    u64_of(p, "committed").to_string(),
+                    u64_of(p, "lag").to_string(),
+                    u64_of(p, "outstanding").to_string(),
+                    u64_of(p, "pending_redeliveries").to_string(),
+                ]
+            })
+            .collect();
+        let header = [
+            "PARTITION",
+            "OWNER",
+            "STATE",
+            "OWNERSHIP_EPOCH",
+            "COMMITTED",
+            "LAG",
+            "OUTSTANDING",
+            "REDELIVERIES",
+        ];
+        print!("{}", table(&header, &parts));
+    }
+    Ok(())
+}
+
+// ---- write path ----
+
+fn parse_num<T: std::str::FromStr>(flag: &str, text: &str) -> Result<T, Failure> {
+    text.parse()
+        .or_else(|_| usage_err(format!("--{flag}: '{text}' is not a valid number")))
+}
+
+/// Looks a topic up by name with DECLARE PASSIVE.
+fn resolve(c: &mut Client, topic: &str) -> Result<DeclareResult, Failure> {
+    c.declare(topic, 0, DECLARE_PASSIVE)
+        .map_err(|e| Failure::Runtime(format!("topic {topic}: {e}")))
+}
+
+fn cmd_topics_create(ctx: &Ctx) -> Outcome {
+    let name = ctx.positional(0);
+    let partitions = ctx.matches.opt_str("partitions").unwrap_or_default();
+    let partitions: u16 = parse_num("partitions", &partitions)?;
+    let mut c = ctx.connect()?;
+    let r = c.declare(name, partitions, 0)?;
+    let n = r.partition_count;
+    if r.created == 0 {
+        let id = r.topic_id;
+        println!("created topic {name} (id {id}, {n} partitions; dead letters go to {name}.dlq)");
+    } else {
+        println!(
+            "topic {name} already exists (id {}, {n} partitions)",
+            r.topic_id
+        );
+    }
+    Ok(())
+}
+
+fn cmd_topics_delete(ctx: &Ctx) -> Outcome {
+    let name = ctx.positional(0);
+    let mut flags = DECLARE_DELETE;
+    if ctx.matches.opt_present("if-unused") {
+        flags |= DECLARE_IF_UNUSED;
+    }
+    let mut c = ctx.connect()?;
+    c.declare(name, 0, flags)?;
+    println!("deleted topic {name} and {name}.dlq");
+    Ok(())
+}
+
+fn cmd_ping(ctx: &Ctx) -> Outcome {
+    let started = Instant::now();
+    let mut c = ctx.connect()?;
+    let connected = started.elapsed();
+    let t = Instant::now();
+    c.ping()?;
+    println!(
+        "pong from {} in {:?} (connect {:?})",
+        ctx.broker,
+        t.elapsed(),
+        connected
+    );
+    Ok(())
+}
+
+/// Redraws one status line on stderr, only when stderr is a terminal.
+struct Progress {
+    enabled: bool,
+    started: Instant,
+    drawn: Option<Instant>,
+}
+
+impl Progress {
+    fn new(enabled: bool) -> Progress {
+        Progress {
+            enabled: enabled && io::stderr().is_terminal(),
+            started: Instant::now(),
+            drawn: None,
+        }
+    }
+
+    fn update(&mut self, acked: u64) {
+        if !self.enabled || self.started.elapsed() < PROGRESS_AFTER {
+            return;
+        }
+        if self.drawn.is_some_and(|d| d.elapsed() < PROGRESS_EVERY) {
+            return;
+        }
+        let rate = acked as f64 / self.started.elapsed().as_secs_f64();
+        eprint!("\r\x1b[Kpublished {acked} records, {rate:.0} records/s");
+        self.drawn = Some(Instant::now());
+    }
+
+    fn finish(&self) {
+        if self.drawn.is_some() {
+            eprint!("\r\x1b[K");
+        }
+    }
+}
+
+struct Publisher {
+    client: Client,
+    topic_id: u16,
+    partition_count: u16,
+    partition: Option<u16>,
+    key: Vec<u8>,
+    durability: u16,
+    in_flight: usize,
+    acked: u64,
+    last: Option<PubResult>,
+}
+
+impl Publisher {
+    fn partition(&self) -> u16 {
+        match self.partition {
+            Some(p) => p,
+            None if self.key.is_empty() => 0,
+            None => (crc32fast::hash(&self.key) % u32::from(self.partition_count.max(1))) as u16,
+        }
+    }
+
+    fn queue(&mut self, value: &[u8]) {
+        let frame = Frame::Pub(Pub {
+            topic_id: self.topic_id,
+            partition: self.partition(),
+            flags: self.durability,
+            key: &self.key,
+            value,
+            ..Pub::default()
+        });
+        self.client.queue(&frame);
+        self.in_flight += 1;
+    }
+
+    /// Collects answers until at most `left` PUBs are unanswered.
+    fn drain_to(&mut self, left: usize, progress: &mut Progress) -> Result<(), Failure> {
+        self.client.flush()?;
+        while self.in_flight > left {
+            let reply = self.client.recv_reply().map_err(|e| {
+                Failure::Runtime(format!("{e} (after {} records were published)", self.acked))
+            })?;
+            self.last = Some(reply.typed()?);
+            self.in_flight -= 1;
+            self.acked += 1;
+            progress.update(self.acked);
+        }
+        Ok(())
+    }
+}
+
+fn cmd_pub(ctx: &Ctx) -> Outcome {
+    let m = &ctx.matches;
+    let topic = ctx.positional(0);
+    let partition = match m.opt_str("partition") {
+        Some(p) => Some(parse_num::<u16>("partition", &p)?),
+        None => None,
+    };
+    let durability = match m.opt_str("durability").as_deref() {
+        None => DURABILITY_DEFAULT,
+        Some("written") => DURABILITY_WRITTEN,
+        Some("fsync") => DURABILITY_FSYNC,
+        Some(other) => return usage_err(format!("--durability: '{other}' is not written|fsync")),
+    };
+    let mut client = ctx.connect()?;
+    let t = resolve(&mut client, topic)?;
+    let mut p = Publisher {
+        client,
+        topic_id: t.topic_id,
+        partition_count: t.partition_count,
+        partition,
+        key: m.opt_str("key").unwrap_or_default().into_bytes(),
+        durability,
+        in_flight: 0,
+        acked: 0,
+        last: None,
+    };
+    let mut progress = Progress::new(!m.opt_present("value"));
+    if let Some(value) = m.opt_str("value") {
+        p.queue(value.as_bytes());
+        p.drain_to(0, &mut progress)?;
+        let r = p.last.unwrap_or_default();
+        let reached = match r.durability {
+            1 => "written",
+            2 => "fsynced",
+            3 => "replicated",
+            _ => "unknown durability",
+        };
+        println!(
+            "published to {topic} partition {} at sequence {} ({reached})",
+            p.partition(),
+            r.sequence
+        );
+        return Ok(());
+    }
+    let sent = pub_lines(&mut p, &mut progress);
+    progress.finish();
+    sent?;
+    println!("published {} records to {topic}", p.acked);
+    Ok(())
+}
+
+/// Publishes one record per line of standard input, PUB_WINDOW in flight.
+fn pub_lines(p: &mut Publisher, progress: &mut Progress) -> Outcome {
+    let mut input = io::BufReader::with_capacity(STDIN_BUFFER_BYTES, io::stdin().lock());
+    let mut line = Vec::new();
+    loop {
+        // Send what is queued before a read that could block on a quiet producer.
+        if input.buffer().is_empty() {
+            p.client.flush()?;
+        }
+        if p.in_flight >= PUB_WINDOW {
+            p.drain_to(PUB_WINDOW / 2, progress)?;
+        }
+        line.clear();
+        let n = input
+            .read_until(b'\n', &mut line)
+            .or_else(|e| runtime_err(format!("standard input: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        if line.last() == Some(&b'\n') {
+            line.pop();
+        }
+        p.queue(&line);
+    }
+    p.drain_to(0, progress)
+}
+
+/// What the subscriber loop saw next.
+enum Event {
+    Reply,
+    Push(Push),
+    Idle,
+}
+
+fn broker_error(e: &ErrFrame<'_>) -> ClientError {
+    ClientError::Broker {
+        code: e.code,
+        request_op: e.request_op,
+        message: String::from_utf8_lossy(e.message).into_owned(),
+    }
+}
+
+fn next_event(c: &mut Client, kept: &mut VecDeque<Push>) -> Result<Event, ClientError> {
+    if let Some(p) = kept.pop_front() {
+        return Ok(Event::Push(p));
+    }
+    let frame = match c.read_frame() {
+        Ok(f) => f,
+        Err(ClientError::Io(e))
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            return Ok(Event::Idle)
+        }
+        Err(e) => return Err(e),
+    };
+    match frame.decode()? {
+        Frame::Ok(_) => Ok(Event::Reply),
+        Frame::Err(e) => Err(broker_error(&e)),
+        Frame::Msg(m) => Ok(Event::Push(Push::Msg(Delivery::from(&m)))),
+        Frame::Notice(n) => Ok(Event::Push(Push::Notice(n))),
+        other => Err(ClientError::Protocol(format!(
+            "unexpected {:?}",
+            other.op()
+        ))),
+    }
+}
+
+fn print_record(out: &mut impl Write, m: &Delivery, meta: bool) -> io::Result<()> {
+    if meta {
+        let key = String::from_utf8_lossy(&m.key);
+        write!(
+            out,
+            "{}\t{}\t{}\t{key}\t",
+            m.partition, m.sequence, m.attempt
+        )?;
+    }
+    out.write_all(&m.value)?;
+    out.write_all(b"\n")?;
+    out.flush()
+}
+
+fn cmd_sub(ctx: &Ctx) -> Outcome {
+    let m = &ctx.matches;
+    let topic = ctx.positional(0);
+    let group = m.opt_str("group").unwrap_or_default();
+    let start_policy = match m.opt_str("from").as_deref() {
+        None | Some("earliest") => 0,
+        Some("latest") => 1,
+        Some(other) => return usage_err(format!("--from: '{other}' is not earliest|latest")),
+    };
+    let count = match m.opt_str("count") {
+        Some(n) => Some(parse_num::<u64>("count", &n)?),
+        None => None,
+    };
+    let meta = m.opt_present("meta");
+    let mut c = ctx.connect()?;
+    let t = resolve(&mut c, topic)?;
+    let credit = count.map_or(0, |n| n.clamp(1, SUB_CREDIT_MAX) as u16);
+    let joined: SubResult = c
+        .request(&Frame::Sub(Sub {
+            group: group.as_bytes(),
+            topic_id: t.topic_id,
+            partition: 0xFFFF,
+            start_policy,
+            credit_count: credit,
+            credit_bytes: 0,
+            flags: 0,
+        }))?
+        .typed()?;
+    c.set_read_timeout(Some(HEARTBEAT_INTERVAL))?;
+    let mut kept: VecDeque<Push> = c.kept_pushes().drain(..).collect();
+    let mut assignment_epoch = joined.assignment_epoch;
+    let heartbeat = |c: &mut Client, epoch: u32, state: u8| {
+        c.send(&Frame::Heartbeat(Heartbeat {
+            subscription_id: joined.subscription_id,
+            member_id: joined.member_id,
+            membership_epoch: joined.membership_epoch,
+            assignment_epoch: epoch,
+            state,
+        }))
+    };
+    let stdout = io::stdout();
+    let mut out = stdout.lock();
+    let mut pending = 0usize;
+    let mut printed = 0u64;
+    let mut last_sent = Instant::now();
+    loop {
+        let done = count.is_some_and(|n| printed >= n);
+        if done && pending == 0 {
+            break;
+        }
+        let event = match next_event(&mut c, &mut kept) {
+            Ok(e) => e,
+            // An ACK raced a rebalance: the record goes to the new owner. Not fatal.
+            Err(e @ ClientError::Broker { code, .. })
+                if [ErrorCode::OwnershipFenced, ErrorCode::UnknownDelivery]
+                    .iter()
+                    .any(|k| k.code() == code) =>
+            {
+                eprintln!("mortarctl: warning: {e}");
+                Event::Reply
+            }
+            Err(e) => return Err(e.into()),
+        };
+        match event {
+            Event::Reply => pending = pending.saturating_sub(1),
+            Event::Idle => {}
+            Event::Push(Push::Notice(n)) => {
+                assignment_epoch = n.assignment_epoch;
+                c.send(&Frame::ControlAck(ControlAck {
+                    notice_id: n.notice_id,
+                    notice_kind: n.kind,
+                    group_id: n.group_id,
+                    membership_epoch: n.membership_epoch,
+                    assignment_epoch: n.assignment_epoch,
+                    ownership_epoch: n.ownership_epoch,
+                    result: 0,
+                }))?;
+                pending += 1;
+                last_sent = Instant::now();
+            }
+            // Past --count: left unacknowledged; the broker releases it when we leave.
+            Event::Push(Push::Msg(_)) if done => {}
+            Event::Push(Push::Msg(d)) => {
+                match print_record(&mut out, &d, meta) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(()),
+                    Err(e) => return runtime_err(format!("standard output: {e}")),
+                }
+                c.send(&Frame::Ack(Ack {
+                    subscription_id: d.subscription_id,
+                    topic_id: d.topic_id,
+                    partition: d.partition,
+                    seq: d.sequence,
+                    delivery_id: d.delivery_id,
+                    ownership_epoch: d.ownership_epoch,
+                    flags: 0,
+                }))?;
+                pending += 1;
+                printed += 1;
+                last_sent = Instant::now();
+            }
+        }
+        if !done && last_sent.elapsed() >= HEARTBEAT_INTERVAL {
+            heartbeat(&mut c, assignment_epoch, 0)?;
+            pending += 1;
+            last_sent = Instant::now();
+        }
+    }
+    // Leave now rather than after --session-timeout: the group rebalances at once.
+    if heartbeat(&mut c, assignment_epoch, 1).is_ok() {
+        let _ = c.recv_reply();
+    }
+    Ok(())
 }

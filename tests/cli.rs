@@ -1,0 +1,440 @@
+//! The operator surface (issue 6): `mortarctl` run as a process against a real broker,
+//! its exit codes, and the man pages against what the binaries print.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::mortard::Mortard;
+use mortarmq::wire::errors::{After, Retry};
+use mortarmq::wire::{ErrorCode, Op};
+
+/// Longest a single `mortarctl` run may take before the test fails.
+const RUN_TIMEOUT: Duration = Duration::from_secs(30);
+
+const SUBCOMMANDS: &[&[&str]] = &[
+    &["stats"],
+    &["topics", "list"],
+    &["topics", "create"],
+    &["topics", "delete"],
+    &["groups", "list"],
+    &["groups", "describe"],
+    &["pub"],
+    &["sub"],
+    &["ping"],
+];
+
+fn man_page(name: &str) -> String {
+    let path = format!("{}/man/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Runs `mortarctl` with `args` and `stdin`, killing it after RUN_TIMEOUT.
+fn run(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mortarctl"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn mortarctl");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).unwrap();
+    drop(input);
+    let deadline = Instant::now() + RUN_TIMEOUT;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("mortarctl {args:?} did not finish: {}", text(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// `mortarctl --broker B --admin A args…`.
+fn ctl(broker: &Mortard, args: &[&str], stdin: &str) -> Output {
+    let addr = broker.addr.to_string();
+    let admin = broker.admin.expect("admin listener").to_string();
+    let mut all = vec!["--broker", addr.as_str(), "--admin", admin.as_str()];
+    all.extend_from_slice(args);
+    run(&all, stdin)
+}
+
+/// Runs and expects exit 0; returns stdout.
+fn ok(broker: &Mortard, args: &[&str], stdin: &str) -> String {
+    let out = ctl(broker, args, stdin);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "mortarctl {args:?}: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+#[test]
+fn every_subcommand_against_a_real_broker() {
+    let broker = Mortard::start(&[]);
+
+    let pong = ok(&broker, &["ping"], "");
+    assert!(pong.starts_with("pong from "), "{pong}");
+
+    let created = ok(
+        &broker,
+        &["topics", "create", "orders", "--partitions", "1"],
+        "",
+    );
+    assert!(created.contains("created topic orders"), "{created}");
+    let again = ok(
+        &broker,
+        &["topics", "create", "orders", "--partitions", "1"],
+        "",
+    );
+    assert!(again.contains("already exists"), "{again}");
+    let list = ok(&broker, &["topics", "list"], "");
+    let header = list.lines().next().unwrap();
+    assert!(
+        header.starts_with("TOPIC") && header.contains("PARTITIONS"),
+        "{list}"
+    );
+    let row = list
+        .lines()
+        .find(|l| l.starts_with("orders "))
+        .expect("orders row");
+    assert_eq!(
+        row.split_whitespace().collect::<Vec<_>>(),
+        [
+            "orders",
+            "1",
+            "1",
+            "0",
+            row.split_whitespace().nth(4).unwrap(),
+            "1",
+            "source"
+        ]
+    );
+    assert!(list.lines().any(|l| l.starts_with("orders.dlq ")), "{list}");
+
+    // A broker error: the registry name and the advice, exit 1.
+    let conflict = ctl(
+        &broker,
+        &["topics", "create", "orders", "--partitions", "3"],
+        "",
+    );
+    assert_eq!(conflict.status.code(), Some(1));
+    let err = text(&conflict.stderr);
+    assert!(err.contains("TOPIC_CONFIG_CONFLICT"), "{err}");
+    assert!(
+        err.contains("client should: DECLARE(PASSIVE) to read it"),
+        "{err}"
+    );
+    let unknown = ctl(&broker, &["pub", "nope", "--value", "x"], "");
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(text(&unknown.stderr).contains("UNKNOWN_TOPIC"));
+
+    let published = ok(&broker, &["pub", "orders"], "first\nsecond\nthird\n");
+    assert_eq!(published.trim(), "published 3 records to orders");
+    let got = ok(
+        &broker,
+        &["sub", "orders", "--group", "billing", "--count", "3"],
+        "",
+    );
+    assert_eq!(got, "first\nsecond\nthird\n");
+    let one = ok(
+        &broker,
+        &[
+            "pub",
+            "orders",
+            "--value",
+            "fourth",
+            "--durability",
+            "fsync",
+        ],
+        "",
+    );
+    assert!(one.contains("sequence 4 (fsynced)"), "{one}");
+    let meta = ok(
+        &broker,
+        &[
+            "sub", "orders", "--group", "billing", "--count", "1", "--meta",
+        ],
+        "",
+    );
+    assert_eq!(meta, "0\t4\t1\t\tfourth\n");
+
+    let stats = ok(&broker, &["stats", "--json"], "");
+    let stats: serde_json::Value = serde_json::from_str(&stats).expect("stats --json is JSON");
+    assert_eq!(stats["topics"][0]["name"], "orders");
+    assert_eq!(stats["topics"][0]["partitions"][0]["last_sequence"], 4);
+    let table = ok(&broker, &["stats"], "");
+    assert!(table.contains("publish.records_appended"), "{table}");
+    let topics: serde_json::Value =
+        serde_json::from_str(&ok(&broker, &["topics", "list", "--json"], "")).unwrap();
+    assert_eq!(topics.as_array().unwrap().len(), 2);
+
+    let groups = ok(&broker, &["groups", "list"], "");
+    let row = groups
+        .lines()
+        .find(|l| l.starts_with("billing "))
+        .expect("billing row");
+    // GROUP TOPIC MEMBERS PARTITIONS LAG OUTSTANDING: the member left, nothing is behind.
+    assert_eq!(
+        row.split_whitespace().collect::<Vec<_>>(),
+        ["billing", "orders", "0", "1", "0", "0"]
+    );
+    let described = ok(&broker, &["groups", "describe", "billing"], "");
+    assert!(
+        described.contains("group billing  topic orders"),
+        "{described}"
+    );
+    assert!(described.contains("COMMITTED"), "{described}");
+    let json = ok(&broker, &["groups", "describe", "billing", "--json"], "");
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(json[0]["partitions"][0]["committed"], 4);
+    let missing = ctl(&broker, &["groups", "describe", "nobody"], "");
+    assert_eq!(missing.status.code(), Some(1));
+
+    let deleted = ok(&broker, &["topics", "delete", "orders", "--if-unused"], "");
+    assert!(deleted.contains("deleted topic orders"), "{deleted}");
+    assert!(!ok(&broker, &["topics", "list"], "").contains("orders"));
+}
+
+#[test]
+fn sub_spreads_over_partitions_and_keys_pick_one() {
+    let broker = Mortard::start(&[]);
+    ok(
+        &broker,
+        &["topics", "create", "keyed", "--partitions", "4"],
+        "",
+    );
+    let lines: String = (0..200).map(|i| format!("v{i}\n")).collect();
+    ok(&broker, &["pub", "keyed", "--key", "user-7"], &lines);
+    ok(&broker, &["pub", "keyed", "--partition", "3"], "p3\n");
+    let got = ok(
+        &broker,
+        &["sub", "keyed", "--group", "g", "--count", "201", "--meta"],
+        "",
+    );
+    let parts: BTreeSet<&str> = got
+        .lines()
+        .filter(|l| l.contains("\tuser-7\t"))
+        .map(|l| l.split('\t').next().unwrap())
+        .collect();
+    assert_eq!(parts.len(), 1, "one key, one partition: {parts:?}");
+    assert!(got
+        .lines()
+        .any(|l| l.starts_with("3\t") && l.ends_with("\tp3")));
+    let values: Vec<&str> = got
+        .lines()
+        .filter(|l| l.contains("\tuser-7\t"))
+        .map(|l| l.rsplit('\t').next().unwrap())
+        .collect();
+    let want: Vec<String> = (0..200).map(|i| format!("v{i}")).collect();
+    assert_eq!(values, want, "one partition keeps publish order");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    for args in [
+        &[][..],
+        &["bogus"],
+        &["topics"],
+        &["topics", "create", "x"],
+        &["topics", "create", "x", "--partitions", "many"],
+        &["topics", "create"],
+        &["pub"],
+        &["pub", "t", "--durability", "replicated"],
+        &["sub", "t"],
+        &["sub", "t", "--group", "g", "--from", "middle"],
+        &["ping", "extra"],
+        &["stats", "--no-such-flag"],
+        &["ping", "--token", "a", "--token-file", "b"],
+    ] {
+        let out = run(args, "");
+        assert_eq!(out.status.code(), Some(2), "mortarctl {args:?}");
+        assert!(text(&out.stderr).starts_with("mortarctl: "), "{args:?}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}
+
+#[test]
+fn connection_errors_exit_1() {
+    // Port 1 on loopback: nothing listens there.
+    let out = run(&["--broker", "127.0.0.1:1", "ping"], "");
+    assert_eq!(out.status.code(), Some(1));
+    let out = run(&["stats", "--admin", "127.0.0.1:1"], "");
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn help_on_every_subcommand_exits_0() {
+    let top = run(&["--help"], "");
+    assert_eq!(top.status.code(), Some(0));
+    for words in SUBCOMMANDS {
+        assert!(text(&top.stdout).contains(&words.join(" ")), "{words:?}");
+        let mut args = words.to_vec();
+        args.push("--help");
+        let out = run(&args, "");
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        let help = text(&out.stdout);
+        assert!(help.starts_with(&format!("Usage: mortarctl {}", words.join(" "))));
+    }
+}
+
+/// Every `--flag` in `text` (roff `\-` read as `-`).
+fn flags_in(text: &str) -> BTreeSet<String> {
+    let text = text.replace("\\-", "-");
+    let mut flags = BTreeSet::new();
+    for (at, _) in text.match_indices("--") {
+        let rest = &text[at + 2..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_lowercase() || c == '-'))
+            .unwrap_or(rest.len());
+        if end > 0 {
+            flags.insert(format!("--{}", &rest[..end]));
+        }
+    }
+    flags
+}
+
+#[test]
+fn mortard_help_and_man_page_name_the_same_flags() {
+    let out = Command::new(env!("CARGO_BIN_EXE_mortard"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let mut help = flags_in(&text(&out.stdout));
+    // --help and --version are the man page's; the help text names neither.
+    help.extend(["--help".to_string(), "--version".to_string()]);
+    let man = flags_in(&man_page("mortard.8"));
+    let undocumented: Vec<_> = help.difference(&man).collect();
+    let unknown: Vec<_> = man.difference(&help).collect();
+    assert!(
+        undocumented.is_empty(),
+        "--help flags missing from mortard.8: {undocumented:?}"
+    );
+    assert!(
+        unknown.is_empty(),
+        "mortard.8 flags that --help does not print: {unknown:?}"
+    );
+}
+
+#[test]
+fn mortarctl_man_page_documents_every_subcommand_and_flag() {
+    let man = man_page("mortarctl.1");
+    let plain = man
+        .replace("\\-", "-")
+        .replace("\\fB", "")
+        .replace("\\fR", "");
+    let documented = flags_in(&man);
+    for words in SUBCOMMANDS {
+        assert!(
+            plain.contains(&format!(".SS {}", words.join(" "))),
+            "mortarctl.1 lacks a section for {words:?}"
+        );
+        let mut args = words.to_vec();
+        args.push("--help");
+        let help = text(&run(&args, "").stdout);
+        for flag in flags_in(&help) {
+            assert!(
+                documented.contains(&flag),
+                "mortarctl.1 lacks {flag} ({words:?})"
+            );
+        }
+    }
+    let top = text(&run(&["--help"], "").stdout);
+    for flag in flags_in(&top) {
+        assert!(documented.contains(&flag), "mortarctl.1 lacks {flag}");
+    }
+    assert!(man.contains("mortarmq (7)") || man.contains(".BR mortarmq (7)"));
+}
+
+/// The cells of the tbl row starting with `hex`: text blocks (`T{`…`T}`) and break
+/// points (`\:`) removed.
+fn table_row(man: &str, hex: &str) -> Option<Vec<String>> {
+    let at = man.find(&format!("\n{hex}\t"))? + 1;
+    let rest = &man[at..];
+    let end = rest[1..]
+        .find("\n0x")
+        .map(|e| e + 1)
+        .into_iter()
+        .chain(rest.find("\n.TE"))
+        .min()?;
+    let cells = rest[..end]
+        .split('\t')
+        .map(|c| {
+            let c = c.trim();
+            let c = c.strip_prefix("T{").unwrap_or(c);
+            let c = c.strip_suffix("T}").unwrap_or(c);
+            c.trim().replace('\n', " ").replace("\\:", "")
+        })
+        .collect();
+    Some(cells)
+}
+
+#[test]
+fn protocol_man_page_carries_the_whole_error_registry() {
+    let man = man_page("mortarmq.7");
+    assert_eq!(ErrorCode::ALL.len(), 51);
+    for code in ErrorCode::ALL {
+        let hex = format!("0x{:04X}", code.code());
+        let cells = table_row(&man, &hex)
+            .unwrap_or_else(|| panic!("mortarmq.7 has no table row for {hex}"));
+        let after = match code.after() {
+            After::Close => "close",
+            After::Keep => "keep",
+        };
+        let retry = match code.retry() {
+            Retry::No => "no",
+            Retry::Backoff => "backoff",
+            Retry::Idempotent => "idempotent",
+        };
+        let want = [
+            hex.as_str(),
+            code.name(),
+            after,
+            code.client_should(),
+            retry,
+        ];
+        assert_eq!(cells, want, "mortarmq.7 row for {hex}");
+    }
+    // 9 core + 6 extension ops, each with its code.
+    for op in Op::ALL {
+        let heading = format!(".BR {} \" 0x{:02X}, ", op.name(), op as u8);
+        assert!(man.contains(&heading), "mortarmq.7 lacks {heading}");
+    }
+}
+
+#[test]
+fn tokens_from_the_command_line_or_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "s3cret\n").unwrap();
+    let broker = Mortard::start(&["--token-file", tokens.to_str().unwrap()]);
+    let refused = ctl(&broker, &["ping"], "");
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        text(&refused.stderr).contains("AUTH_FAILED"),
+        "{}",
+        text(&refused.stderr)
+    );
+    ok(&broker, &["ping", "--token", "s3cret"], "");
+    ok(
+        &broker,
+        &["ping", "--token-file", tokens.to_str().unwrap()],
+        "",
+    );
+    // The read path needs no token.
+    ok(&broker, &["topics", "list"], "");
+}

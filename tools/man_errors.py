@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Prints the error-registry tables of man/mortarmq.7 (roff + tbl) from errors.md.
+
+Usage: python3 tools/man_errors.py [path/to/errors.md] > /tmp/tables.roff, then paste the
+output between the ERRORS text and SEE ALSO. tests/cli.rs checks the page against
+src/wire/errors.rs, so a stale table fails the tests.
+"""
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SPEC = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "../../shared/spec/errors.md")
+# Usable width of a man page on an 80-column terminal, and tbl's column gaps (2 ens, 4 gaps).
+WIDTH, GAPS = 72, 8
+NAME_MAX = 22  # longer names get a text block with a break point
+
+
+def main():
+    rows, segs, seg = {}, [], None
+    for line in open(SPEC, encoding="utf-8"):
+        m = re.match(r"## (0x\dxxx) — (.*) \((\d+)\)", line)
+        if m:
+            seg = (m.group(1), m.group(2))
+            segs.append(seg)
+            rows[seg] = []
+            continue
+        if seg and line.startswith("| 0x"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == 7:  # the replication segment has no "Raised by" column
+                del cells[2]
+            code, name, _meaning, after, should, retry = cells
+            rows[seg].append((code, name, after, should, retry))
+    out = [".ad l"]
+    for seg in segs:
+        r = rows[seg]
+        out.append(".SS %s \\(em %s (%d)" % (seg[0], seg[1], len(r)))
+        namew = min(max(len(x[1]) for x in r), NAME_MAX)
+        long_names = any(len(x[1]) > NAME_MAX for x in r)
+        shouldw = WIDTH - (6 + namew + 5 + 10 + GAPS)
+        namefmt = "lw(%d)2" % namew if long_names else "l2"
+        out += [".TS", "lb2 lb2 lb2 lb2 lb", "l2 %s l2 lw(%d)2 l." % (namefmt, shouldw)]
+        out.append("Code\tName\tAfter\tClient should\tRetry")
+        for code, name, after, should, retry in r:
+            if len(name) > NAME_MAX:
+                i = name.rfind("_", 0, NAME_MAX) + 1
+                name = "T{\n" + name[:i] + "\\:" + name[i:] + "\nT}"
+            assert "-" not in should and not should.startswith((".", "'")), should
+            out.append("%s\t%s\t%s\tT{\n%s\nT}\t%s" % (code, name, after, should, retry))
+        out.append(".TE")
+    out.append(".ad")
+    print("\n".join(out))
+
+
+main()
