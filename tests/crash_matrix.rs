@@ -514,7 +514,7 @@ fn e_dead_lettering() {
             }
         }
     };
-    kill_loop(&mut broker, &mut rng, kills(), workload.clone());
+    kill_loop(&mut broker, &mut rng, kills(), workload);
     // Finish cleanly: reject the rest until the group has settled every record.
     let stop = Arc::new(AtomicBool::new(false));
     let (s, addr) = (Arc::clone(&stop), broker.addr);
