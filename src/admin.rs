@@ -73,6 +73,8 @@ pub struct Snapshot {
     pub bytes_in: u64,
     pub bytes_out: u64,
     pub backpressure_pauses: u64,
+    /// Bytes held by connection buffers (what `--max-memory` limits).
+    pub buffered_bytes: u64,
     pub broker: BrokerCounters,
     pub topics: Vec<TopicFigures>,
     pub groups: CoordinatorSnapshot,
@@ -741,6 +743,7 @@ pub fn render_stats(s: &Snapshot, pretty: bool) -> String {
                 ("bytes_in", Json::Num(s.bytes_in)),
                 ("bytes_out", Json::Num(s.bytes_out)),
                 ("backpressure_pauses", Json::Num(s.backpressure_pauses)),
+                ("buffered_bytes", Json::Num(s.buffered_bytes)),
             ]),
         ),
         ("topics", Json::Arr(topics)),

@@ -111,6 +111,7 @@ fn run(config: Config) -> Result<(), String> {
         half_frame_timeout_ms: config.half_frame_timeout.as_millis() as u64,
         max_output_bytes: config.max_output_size_bytes as usize,
         max_pending_requests: config.max_pending_requests as usize,
+        max_memory_bytes: config.max_memory_bytes as usize,
         tokens,
     };
     let wall_ms = std::time::SystemTime::now()

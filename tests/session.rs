@@ -441,3 +441,35 @@ fn bad_flag_values_exit_with_status_2() {
     assert!(help.status.success());
     assert!(String::from_utf8_lossy(&help.stdout).contains("--half-frame-timeout"));
 }
+
+#[test]
+fn pub_over_the_memory_budget_gets_memory_limit() {
+    let broker = Mortard::start(&["--max-memory", "17MiB", "--max-output-size", "17MiB"]);
+    let mut c = broker.client();
+    let topic = c.declare("mem", 1, 0).unwrap().topic_id;
+    // Two peers each send most of a 10 MiB PUB and stop: their buffers hold ~20 MiB.
+    let mut holders = Vec::new();
+    for _ in 0..2 {
+        let mut s = connected_raw(&broker);
+        let value = vec![7u8; 10 * 1024 * 1024];
+        let mut frame = Vec::new();
+        Frame::Pub(mortarmq::wire::ops::Pub { topic_id: topic, value: &value, ..Default::default() })
+            .encode(&mut frame);
+        s.write_all(&frame[..frame.len() - 1]).unwrap();
+        holders.push(s);
+    }
+    let (_, body) = broker.http("GET", "/stats");
+    let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let buffered = stats["connections"]["buffered_bytes"].as_u64().unwrap();
+    assert!(buffered > 17 * 1024 * 1024, "buffers hold {buffered} bytes");
+    let err = c.publish_value(topic, 0, b"x", 2).unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::MemoryLimit));
+    c.ping().unwrap();
+    // Once the holders go, the budget frees up.
+    drop(holders);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.publish_value(topic, 0, b"x", 2).is_err() {
+        assert!(Instant::now() < deadline, "budget never freed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -78,6 +78,8 @@ pub struct Conn {
     pub close_deadline_ms: u64,
     /// Already on the pass's flush list.
     pub flush_queued: bool,
+    /// This connection's share of the reactor's `buffered_bytes`.
+    pub accounted_bytes: usize,
     /// Already on the read list (more to read or handle than one turn allowed).
     pub read_queued: bool,
 }
@@ -100,6 +102,7 @@ impl Conn {
             timer_at_ms: u64::MAX,
             close_deadline_ms: u64::MAX,
             flush_queued: false,
+            accounted_bytes: 0,
             read_queued: false,
         }
     }

@@ -85,6 +85,9 @@ pub struct ReactorConfig {
     pub half_frame_timeout_ms: u64,
     pub max_output_bytes: usize,
     pub max_pending_requests: usize,
+    /// `--max-memory`: above this many bytes in connection buffers, PUB, SUB and PULL
+    /// get MEMORY_LIMIT (0x4004) and are not applied.
+    pub max_memory_bytes: usize,
     /// `None`: every token is accepted.
     pub tokens: Option<Vec<Vec<u8>>>,
 }
@@ -128,6 +131,8 @@ pub struct Reactor {
     draining_since_ms: Option<u64>,
     next_housekeeping_ms: u64,
     admin_requests: Option<Receiver<AdminRequest>>,
+    /// Bytes held by every connection's input and output buffers (their capacity).
+    buffered_bytes: usize,
     /// Monotonic ms of the last turn, read by `/healthz` on the admin thread.
     last_turn_ms: Arc<AtomicU64>,
     pub counters: ReactorCounters,
@@ -198,6 +203,7 @@ impl Reactor {
             draining_since_ms: None,
             next_housekeeping_ms: 0,
             admin_requests: None,
+            buffered_bytes: 0,
             last_turn_ms: Arc::new(AtomicU64::new(0)),
             counters: ReactorCounters::default(),
         })
@@ -363,12 +369,21 @@ impl Reactor {
         }
     }
 
+    /// Re-counts one connection's buffer capacity into `buffered_bytes`.
+    fn account(&mut self, key: usize) {
+        let Some(conn) = self.conns.get_mut(key) else { return };
+        let now_held = conn.input.capacity() + conn.output.capacity();
+        self.buffered_bytes = self.buffered_bytes + now_held - conn.accounted_bytes;
+        conn.accounted_bytes = now_held;
+    }
+
     fn read_turn(&mut self, now: Now) {
         let list = std::mem::take(&mut self.read_list);
         for &key in &list {
             if let Some(conn) = self.conns.get_mut(key) {
                 conn.read_queued = false;
                 self.read_conn(key, now);
+                self.account(key);
             }
         }
         // Reuse the allocation; read_conn may have queued connections again.
@@ -534,6 +549,15 @@ impl Reactor {
             Frame::Ping(_) => Answer::Ok {
                 request_op: op_byte,
             },
+            Frame::Pub(_) | Frame::Sub(_) | Frame::Pull(_)
+                if self.buffered_bytes > self.config.max_memory_bytes =>
+            {
+                Answer::err(
+                    ErrorCode::MemoryLimit,
+                    op_byte,
+                    "the broker's --max-memory budget for buffers is used up",
+                )
+            }
             _ => {
                 let conn = &self.conns[key];
                 let cref = ConnRef {
@@ -664,6 +688,7 @@ impl Reactor {
         let mut list = std::mem::take(&mut self.close_list);
         for key in list.drain(..) {
             let mut conn = self.conns.remove(key);
+            self.buffered_bytes -= conn.accounted_bytes;
             let _ = self.poll.registry().deregister(&mut conn.stream);
             let reason = match conn.state {
                 ConnState::Closed(r) => r,
@@ -843,6 +868,7 @@ impl Reactor {
             bytes_in: c.bytes_in,
             bytes_out: c.bytes_out,
             backpressure_pauses: c.backpressure_pauses,
+            buffered_bytes: self.buffered_bytes as u64,
             broker: self.broker.counters.clone(),
             topics,
             groups: self.broker.coordinator().snapshot(),
@@ -915,6 +941,7 @@ impl Reactor {
                 continue;
             }
             self.flush_conn(key);
+            self.account(key);
         }
         let mut list = list;
         list.clear();
