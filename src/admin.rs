@@ -427,6 +427,12 @@ pub fn render_metrics(s: &Snapshot) -> String {
         "Partitions whose torn or corrupt tail recovery truncated at start.",
         b.recovery_truncations,
     );
+    m.single(
+        "mortar_corrupt_records_total",
+        "counter",
+        "Records that failed their CRC when read (never delivered).",
+        b.corrupt_records_found,
+    );
     m.family(
         "mortar_records_appended_total",
         "counter",
@@ -767,6 +773,7 @@ pub fn render_stats(s: &Snapshot, pretty: bool) -> String {
                     "recovery_truncated_bytes",
                     Json::Num(b.recovery_truncated_bytes),
                 ),
+                ("corrupt_records", Json::Num(b.corrupt_records_found)),
             ]),
         ),
         (

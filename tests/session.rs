@@ -453,8 +453,12 @@ fn pub_over_the_memory_budget_gets_memory_limit() {
         let mut s = connected_raw(&broker);
         let value = vec![7u8; 10 * 1024 * 1024];
         let mut frame = Vec::new();
-        Frame::Pub(mortarmq::wire::ops::Pub { topic_id: topic, value: &value, ..Default::default() })
-            .encode(&mut frame);
+        Frame::Pub(mortarmq::wire::ops::Pub {
+            topic_id: topic,
+            value: &value,
+            ..Default::default()
+        })
+        .encode(&mut frame);
         s.write_all(&frame[..frame.len() - 1]).unwrap();
         holders.push(s);
     }

@@ -66,6 +66,8 @@ pub(super) struct DeadLetterWait {
 pub(super) struct LogRecords<'a> {
     pub registry: &'a Registry,
     pub partitions: &'a mut HashMap<(u16, u16), Partition>,
+    /// Bumped for every record that fails its CRC on read.
+    pub corrupt: &'a mut u64,
 }
 
 impl Records for LogRecords<'_> {
@@ -93,7 +95,9 @@ impl Records for LogRecords<'_> {
             Ok(Some(r)) => Some((r.key.len() + r.value.len()) as u32),
             Ok(None) => None,
             Err(e) => {
+                // Skipped, never delivered wrong: the coordinator treats it as gone.
                 log::error!("topic {topic_id} partition {partition} seq {sequence}: {e}");
+                *self.corrupt += 1;
                 None
             }
         }
@@ -110,6 +114,7 @@ impl Broker {
             LogRecords {
                 registry: &self.registry,
                 partitions: &mut self.partitions,
+                corrupt: &mut self.counters.corrupt_records_found,
             },
             &mut self.coordinator,
         )
@@ -268,6 +273,7 @@ impl Broker {
                     d.partition,
                     d.sequence
                 );
+                self.counters.corrupt_records_found += 1;
                 return false;
             }
         };

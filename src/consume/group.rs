@@ -866,10 +866,27 @@ impl Group {
                     }
                     (c.next_new, false)
                 };
-                // Gone despite the cursor's retention check: stop this partition for
-                // this pass rather than guess.
+                // Below the log's end yet unreadable: removed by retention since the
+                // cursor looked, or corrupt (failed its CRC). Either way it can never be
+                // delivered, so it is skipped (counted) once it is at the head; waiting
+                // for it would stall the partition forever.
                 let Some(bytes) = recs.record_bytes(self.topic_id, c.partition as u16, seq) else {
-                    c.done = true;
+                    let part = &mut self.partitions[c.partition];
+                    if retry {
+                        if let Some(r) = part.retries.remove(&seq) {
+                            sh.timer_clear(r.ready_at_ms, retry_timer(self.id, c.partition, seq));
+                        }
+                        sh.stats.skipped_records += 1;
+                        c.next_retry += 1;
+                        progressed = true;
+                    } else if seq == part.next_seq {
+                        part.next_seq += 1;
+                        sh.stats.skipped_records += 1;
+                        c.next_new += 1;
+                        progressed = true;
+                    } else {
+                        c.done = true;
+                    }
                     continue;
                 };
                 if !window.admits(bytes) {

@@ -371,7 +371,9 @@ impl Reactor {
 
     /// Re-counts one connection's buffer capacity into `buffered_bytes`.
     fn account(&mut self, key: usize) {
-        let Some(conn) = self.conns.get_mut(key) else { return };
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
         let now_held = conn.input.capacity() + conn.output.capacity();
         self.buffered_bytes = self.buffered_bytes + now_held - conn.accounted_bytes;
         conn.accounted_bytes = now_held;

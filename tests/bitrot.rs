@@ -1,0 +1,154 @@
+//! Bit rot (issue 8): a byte flipped in a closed segment, or in an index, is detected,
+//! logged and counted in /stats; the broker does not crash and delivers no wrong data.
+
+mod common;
+
+use std::time::Duration;
+
+use common::mortard::Mortard;
+use mortarmq::client::{Client, Push};
+use mortarmq::wire::ops::*;
+
+const RECORDS: u64 = 60;
+
+fn value(i: u64) -> Vec<u8> {
+    format!("record-{i:04}-").repeat(20).into_bytes()
+}
+
+fn files(dir: &std::path::Path, ext: &str) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == ext))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Consumes until `RECORDS - skipped` distinct records arrived or the stream goes quiet.
+fn consume_all(c: &mut Client, topic: u16) -> Vec<(u64, Vec<u8>)> {
+    c.request(&Frame::Sub(Sub {
+        group: b"g",
+        topic_id: topic,
+        partition: 0xFFFF,
+        ..Sub::default()
+    }))
+    .unwrap();
+    c.set_read_timeout(Some(Duration::from_millis(1500)))
+        .unwrap();
+    let mut got = Vec::new();
+    while let Ok(push) = c.next_push() {
+        match push {
+            Push::Notice(n) => {
+                c.request(&Frame::ControlAck(ControlAck {
+                    notice_id: n.notice_id,
+                    notice_kind: n.kind,
+                    group_id: n.group_id,
+                    membership_epoch: n.membership_epoch,
+                    assignment_epoch: n.assignment_epoch,
+                    ownership_epoch: n.ownership_epoch,
+                    result: 0,
+                }))
+                .unwrap();
+            }
+            Push::Msg(m) => {
+                c.request(&Frame::Ack(Ack {
+                    subscription_id: m.subscription_id,
+                    topic_id: m.topic_id,
+                    partition: m.partition,
+                    seq: m.sequence,
+                    delivery_id: m.delivery_id,
+                    ownership_epoch: m.ownership_epoch,
+                    flags: 0,
+                }))
+                .unwrap();
+                got.push((m.sequence, m.value));
+            }
+        }
+    }
+    got
+}
+
+fn corrupt_records(broker: &Mortard) -> u64 {
+    let (_, body) = broker.http("GET", "/stats");
+    let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+    stats["storage"]["corrupt_records"].as_u64().unwrap()
+}
+
+fn setup() -> (Mortard, u16, std::path::PathBuf) {
+    let mut broker = Mortard::start(&["--segment-size", "4KiB"]);
+    let mut c = broker.client();
+    let topic = c.declare("rot", 1, 0).unwrap().topic_id;
+    for i in 1..=RECORDS {
+        c.publish_value(topic, 0, &value(i), 2).unwrap();
+    }
+    broker.terminate();
+    let dir = broker
+        .data_dir()
+        .join("topics")
+        .join(format!("{topic}-{:08x}", crc32fast::hash(b"rot")))
+        .join("0");
+    (broker, topic, dir)
+}
+
+#[test]
+fn a_flipped_byte_in_a_closed_segment_is_skipped_counted_and_never_delivered() {
+    let (mut broker, topic, dir) = setup();
+    let segments = files(&dir, "log");
+    assert!(segments.len() > 3, "closed segments exist");
+    let victim = &segments[1];
+    let mut bytes = std::fs::read(victim).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x5A;
+    std::fs::write(victim, &bytes).unwrap();
+    broker.restart();
+    let got = consume_all(&mut broker.client(), topic);
+    for (sequence, v) in &got {
+        assert_eq!(
+            v,
+            &value(*sequence),
+            "record {sequence} delivered with wrong bytes"
+        );
+    }
+    let delivered = got.len() as u64;
+    assert!(
+        delivered < RECORDS && delivered >= RECORDS - 2,
+        "{delivered} records delivered"
+    );
+    assert!(
+        corrupt_records(&broker) >= 1,
+        "corruption counted in /stats"
+    );
+    assert!(broker.log_text().contains("crc"), "corruption logged");
+    broker.client().ping().unwrap();
+    println!("bit rot in a segment: {delivered} of {RECORDS} delivered, corrupt record skipped");
+}
+
+#[test]
+fn a_flipped_byte_in_an_index_delivers_no_wrong_data() {
+    let (mut broker, topic, dir) = setup();
+    let indexes = files(&dir, "idx");
+    let victim = &indexes[1];
+    let mut bytes = std::fs::read(victim).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x01;
+    std::fs::write(victim, &bytes).unwrap();
+    broker.restart();
+    let got = consume_all(&mut broker.client(), topic);
+    for (sequence, v) in &got {
+        assert_eq!(
+            v,
+            &value(*sequence),
+            "record {sequence} delivered with wrong bytes"
+        );
+    }
+    // Either the index was found inconsistent and rebuilt at start (all delivered), or
+    // the bad entry is detected on read (that record skipped and counted).
+    let delivered = got.len() as u64;
+    assert!(
+        delivered == RECORDS || corrupt_records(&broker) >= 1,
+        "{delivered} delivered"
+    );
+    broker.client().ping().unwrap();
+    println!("bit rot in an index: {delivered} of {RECORDS} delivered");
+}
