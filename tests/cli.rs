@@ -24,6 +24,7 @@ const SUBCOMMANDS: &[&[&str]] = &[
     &["groups", "describe"],
     &["pub"],
     &["sub"],
+    &["check"],
     &["ping"],
 ];
 
@@ -437,4 +438,73 @@ fn tokens_from_the_command_line_or_a_file() {
     );
     // The read path needs no token.
     ok(&broker, &["topics", "list"], "");
+}
+
+#[test]
+fn check_verifies_a_stopped_brokers_data_and_repairs_a_torn_tail() {
+    let mut broker = Mortard::start(&["--segment-size", "4KiB"]);
+    let mut c = broker.client();
+    let topic = c.declare("checked", 1, 0).unwrap().topic_id;
+    for i in 0..40u32 {
+        c.publish_value(topic, 0, format!("value-{i:03}-").repeat(10).as_bytes(), 2)
+            .unwrap();
+    }
+    drop(c);
+    broker.terminate();
+    let data = broker.data_dir();
+    let data = data.to_str().unwrap();
+    let clean = run(&["check", data], "");
+    assert_eq!(clean.status.code(), Some(0), "{}", text(&clean.stderr));
+    assert!(
+        text(&clean.stdout).contains("ok"),
+        "{}",
+        text(&clean.stdout)
+    );
+
+    // Tear the last record of the last segment, as a crash mid-write would.
+    let part = broker
+        .data_dir()
+        .join("topics")
+        .join(format!("{topic}-{:08x}", crc32fast::hash(b"checked")))
+        .join("0");
+    let mut segments: Vec<_> = std::fs::read_dir(&part)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    segments.sort();
+    let last = segments.last().unwrap();
+    let len = std::fs::metadata(last).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(last)
+        .unwrap()
+        .set_len(len - 3)
+        .unwrap();
+
+    let torn = run(&["check", data], "");
+    assert_eq!(torn.status.code(), Some(1), "problems exit 1");
+    assert!(!text(&torn.stderr).is_empty(), "each problem is printed");
+    let repaired = run(&["check", data, "--repair"], "");
+    assert_eq!(
+        repaired.status.code(),
+        Some(0),
+        "{}",
+        text(&repaired.stderr)
+    );
+    assert!(
+        text(&repaired.stdout).contains("repaired"),
+        "{}",
+        text(&repaired.stdout)
+    );
+    let json = run(&["check", data, "--json"], "");
+    assert_eq!(json.status.code(), Some(0));
+    let doc: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert!(doc
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|p| p["problems"].as_array().unwrap().is_empty()));
+    let usage = run(&["check"], "");
+    assert_eq!(usage.status.code(), Some(2));
 }

@@ -73,6 +73,8 @@ fn runtime_err<T>(text: impl Into<String>) -> Result<T, Failure> {
 enum Via {
     Admin,
     Wire,
+    /// Reads files only: no broker needed (and none should be writing them).
+    Offline,
 }
 
 struct Command {
@@ -217,6 +219,23 @@ const COMMANDS: &[Command] = &[
         run: cmd_sub,
     },
     Command {
+        words: &["check"],
+        synopsis: "DATA_DIR [--repair] [--json]",
+        about: "Verify every segment and index offline: CRCs, sequence continuity, index \
+                agreement. Run it with the broker stopped.",
+        via: Via::Offline,
+        options: |o| {
+            o.optflag(
+                "",
+                "repair",
+                "truncate torn tails and rebuild indexes the way start-up recovery does",
+            );
+            json_option(o);
+        },
+        positional: 1,
+        run: cmd_check,
+    },
+    Command {
         words: &["ping"],
         synopsis: "",
         about: "Connect, authenticate and PING the broker; print the round trip.",
@@ -247,6 +266,7 @@ fn connection_options(o: &mut Options, via: Via) {
             o.optopt("", "token", "CONNECT token (default: empty)", "TOKEN");
             o.optopt("", "token-file", "read the CONNECT token from PATH", "PATH");
         }
+        Via::Offline => {}
     }
     o.optflag("h", "help", "print this help and exit");
 }
@@ -403,7 +423,11 @@ fn run(args: &[String]) -> Outcome {
     }
     // Only the options of the command's path are defined on `m` (getopts panics otherwise).
     let pick = |flag: &str| {
-        let defined = (flag == "admin") == (command.via == Via::Admin);
+        let defined = match command.via {
+            Via::Admin => flag == "admin",
+            Via::Wire => flag != "admin",
+            Via::Offline => false,
+        };
         defined
             .then(|| m.opt_str(flag))
             .flatten()
@@ -579,6 +603,91 @@ fn flatten(prefix: &str, v: &Value, rows: &mut Vec<Vec<String>>) {
 }
 
 // ---- read path ----
+
+/// `check DATA_DIR`: every partition directory under `DATA_DIR/topics/*/`.
+fn cmd_check(ctx: &Ctx) -> Outcome {
+    let data_dir = std::path::PathBuf::from(&ctx.matches.free[0]);
+    let repair = ctx.matches.opt_present("repair");
+    let topics = data_dir.join("topics");
+    let listed = std::fs::read_dir(&topics)
+        .or_else(|e| runtime_err(format!("{}: {e}", topics.display())))?;
+    let mut dirs: Vec<std::path::PathBuf> = Vec::new();
+    for topic in listed.flatten() {
+        if let Ok(parts) = std::fs::read_dir(topic.path()) {
+            dirs.extend(parts.flatten().map(|p| p.path()).filter(|p| p.is_dir()));
+        }
+    }
+    dirs.sort();
+    let mut rows = Vec::new();
+    let mut reports = Vec::new();
+    let mut problems = 0;
+    for dir in &dirs {
+        let name = dir
+            .strip_prefix(&topics)
+            .unwrap_or(dir)
+            .display()
+            .to_string();
+        let report = mortarmq::log::check_partition(dir, repair)
+            .or_else(|e| runtime_err(format!("{name}: {e}")))?;
+        problems += report.problems.len();
+        let verdict = match (&report.repaired, report.is_clean()) {
+            (_, true) => "ok".to_string(),
+            (Some(r), false) => format!("repaired: {} bytes truncated", r.truncated_bytes),
+            (None, false) => format!("{} problems", report.problems.len()),
+        };
+        rows.push(vec![
+            name.clone(),
+            report.segments.to_string(),
+            report.records.to_string(),
+            format!("{}..{}", report.first_sequence, report.next_sequence),
+            verdict,
+        ]);
+        for p in &report.problems {
+            eprintln!(
+                "{name}: {} at byte {}: {}",
+                p.path.display(),
+                p.position,
+                p.reason
+            );
+        }
+        reports.push((name, report));
+    }
+    if ctx.matches.opt_present("json") {
+        let doc: Vec<serde_json::Value> = reports
+            .iter()
+            .map(|(name, r)| {
+                serde_json::json!({
+                    "partition": name,
+                    "segments": r.segments,
+                    "records": r.records,
+                    "first_sequence": r.first_sequence,
+                    "next_sequence": r.next_sequence,
+                    "problems": r.problems.iter().map(|p| serde_json::json!({
+                        "path": p.path.display().to_string(),
+                        "position": p.position,
+                        "reason": p.reason,
+                    })).collect::<Vec<_>>(),
+                    "repaired": r.repaired.as_ref().map(|x| x.truncated_bytes),
+                })
+            })
+            .collect();
+        print_json(&serde_json::Value::Array(doc));
+    } else {
+        print!(
+            "{}",
+            table(
+                &["PARTITION", "SEGMENTS", "RECORDS", "SEQUENCES", "RESULT"],
+                &rows
+            )
+        );
+    }
+    if problems > 0 && !repair {
+        return runtime_err(format!(
+            "{problems} problems found; --repair truncates torn tails"
+        ));
+    }
+    Ok(())
+}
 
 fn cmd_stats(ctx: &Ctx) -> Outcome {
     if ctx.matches.opt_present("json") {
