@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# MortarMQ against Redis 7 streams, side by side (issue 7).
+#
+# usage: tools/compare.sh [--quick]
+#
+# Builds MortarMQ in release, starts a mortard and a redis-server on free loopback ports
+# with temporary data directories, runs the same workloads against both and prints one
+# table (each figure for both and mortar/redis), then one summary line per figure:
+#   NAME mortar=X redis=Y ratio=R
+# Pairs: PUB FSYNC vs appendfsync always, PUB WRITTEN vs appendfsync everysec, 1 KiB
+# values, connections x pipeline 1x1, 1x16, 16x16; push consume with ACK (credit 256)
+# vs XREADGROUP COUNT 256 + XACK; footprint (idle RSS, RSS per idle connection, peak RSS
+# during 16x16, stripped binary). Mortar-only figures: 16x32 FSYNC publish, PULL
+# consume, end-to-end latency at 20k msgs/s. --quick keeps the run under 2 minutes;
+# the full run takes about 8. Servers are killed on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+QUICK=0
+[ "${1:-}" = "--quick" ] && QUICK=1
+# q QUICK FULL: the value for this mode.
+q() { if [ "$QUICK" = 1 ]; then echo "$1"; else echo "$2"; fi; }
+
+IDLE_CONNS=5000
+ulimit -n 20000 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+
+if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/null; then
+  echo "compare: installing redis-server" >&2
+  apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+fi
+echo "compare: building release" >&2
+cargo build --release --quiet --bin mortard --bin mortar-bench
+BENCH=target/release/mortar-bench
+
+WORK=$(mktemp -d /tmp/mortar-compare.XXXXXX)
+MORTAR_PID="" REDIS_PID="" BG_PIDS=()
+cleanup() {
+  local p
+  for p in "${BG_PIDS[@]}" $MORTAR_PID $REDIS_PID; do
+    kill "$p" 2>/dev/null || true
+  done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+rss_kib() { awk '/^VmRSS:/{print $2}' "/proc/$1/status"; }
+jget() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
+
+# ---- servers ------------------------------------------------------------------------
+
+RUST_LOG=warn target/release/mortard --listen 127.0.0.1:0 --admin-listen off \
+  --data-dir "$WORK/mortar" --max-connections $((IDLE_CONNS + 100)) \
+  >"$WORK/mortard.out" 2>"$WORK/mortard.err" &
+MORTAR_PID=$!
+for _ in $(seq 100); do grep -q '^listening ' "$WORK/mortard.out" && break; sleep 0.1; done
+MORTAR=$(awk '/^listening /{print $2; exit}' "$WORK/mortard.out")
+[ -n "$MORTAR" ] || { echo "compare: mortard did not start" >&2; cat "$WORK/mortard.err"; exit 1; }
+
+RPORT=$(free_port)
+mkdir -p "$WORK/redis"
+redis-server --port "$RPORT" --bind 127.0.0.1 --dir "$WORK/redis" --appendonly yes \
+  --appendfsync always --save "" --maxclients $((IDLE_CONNS + 100)) \
+  >"$WORK/redis.log" 2>&1 &
+REDIS_PID=$!
+REDIS=127.0.0.1:$RPORT
+rcli() { redis-cli -p "$RPORT" "$@"; }
+for _ in $(seq 100); do rcli ping >/dev/null 2>&1 && break; sleep 0.1; done
+echo "compare: mortard $MORTAR (pid $MORTAR_PID), redis $REDIS (pid $REDIS_PID)" >&2
+
+# ---- results ------------------------------------------------------------------------
+
+ORDER=()
+declare -A M R U T
+# put NAME UNIT MORTAR REDIS TARGET
+put() { ORDER+=("$1"); U[$1]=$2; M[$1]=$3; R[$1]=$4; T[$1]=$5; }
+
+# mortar_pub CONNS DEPTH DURABILITY COUNT TOPIC -> JSON
+mortar_pub() {
+  timeout 300 "$BENCH" --broker "$MORTAR" --json publish --connections "$1" --pipeline "$2" \
+    --durability "$3" --count "$4" --topic "$5"
+}
+# redis_pub CONNS DEPTH APPENDFSYNC COUNT -> "rps p50_ms p99_ms"
+redis_pub() {
+  rcli config set appendfsync "$3" >/dev/null
+  rcli del bench >/dev/null
+  timeout 300 redis-benchmark -p "$RPORT" -c "$1" -P "$2" -n "$4" --csv \
+    XADD bench '*' f "$VALUE" | python3 -c '
+import csv, sys
+rows = list(csv.reader(sys.stdin))
+r = dict(zip(rows[0], rows[-1]))
+print(r["rps"], r["p50_latency_ms"], r["p99_latency_ms"])'
+}
+VALUE=$(head -c 1024 /dev/zero | tr '\0' x)
+
+# peak_start PID FILE / peak_stop: poll VmRSS every 50 ms, keep the maximum in FILE.
+peak_start() {
+  (
+    m=0
+    while kill -0 "$1" 2>/dev/null; do
+      r=$(rss_kib "$1" || echo 0)
+      if [ "${r:-0}" -gt "$m" ]; then m=$r; echo "$m" >"$2"; fi
+      sleep 0.05
+    done
+  ) &
+  POLLER=$!
+}
+peak_stop() { kill "$POLLER" 2>/dev/null || true; wait "$POLLER" 2>/dev/null || true; }
+
+# ---- footprint: idle ----------------------------------------------------------------
+
+sleep 1
+M_IDLE=$(rss_kib "$MORTAR_PID")
+R_IDLE=$(rss_kib "$REDIS_PID")
+put idle_rss_kib KiB "$M_IDLE" "$R_IDLE" "<=2048"
+
+echo "compare: $IDLE_CONNS idle connections" >&2
+"$BENCH" --broker "$MORTAR" idle --connections "$IDLE_CONNS" --duration 60s \
+  >"$WORK/idle.out" 2>&1 &
+IDLE_PID=$!
+BG_PIDS+=("$IDLE_PID")
+for _ in $(seq 300); do grep -q '^ready' "$WORK/idle.out" && break; sleep 0.1; done
+grep -q '^ready' "$WORK/idle.out" || { echo "compare: idle clients failed" >&2; exit 1; }
+sleep 1
+M_CONN=$(( ($(rss_kib "$MORTAR_PID") - M_IDLE) * 1024 / IDLE_CONNS ))
+kill "$IDLE_PID"; wait "$IDLE_PID" 2>/dev/null || true
+
+redis-benchmark -p "$RPORT" -I -c "$IDLE_CONNS" >/dev/null 2>&1 &
+IDLE_PID=$!
+BG_PIDS+=("$IDLE_PID")
+for _ in $(seq 300); do
+  n=$(rcli info clients | awk -F: '/^connected_clients/{print $2+0}')
+  [ "${n:-0}" -gt "$IDLE_CONNS" ] && break
+  sleep 0.1
+done
+sleep 1
+R_CONN=$(( ($(rss_kib "$REDIS_PID") - R_IDLE) * 1024 / IDLE_CONNS ))
+kill "$IDLE_PID"; wait "$IDLE_PID" 2>/dev/null || true
+put bytes_per_idle_conn B "$M_CONN" "$R_CONN" "<=600"
+sleep 1
+
+# ---- publish ------------------------------------------------------------------------
+
+# pub_pair NAME CONNS DEPTH MORTAR_DURABILITY REDIS_APPENDFSYNC COUNT TARGET [peak]
+pub_pair() {
+  local name=$1 c=$2 d=$3 dur=$4 fs=$5 n=$6 target=$7 peak=${8:-} js rs
+  echo "compare: $name ($n records)" >&2
+  if [ -n "$peak" ]; then peak_start "$MORTAR_PID" "$WORK/peak.m"; fi
+  js=$(mortar_pub "$c" "$d" "$dur" "$n" "$name")
+  if [ -n "$peak" ]; then peak_stop; peak_start "$REDIS_PID" "$WORK/peak.r"; fi
+  rs=$(redis_pub "$c" "$d" "$fs" "$n")
+  if [ -n "$peak" ]; then peak_stop; fi
+  read -r rps rp50 rp99 <<<"$rs"
+  put "${name}_ops" ops/s "$(jget "$js" ops_per_sec)" "$rps" "$target"
+  put "${name}_p50" us "$(jget "$js" pub_ok_p50_us)" "$(awk "BEGIN{print $rp50*1000}")" ""
+  put "${name}_p99" us "$(jget "$js" pub_ok_p99_us)" "$(awk "BEGIN{print $rp99*1000}")" ""
+  LAST_MORTAR_OPS=$(jget "$js" ops_per_sec)
+  echo "  mortar: $js" >&2
+  echo "  redis:  rps=$rps p50_ms=$rp50 p99_ms=$rp99" >&2
+}
+
+pub_pair pub_fsync_1x1 1 1 fsync always "$(q 2000 8000)" ""
+pub_pair pub_fsync_1x16 1 16 fsync always "$(q 20000 100000)" ">=2x"
+pub_pair pub_fsync_16x16 16 16 fsync always "$(q 150000 600000)" ">=2x" peak
+M_PEAK=$(cat "$WORK/peak.m") R_PEAK=$(cat "$WORK/peak.r")
+M_FSYNC_16=$LAST_MORTAR_OPS
+pub_pair pub_written_1x1 1 1 written everysec "$(q 6000 30000)" ""
+pub_pair pub_written_1x16 1 16 written everysec "$(q 100000 400000)" ""
+pub_pair pub_written_16x16 16 16 written everysec "$(q 250000 1000000)" ">=1.5x"
+# FSYNC 16x16 against everysec: the second half of that issue-7 target.
+ES_16=$(redis_pub 16 16 everysec "$(q 250000 1000000)" | awk '{print $1}')
+put pub_fsync_16x16_vs_everysec_ops ops/s "$M_FSYNC_16" "$ES_16" ">=1x"
+put peak_rss_16x16_kib KiB "$M_PEAK" "$R_PEAK" "<=16384"
+
+echo "compare: publish 16x32 FSYNC (issue 4)" >&2
+js=$(mortar_pub 16 32 fsync "$(q 150000 600000)" pub_fsync_16x32)
+put pub_fsync_16x32_ops ops/s "$(jget "$js" ops_per_sec)" n/a ""
+put pub_fsync_16x32_p99 us "$(jget "$js" pub_ok_p99_us)" n/a ""
+
+# ---- consume ------------------------------------------------------------------------
+
+N=$(q 300000 1000000)
+echo "compare: consume $N records" >&2
+rcli del consume >/dev/null
+# Both tools prefill the topic / stream (WRITTEN / pipelined XADD) before timing.
+js=$("$BENCH" --broker "$MORTAR" --json consume --mode push --credit 256 --count "$N" \
+  --topic consume)
+rs=$("$BENCH" --broker "$REDIS" --json redis-consume --credit 256 --count "$N" --topic consume)
+echo "  mortar: $js" >&2
+echo "  redis:  $rs" >&2
+put consume_push_ack_msgs msgs/s "$(jget "$js" msgs_per_sec)" "$(jget "$rs" msgs_per_sec)" ">=2x"
+js=$("$BENCH" --broker "$MORTAR" --json consume --mode pull --credit 256 --count "$N" \
+  --topic consume)
+put consume_pull_ack_msgs msgs/s "$(jget "$js" msgs_per_sec)" n/a ""
+
+# ---- end-to-end ---------------------------------------------------------------------
+
+for dur in written fsync; do
+  echo "compare: end-to-end 20k msgs/s $dur" >&2
+  js=$("$BENCH" --broker "$MORTAR" --json end-to-end --rate 20000 --duration "$(q 3s 10s)" \
+    --durability "$dur" --topic "e2e_$dur")
+  echo "  mortar: $js" >&2
+  limit=$([ "$dur" = written ] && echo "<=1000" || echo "<=2000")
+  put "e2e_${dur}_deliver_p50" us "$(jget "$js" deliver_p50_us)" n/a ""
+  put "e2e_${dur}_deliver_p99" us "$(jget "$js" deliver_p99_us)" n/a "$limit"
+  put "e2e_${dur}_pub_ok_p99" us "$(jget "$js" pub_ok_p99_us)" n/a ""
+done
+
+# ---- binaries -----------------------------------------------------------------------
+
+cp target/release/mortard "$WORK/mortard.bin" && strip "$WORK/mortard.bin"
+cp "$(readlink -f "$(command -v redis-server)")" "$WORK/redis.bin" && strip "$WORK/redis.bin"
+put stripped_binary_bytes B "$(stat -c %s "$WORK/mortard.bin")" \
+  "$(stat -c %s "$WORK/redis.bin")" "<=2097152"
+put fsync_batch_size records n/a n/a "n/a until /metrics lands"
+
+# ---- table --------------------------------------------------------------------------
+
+ratio() {
+  awk -v a="$1" -v b="$2" 'BEGIN{ if (a+0 == a && b+0 == b && b != 0) printf "%.2f", a/b;
+    else print "n/a" }'
+}
+num() { awk -v a="$1" 'BEGIN{ if (a+0 == a) printf "%.0f", a; else print a }'; }
+echo
+echo "MortarMQ vs Redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/')" \
+  "($(q quick full) run, $(nproc) cores, $(uname -r), $(date -u +%Y-%m-%dT%H:%MZ))"
+printf '%-34s %-8s %12s %12s %7s  %s\n' figure unit mortar redis ratio target
+for k in "${ORDER[@]}"; do
+  printf '%-34s %-8s %12s %12s %7s  %s\n' "$k" "${U[$k]}" "$(num "${M[$k]}")" \
+    "$(num "${R[$k]}")" "$(ratio "${M[$k]}" "${R[$k]}")" "${T[$k]}"
+done
+echo
+for k in "${ORDER[@]}"; do
+  echo "$k mortar=$(num "${M[$k]}") redis=$(num "${R[$k]}") ratio=$(ratio "${M[$k]}" "${R[$k]}")"
+done
