@@ -54,12 +54,14 @@ jget() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]]
 
 # ---- servers ------------------------------------------------------------------------
 
-RUST_LOG=warn target/release/mortard --listen 127.0.0.1:0 --admin-listen off \
+RUST_LOG=warn target/release/mortard --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
   --data-dir "$WORK/mortar" --max-connections $((IDLE_CONNS + 100)) \
   >"$WORK/mortard.out" 2>"$WORK/mortard.err" &
 MORTAR_PID=$!
 for _ in $(seq 100); do grep -q '^listening ' "$WORK/mortard.out" && break; sleep 0.1; done
 MORTAR=$(awk '/^listening /{print $2; exit}' "$WORK/mortard.out")
+for _ in $(seq 100); do grep -q '^admin ' "$WORK/mortard.out" && break; sleep 0.1; done
+ADMIN=$(awk '/^admin /{print $2; exit}' "$WORK/mortard.out")
 [ -n "$MORTAR" ] || { echo "compare: mortard did not start" >&2; cat "$WORK/mortard.err"; exit 1; }
 
 RPORT=$(free_port)
@@ -81,9 +83,29 @@ declare -A M R U T
 put() { ORDER+=("$1"); U[$1]=$2; M[$1]=$3; R[$1]=$4; T[$1]=$5; }
 
 # mortar_pub CONNS DEPTH DURABILITY COUNT TOPIC -> JSON
+# metric NAME: one sample's value from mortard's /metrics (0 when absent).
+metric() {
+  python3 - "$ADMIN" "$1" <<'PY'
+import sys, urllib.request
+text = urllib.request.urlopen(f"http://{sys.argv[1]}/metrics", timeout=5).read().decode()
+print(next((l.split()[-1] for l in text.splitlines() if l.split(" ")[0] == sys.argv[2]), 0))
+PY
+}
+# mortar_pub CONNS DEPTH DURABILITY COUNT TOPIC -> the bench JSON; also records the
+# run's fsyncs/s and mean records per fsync (group commit) from /metrics, as
+# FSYNC_INFO[TOPIC]="fsyncs_per_sec batch".
+declare -A FSYNC_INFO
 mortar_pub() {
-  timeout 300 "$BENCH" --broker "$MORTAR" --json publish --connections "$1" --pipeline "$2" \
-    --durability "$3" --count "$4" --topic "$5"
+  local f0 r0 t0 out f1 r1 t1
+  f0=$(metric mortar_fsyncs_total) r0=$(metric mortar_fsync_batch_records_sum)
+  t0=$(date +%s.%N)
+  out=$(timeout 300 "$BENCH" --broker "$MORTAR" --json publish --connections "$1" \
+    --pipeline "$2" --durability "$3" --count "$4" --topic "$5")
+  t1=$(date +%s.%N)
+  f1=$(metric mortar_fsyncs_total) r1=$(metric mortar_fsync_batch_records_sum)
+  FSYNC_INFO[$5]=$(awk -v f="$((f1 - f0))" -v r="$r1" -v r0="$r0" -v t="$t1" -v t0="$t0" \
+    'BEGIN{ printf "%.0f %.1f", f/(t-t0), (f > 0 ? (r-r0)/f : 0) }')
+  echo "$out"
 }
 # redis_pub CONNS DEPTH APPENDFSYNC COUNT -> "rps p50_ms p99_ms"
 redis_pub() {
@@ -151,7 +173,8 @@ pub_pair() {
   local name=$1 c=$2 d=$3 dur=$4 fs=$5 n=$6 target=$7 peak=${8:-} js rs
   echo "compare: $name ($n records)" >&2
   if [ -n "$peak" ]; then peak_start "$MORTAR_PID" "$WORK/peak.m"; fi
-  js=$(mortar_pub "$c" "$d" "$dur" "$n" "$name")
+  mortar_pub "$c" "$d" "$dur" "$n" "$name" >"$WORK/pub.json"
+  js=$(cat "$WORK/pub.json")
   if [ -n "$peak" ]; then peak_stop; peak_start "$REDIS_PID" "$WORK/peak.r"; fi
   rs=$(redis_pub "$c" "$d" "$fs" "$n")
   if [ -n "$peak" ]; then peak_stop; fi
@@ -160,6 +183,9 @@ pub_pair() {
   put "${name}_p50" us "$(jget "$js" pub_ok_p50_us)" "$(awk "BEGIN{print $rp50*1000}")" ""
   put "${name}_p99" us "$(jget "$js" pub_ok_p99_us)" "$(awk "BEGIN{print $rp99*1000}")" ""
   LAST_MORTAR_OPS=$(jget "$js" ops_per_sec)
+  read -r fps batch <<<"${FSYNC_INFO[$name]}"
+  put "${name}_fsyncs_per_sec" 1/s "$fps" n/a ""
+  put "${name}_fsync_batch" records "$batch" n/a ""
   echo "  mortar: $js" >&2
   echo "  redis:  rps=$rps p50_ms=$rp50 p99_ms=$rp99" >&2
 }
@@ -178,7 +204,10 @@ put pub_fsync_16x16_vs_everysec_ops ops/s "$M_FSYNC_16" "$ES_16" ">=1x"
 put peak_rss_16x16_kib KiB "$M_PEAK" "$R_PEAK" "<=16384"
 
 echo "compare: publish 16x32 FSYNC (issue 4)" >&2
-js=$(mortar_pub 16 32 fsync "$(q 150000 600000)" pub_fsync_16x32)
+mortar_pub 16 32 fsync "$(q 150000 600000)" pub_fsync_16x32 >"$WORK/pub.json"
+js=$(cat "$WORK/pub.json")
+read -r fps batch <<<"${FSYNC_INFO[pub_fsync_16x32]}"
+put pub_fsync_16x32_fsync_batch records "$batch" n/a ""
 put pub_fsync_16x32_ops ops/s "$(jget "$js" ops_per_sec)" n/a ""
 put pub_fsync_16x32_p99 us "$(jget "$js" pub_ok_p99_us)" n/a ""
 
@@ -217,7 +246,6 @@ cp target/release/mortard "$WORK/mortard.bin" && strip "$WORK/mortard.bin"
 cp "$(readlink -f "$(command -v redis-server)")" "$WORK/redis.bin" && strip "$WORK/redis.bin"
 put stripped_binary_bytes B "$(stat -c %s "$WORK/mortard.bin")" \
   "$(stat -c %s "$WORK/redis.bin")" "<=2097152"
-put fsync_batch_size records n/a n/a "n/a until /metrics lands"
 
 # ---- table --------------------------------------------------------------------------
 
