@@ -65,7 +65,7 @@ pub(super) struct DeadLetterWait {
 /// The log as the coordinator sees it: only flushed records are deliverable.
 pub(super) struct LogRecords<'a> {
     pub registry: &'a Registry,
-    pub partitions: &'a mut HashMap<(u16, u16), Partition>,
+    pub partitions: &'a mut super::idhash::IdMap<(u16, u16), Partition>,
     /// Bumped for every record that fails its CRC on read.
     pub corrupt: &'a mut u64,
 }

@@ -12,13 +12,16 @@
 
 pub mod answer;
 pub mod deliver;
+pub mod idhash;
 pub mod publish;
 pub mod topics;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use idhash::IdMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -211,10 +214,10 @@ pub struct Broker {
     registry_waiters: VecDeque<RegistryWaiter>,
     /// Directories of deleted pairs, removed once the registry without them is durable.
     doomed_dirs: Vec<PathBuf>,
-    partitions: HashMap<(u16, u16), Partition>,
+    partitions: IdMap<(u16, u16), Partition>,
     flush_list: Vec<(u16, u16)>,
     sync_list: Vec<(u16, u16)>,
-    jobs: HashMap<u64, JobKind>,
+    jobs: IdMap<u64, JobKind>,
     next_job_id: u64,
     sink: Box<dyn JobSink>,
     effects: Vec<Effect>,
@@ -222,7 +225,7 @@ pub struct Broker {
     data_bytes: u64,
     coordinator: Coordinator,
     /// Serials of connections that used the consume plane (the coordinator knows ids).
-    conn_serials: HashMap<u32, u64>,
+    conn_serials: IdMap<u32, u64>,
     consume_effects: Vec<consume::Effect>,
     dead_letters: Vec<deliver::DeadLetterWait>,
     persisted_positions: Vec<GroupPosition>,
@@ -304,17 +307,17 @@ impl Broker {
             registry_in_flight: false,
             registry_waiters: VecDeque::new(),
             doomed_dirs: Vec::new(),
-            partitions: HashMap::new(),
+            partitions: IdMap::default(),
             flush_list: Vec::new(),
             sync_list: Vec::new(),
-            jobs: HashMap::new(),
+            jobs: IdMap::default(),
             next_job_id: 1,
             sink,
             effects: Vec::new(),
             ready: Vec::new(),
             data_bytes: 0,
             coordinator: Coordinator::new(config_consume),
-            conn_serials: HashMap::new(),
+            conn_serials: IdMap::default(),
             consume_effects: Vec::new(),
             dead_letters: Vec::new(),
             persisted_positions: Vec::new(),

@@ -65,7 +65,7 @@ pub fn valid_name(name: &[u8]) -> bool {
 
 #[derive(Debug, Default)]
 pub struct Registry {
-    by_pair: HashMap<u16, TopicPair>,
+    by_pair: super::idhash::IdMap<u16, TopicPair>,
     by_name: HashMap<String, u16>,
     next_unused_pair: u16,
     /// Pairs used once and deleted since; reused only when no pair is left unused.
