@@ -477,3 +477,73 @@ fn pub_over_the_memory_budget_gets_memory_limit() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn a_reader_whose_output_passes_the_hard_cap_is_closed_and_counted() {
+    let broker = Mortard::start(&["--max-output-size", "17MiB", "--max-memory", "64MiB"]);
+    let mut producer = broker.client();
+    let topic = producer.declare("big", 1, 0).unwrap().topic_id;
+    let value = vec![1u8; 1024 * 1024];
+    for _ in 0..24 {
+        producer.publish_value(topic, 0, &value, 1).unwrap();
+    }
+    // A PULL-mode member that asks for everything and never reads its socket.
+    let mut hog = broker.client();
+    let sub: mortarmq::wire::ops::SubResult = hog
+        .request(&Frame::Sub(mortarmq::wire::ops::Sub {
+            group: b"hog",
+            topic_id: topic,
+            partition: 0xFFFF,
+            flags: 1,
+            ..Default::default()
+        }))
+        .unwrap()
+        .typed()
+        .unwrap();
+    // Accept the ASSIGN so PULL may serve the partition.
+    let notice = match hog.next_push().unwrap() {
+        mortarmq::client::Push::Notice(n) => n,
+        other => panic!("{other:?}"),
+    };
+    hog.request(&Frame::ControlAck(mortarmq::wire::ops::ControlAck {
+        notice_id: notice.notice_id,
+        notice_kind: notice.kind,
+        group_id: notice.group_id,
+        membership_epoch: notice.membership_epoch,
+        assignment_epoch: notice.assignment_epoch,
+        ownership_epoch: notice.ownership_epoch,
+        result: 0,
+    }))
+    .unwrap();
+    for _ in 0..6 {
+        hog.queue(&Frame::Pull(mortarmq::wire::ops::Pull {
+            subscription_id: sub.subscription_id,
+            member_id: sub.member_id,
+            membership_epoch: sub.membership_epoch,
+            assignment_epoch: notice.assignment_epoch,
+            ownership_epochs: vec![],
+            max_msgs: 100,
+            max_bytes: 4 * 1024 * 1024,
+            wait_ms: 0,
+            min_bytes: 0,
+        }));
+    }
+    hog.flush().unwrap();
+    // The broker closes it once more than 17 MiB wait unsent; others are unaffected.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, body) = broker.http("GET", "/stats");
+        let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+        if stats["connections"]["closed"]["output_overflow"].as_u64() == Some(1) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never closed: {}",
+            stats["connections"]
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    producer.ping().unwrap();
+    println!("RSS after the overflow close: {} bytes", broker.rss_bytes());
+}
