@@ -152,6 +152,26 @@ fn connect_checks_version_and_token() {
         !broker.log_text().contains("s3cret"),
         "tokens are never logged"
     );
+    // The file was created 0644: readable by others, which the broker warns about.
+    assert!(
+        broker.log_text().contains("readable by group or others"),
+        "no warning"
+    );
+}
+
+#[test]
+fn a_private_token_file_draws_no_warning() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("tokens");
+    std::fs::write(&token_file, "s3cret\n").unwrap();
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let broker = Mortard::start(&["--token-file", token_file.to_str().unwrap()]);
+    Client::connect(broker.addr, b"s3cret")
+        .unwrap()
+        .ping()
+        .unwrap();
+    assert!(!broker.log_text().contains("readable by group or others"));
 }
 
 #[test]
