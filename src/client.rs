@@ -115,6 +115,35 @@ impl From<&Msg<'_>> for Delivery {
     }
 }
 
+impl Delivery {
+    /// The ACK that settles this delivery (`flags` bit0 PROGRESS only extends it).
+    pub fn ack(&self, flags: u16) -> Ack {
+        Ack {
+            subscription_id: self.subscription_id,
+            topic_id: self.topic_id,
+            partition: self.partition,
+            seq: self.sequence,
+            delivery_id: self.delivery_id,
+            ownership_epoch: self.ownership_epoch,
+            flags,
+        }
+    }
+
+    /// The NACK of this delivery: reason 0 RETRY, 1 REJECT.
+    pub fn nack(&self, reason: u8) -> Nack {
+        Nack {
+            subscription_id: self.subscription_id,
+            topic_id: self.topic_id,
+            partition: self.partition,
+            seq: self.sequence,
+            delivery_id: self.delivery_id,
+            ownership_epoch: self.ownership_epoch,
+            reason,
+            flags: 0,
+        }
+    }
+}
+
 /// Something the broker pushed without a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Push {

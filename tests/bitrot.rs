@@ -40,28 +40,11 @@ fn consume_all(c: &mut Client, topic: u16) -> Vec<(u64, Vec<u8>)> {
     while let Ok(push) = c.next_push() {
         match push {
             Push::Notice(n) => {
-                c.request(&Frame::ControlAck(ControlAck {
-                    notice_id: n.notice_id,
-                    notice_kind: n.kind,
-                    group_id: n.group_id,
-                    membership_epoch: n.membership_epoch,
-                    assignment_epoch: n.assignment_epoch,
-                    ownership_epoch: n.ownership_epoch,
-                    result: 0,
-                }))
-                .unwrap();
+                c.request(&Frame::ControlAck(ControlAck::answering(&n, 0)))
+                    .unwrap();
             }
             Push::Msg(m) => {
-                c.request(&Frame::Ack(Ack {
-                    subscription_id: m.subscription_id,
-                    topic_id: m.topic_id,
-                    partition: m.partition,
-                    seq: m.sequence,
-                    delivery_id: m.delivery_id,
-                    ownership_epoch: m.ownership_epoch,
-                    flags: 0,
-                }))
-                .unwrap();
+                c.request(&Frame::Ack(m.ack(0))).unwrap();
                 got.push((m.sequence, m.value));
             }
         }

@@ -34,16 +34,8 @@ pub fn accept_assignments(c: &mut Client, n: usize) -> Vec<Notice> {
     while held.len() < n {
         match c.next_push().unwrap() {
             Push::Notice(notice) => {
-                c.request(&Frame::ControlAck(ControlAck {
-                    notice_id: notice.notice_id,
-                    notice_kind: notice.kind,
-                    group_id: notice.group_id,
-                    membership_epoch: notice.membership_epoch,
-                    assignment_epoch: notice.assignment_epoch,
-                    ownership_epoch: notice.ownership_epoch,
-                    result: 0,
-                }))
-                .unwrap();
+                c.request(&Frame::ControlAck(ControlAck::answering(&notice, 0)))
+                    .unwrap();
                 if notice.kind == 0 {
                     held.push(notice);
                 }
@@ -62,15 +54,7 @@ pub fn next_msg(c: &mut Client) -> Delivery {
 }
 
 pub fn ack(c: &mut Client, m: &Delivery) -> mortarmq::client::Result<mortarmq::client::Reply> {
-    c.request(&Frame::Ack(Ack {
-        subscription_id: m.subscription_id,
-        topic_id: m.topic_id,
-        partition: m.partition,
-        seq: m.sequence,
-        delivery_id: m.delivery_id,
-        ownership_epoch: m.ownership_epoch,
-        flags: 0,
-    }))
+    c.request(&Frame::Ack(m.ack(0)))
 }
 
 #[test]

@@ -358,16 +358,8 @@ fn next_msg(c: &mut Client) -> Option<mortarmq::client::Delivery> {
         match frame.decode().ok()? {
             Frame::Msg(m) => return Some((&m).into()),
             Frame::Notice(n) => {
-                c.send(&Frame::ControlAck(ControlAck {
-                    notice_id: n.notice_id,
-                    notice_kind: n.kind,
-                    group_id: n.group_id,
-                    membership_epoch: n.membership_epoch,
-                    assignment_epoch: n.assignment_epoch,
-                    ownership_epoch: n.ownership_epoch,
-                    result: 0,
-                }))
-                .ok()?;
+                c.send(&Frame::ControlAck(ControlAck::answering(&n, 0)))
+                    .ok()?;
             }
             Frame::Ok(_) | Frame::Err(_) => {}
             _ => return None,
@@ -424,15 +416,7 @@ fn d_persisting_group_positions() {
         while !stop.load(Ordering::SeqCst) {
             let Some(m) = next_msg(&mut c) else { return };
             sent.lock().unwrap().insert(m.sequence);
-            let ack = Ack {
-                subscription_id: m.subscription_id,
-                topic_id: m.topic_id,
-                partition: m.partition,
-                seq: m.sequence,
-                delivery_id: m.delivery_id,
-                ownership_epoch: m.ownership_epoch,
-                flags: 0,
-            };
+            let ack = m.ack(0);
             if c.send(&Frame::Ack(ack)).is_err() {
                 return;
             }
@@ -499,16 +483,7 @@ fn e_dead_lettering() {
         }
         while !stop.load(Ordering::SeqCst) {
             let Some(m) = next_msg(&mut c) else { return };
-            let nack = Nack {
-                subscription_id: m.subscription_id,
-                topic_id: m.topic_id,
-                partition: m.partition,
-                seq: m.sequence,
-                delivery_id: m.delivery_id,
-                ownership_epoch: m.ownership_epoch,
-                reason: 1,
-                flags: 0,
-            };
+            let nack = m.nack(1);
             if c.send(&Frame::Nack(nack)).is_err() {
                 return;
             }

@@ -525,15 +525,9 @@ fn a_reader_whose_output_passes_the_hard_cap_is_closed_and_counted() {
         mortarmq::client::Push::Notice(n) => n,
         other => panic!("{other:?}"),
     };
-    hog.request(&Frame::ControlAck(mortarmq::wire::ops::ControlAck {
-        notice_id: notice.notice_id,
-        notice_kind: notice.kind,
-        group_id: notice.group_id,
-        membership_epoch: notice.membership_epoch,
-        assignment_epoch: notice.assignment_epoch,
-        ownership_epoch: notice.ownership_epoch,
-        result: 0,
-    }))
+    hog.request(&Frame::ControlAck(
+        mortarmq::wire::ops::ControlAck::answering(&notice, 0),
+    ))
     .unwrap();
     for _ in 0..6 {
         hog.queue(&Frame::Pull(mortarmq::wire::ops::Pull {

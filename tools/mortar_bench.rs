@@ -560,15 +560,7 @@ fn declare(c: &mut Conn, topic: &str, partitions: u16) -> Res<(u16, u16)> {
 }
 
 fn control_ack(n: &Notice) -> ControlAck {
-    ControlAck {
-        notice_id: n.notice_id,
-        notice_kind: n.kind,
-        group_id: n.group_id,
-        membership_epoch: n.membership_epoch,
-        assignment_epoch: n.assignment_epoch,
-        ownership_epoch: n.ownership_epoch,
-        result: 0,
-    }
+    ControlAck::answering(n, 0)
 }
 
 fn ack_of(m: &Msg<'_>) -> Ack {

@@ -1229,15 +1229,7 @@ fn cmd_sub(ctx: &Ctx) -> Outcome {
             Event::Idle => {}
             Event::Push(Push::Notice(n)) => {
                 assignment_epoch = n.assignment_epoch;
-                c.send(&Frame::ControlAck(ControlAck {
-                    notice_id: n.notice_id,
-                    notice_kind: n.kind,
-                    group_id: n.group_id,
-                    membership_epoch: n.membership_epoch,
-                    assignment_epoch: n.assignment_epoch,
-                    ownership_epoch: n.ownership_epoch,
-                    result: 0,
-                }))?;
+                c.send(&Frame::ControlAck(ControlAck::answering(&n, 0)))?;
                 pending += 1;
                 last_sent = Instant::now();
             }
@@ -1249,15 +1241,7 @@ fn cmd_sub(ctx: &Ctx) -> Outcome {
                     Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(()),
                     Err(e) => return runtime_err(format!("standard output: {e}")),
                 }
-                c.send(&Frame::Ack(Ack {
-                    subscription_id: d.subscription_id,
-                    topic_id: d.topic_id,
-                    partition: d.partition,
-                    seq: d.sequence,
-                    delivery_id: d.delivery_id,
-                    ownership_epoch: d.ownership_epoch,
-                    flags: 0,
-                }))?;
+                c.send(&Frame::Ack(d.ack(0)))?;
                 pending += 1;
                 printed += 1;
                 last_sent = Instant::now();

@@ -431,6 +431,22 @@ message! {
     }
 }
 
+impl ControlAck {
+    /// The CONTROL_ACK that answers `notice` with `result` (0 OK, 1 STALE, 2 ERROR),
+    /// echoing its id, kind and epochs.
+    pub fn answering(notice: &Notice, result: u8) -> ControlAck {
+        ControlAck {
+            notice_id: notice.notice_id,
+            notice_kind: notice.kind,
+            group_id: notice.group_id,
+            membership_epoch: notice.membership_epoch,
+            assignment_epoch: notice.assignment_epoch,
+            ownership_epoch: notice.ownership_epoch,
+            result,
+        }
+    }
+}
+
 message! {
     /// CREDIT 0x0F, C→S: mode 0 SET, 1 ADD the subscription's credit window.
     Credit = Credit {
