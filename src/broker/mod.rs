@@ -51,6 +51,11 @@ const PUB_DURABILITY_WRITTEN: u16 = 1;
 const PUB_DURABILITY_FSYNC: u16 = 2;
 /// PUB result_flags bit0.
 pub const PUB_RESULT_DEDUPLICATED: u8 = 0x01;
+/// fdatasyncs one partition may have running at once. Two, so that records arriving
+/// while one sync runs start their own at once instead of waiting for it (a pipelining
+/// client's burst often straddles two reactor passes). A sync covers everything written
+/// before it started, whichever finishes first, so completions may come in any order.
+pub const SYNCS_IN_FLIGHT_PER_PARTITION_MAX: u8 = 2;
 /// A partition with more written-but-unsynced bytes than this refuses PUBs with
 /// BACKPRESSURE until the disk catches up: a producer faster than the disk must not
 /// fill the page cache (and block the reactor in `write`).
@@ -753,7 +758,7 @@ impl Broker {
                 format!("data directory cap of {max_data_bytes} bytes reached"),
             );
         }
-        if part.unsynced_bytes > UNSYNCED_BYTES_MAX {
+        if part.unsynced_bytes() > UNSYNCED_BYTES_MAX {
             return fail(
                 ErrorCode::Backpressure,
                 "the disk is behind: too many unsynced bytes".into(),
@@ -809,8 +814,8 @@ impl Broker {
                     let appended = part.log.written_sequence() - before;
                     self.counters.records_appended += appended;
                     self.data_bytes += pending;
-                    part.unsynced_bytes += pending;
-                    if !part.sync_in_flight {
+                    part.flushed_bytes += pending;
+                    if part.syncs_in_flight < SYNCS_IN_FLIGHT_PER_PARTITION_MAX {
                         self.sync_list.push(key);
                     }
                 }
@@ -862,17 +867,18 @@ impl Broker {
         let Some(part) = self.partitions.get_mut(&key) else {
             return;
         };
-        if part.sync_in_flight {
+        if part.syncs_in_flight >= SYNCS_IN_FLIGHT_PER_PARTITION_MAX {
             return;
         }
-        let synced_before = part.log.synced_sequence();
         let Some(job) = part.log.take_sync_job() else {
             return;
         };
-        part.sync_in_flight = true;
+        part.syncs_in_flight += 1;
         let upto = job.upto_sequence;
-        let records = upto.saturating_sub(synced_before);
-        let bytes = part.unsynced_bytes;
+        // Records and bytes this job adds to what the jobs before it cover.
+        let records = upto.saturating_sub(part.sync_taken_sequence);
+        part.sync_taken_sequence = upto;
+        let bytes = part.flushed_bytes;
         self.submit(
             JobKind::Sync {
                 key,
@@ -924,11 +930,16 @@ impl Broker {
                 let Some(part) = self.partitions.get_mut(&key) else {
                     return;
                 };
-                part.sync_in_flight = false;
+                part.syncs_in_flight -= 1;
                 match &done.result {
+                    Ok(()) if part.log.is_poisoned() => {
+                        // An earlier sync failed: this one's success may hide lost
+                        // pages (the kernel reports a writeback error once), so it
+                        // acknowledges nothing.
+                    }
                     Ok(()) => {
                         part.log.sync_done(upto);
-                        part.unsynced_bytes = part.unsynced_bytes.saturating_sub(bytes);
+                        part.synced_bytes = part.synced_bytes.max(bytes);
                         self.counters.fsyncs += 1;
                         self.counters.fsync_records += records;
                         let micros = done.elapsed.as_micros() as u64;

@@ -211,12 +211,17 @@ pub struct Partition {
     pub log: PartitionLog,
     pub producers: Producers,
     pub waiters: Vec<Waiter>,
-    pub sync_in_flight: bool,
+    /// fdatasync jobs running now (at most SYNCS_IN_FLIGHT_PER_PARTITION_MAX).
+    pub syncs_in_flight: u8,
+    /// The `upto_sequence` of the latest sync job started.
+    pub sync_taken_sequence: u64,
     /// Last sequence the producer snapshot on disk covers; one write at a time.
     pub producers_snapshot_covered: u64,
     pub producers_snapshot_in_flight: bool,
-    /// Bytes flushed to the segment and not yet covered by a completed sync.
-    pub unsynced_bytes: u64,
+    /// Bytes flushed to the segment since start, and of those covered by a completed
+    /// sync; the difference is what BACKPRESSURE watches.
+    pub flushed_bytes: u64,
+    pub synced_bytes: u64,
     /// Queued in the broker's flush list this pass.
     pub dirty: bool,
 }
@@ -224,17 +229,23 @@ pub struct Partition {
 impl Partition {
     pub fn new(topic_id: u16, index: u16, log: PartitionLog) -> Partition {
         Partition {
+            sync_taken_sequence: log.synced_sequence(),
             topic_id,
             index,
             log,
             producers: Producers::default(),
             waiters: Vec::new(),
-            sync_in_flight: false,
+            syncs_in_flight: 0,
             producers_snapshot_covered: 0,
             producers_snapshot_in_flight: false,
-            unsynced_bytes: 0,
+            flushed_bytes: 0,
+            synced_bytes: 0,
             dirty: false,
         }
+    }
+
+    pub fn unsynced_bytes(&self) -> u64 {
+        self.flushed_bytes - self.synced_bytes
     }
 
     /// Whether a record at `sequence` has reached `need`.

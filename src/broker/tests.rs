@@ -141,31 +141,62 @@ fn fsync_answers_wait_for_the_sync_and_group_commit_batches_them() {
         answers(&mut broker).is_empty(),
         "nothing is answered before the sync"
     );
-    // Two more arrive while the sync runs: they ride the next one, not a second job now.
+    // Two more arrive while that sync runs: they start a second one at once...
     for slot in 3..5 {
         publish(&mut broker, slot, topic, 0, (0, 0));
     }
     broker.end_pass(Now::default());
-    assert_eq!(jobs.len(), 1, "at most one sync in flight per partition");
+    assert_eq!(jobs.len(), 2, "a second sync may run beside the first");
+    // ...but a third batch waits: at most SYNCS_IN_FLIGHT_PER_PARTITION_MAX run.
+    publish(&mut broker, 5, topic, 0, (0, 0));
+    broker.end_pass(Now::default());
+    assert_eq!(jobs.len(), 2);
     jobs.run(&mut broker, |_| false);
-    let first = answers(&mut broker);
-    assert_eq!(first.len(), 3);
-    assert!(first.iter().all(|(_, a)| pub_result(a).durability == 2));
-    assert_eq!(pub_result(&first[2].1).commit_seq, 3);
+    let done = answers(&mut broker);
+    assert_eq!(
+        done.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3, 4]
+    );
+    assert!(done.iter().all(|(_, a)| pub_result(a).durability == 2));
+    assert_eq!(pub_result(&done[4].1).commit_seq, 5);
     broker.end_pass(Now::default());
     assert_eq!(
         jobs.len(),
         1,
-        "the pass after the completion starts the next sync"
+        "the pass after the completions starts the waiting sync"
     );
     jobs.run(&mut broker, |_| false);
-    let second = answers(&mut broker);
     assert_eq!(
-        second.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
-        vec![3, 4]
+        answers(&mut broker)
+            .iter()
+            .map(|(s, _)| *s)
+            .collect::<Vec<_>>(),
+        vec![5]
     );
-    assert_eq!(broker.counters.fsyncs, 2);
-    assert_eq!(broker.counters.fsync_records, 5);
+    assert_eq!(broker.counters.fsyncs, 3);
+    assert_eq!(
+        broker.counters.fsync_records, 6,
+        "each record counted in one batch"
+    );
+}
+
+#[test]
+fn a_sync_finishing_first_covers_what_was_written_before_it_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut broker, jobs) = open(dir.path());
+    let topic = declare(&mut broker, &jobs, "t", 1);
+    publish(&mut broker, 0, topic, 0, (0, 0));
+    broker.end_pass(Now::default());
+    publish(&mut broker, 1, topic, 0, (0, 0));
+    broker.end_pass(Now::default());
+    // Complete the second job first: both records are durable.
+    let mut held: Vec<_> = jobs.0.borrow_mut().drain(..).collect();
+    held.reverse();
+    jobs.0.borrow_mut().extend(held);
+    jobs.run(&mut broker, |_| false);
+    let done = answers(&mut broker);
+    assert_eq!(done.len(), 2);
+    assert!(done.iter().all(|(_, a)| pub_result(a).durability == 2));
 }
 
 #[test]
