@@ -360,8 +360,6 @@ impl Broker {
                     sequence: origin.origin_sequence,
                 });
                 self.counters.dead_letters_appended += 1;
-                // The dead letter settles only once durable: sync it at once.
-                twin_part.wants_sync = true;
                 if !twin_part.dirty {
                     twin_part.dirty = true;
                     self.flush_list.push(twin);

@@ -56,11 +56,6 @@ pub const PUB_RESULT_DEDUPLICATED: u8 = 0x01;
 /// client's burst often straddles two reactor passes). A sync covers everything written
 /// before it started, whichever finishes first, so completions may come in any order.
 pub const SYNCS_IN_FLIGHT_PER_PARTITION_MAX: u8 = 2;
-/// Records nobody waits on (WRITTEN PUBs) are fdatasynced this long after they were
-/// written, in one batch, instead of on every pass: the sync moves `commit_seq` and
-/// bounds what a power loss can take, and batching it keeps the fsync workers (and the
-/// wake-ups they cause) off a core the reactor and its clients need.
-pub const BACKGROUND_SYNC_DELAY_MS: u64 = 10;
 /// A partition with more written-but-unsynced bytes than this refuses PUBs with
 /// BACKPRESSURE until the disk catches up: a producer faster than the disk must not
 /// fill the page cache (and block the reactor in `write`).
@@ -227,8 +222,6 @@ pub struct Broker {
     partitions: IdMap<(u16, u16), Partition>,
     flush_list: Vec<(u16, u16)>,
     sync_list: Vec<(u16, u16)>,
-    /// Partitions with a background sync scheduled (their `background_sync_at_ms`).
-    background_syncs: Vec<(u16, u16)>,
     jobs: IdMap<u64, JobKind>,
     next_job_id: u64,
     sink: Box<dyn JobSink>,
@@ -322,7 +315,6 @@ impl Broker {
             partitions: IdMap::default(),
             flush_list: Vec::new(),
             sync_list: Vec::new(),
-            background_syncs: Vec::new(),
             jobs: IdMap::default(),
             next_job_id: 1,
             sink,
@@ -742,17 +734,6 @@ impl Broker {
                         return Handled::Answer(pub_answer(part, self.leader_epoch, &waiter));
                     }
                     part.waiters.push(waiter);
-                    part.wants_sync |= need == Level::Fsynced;
-                    if !part.dirty && part.log.written_sequence() >= sequence {
-                        // Written already: no flush will come to start its sync.
-                        Self::want_sync(
-                            part,
-                            (p.topic_id, p.partition),
-                            now,
-                            &mut self.sync_list,
-                            &mut self.background_syncs,
-                        );
-                    }
                     return Handled::Wait;
                 }
                 Idempotence::OutOfOrder { expected, too_old } => {
@@ -806,7 +787,6 @@ impl Broker {
             need,
             deduplicated: false,
         });
-        part.wants_sync |= need == Level::Fsynced;
         if !part.dirty {
             part.dirty = true;
             self.flush_list.push((p.topic_id, p.partition));
@@ -820,7 +800,7 @@ impl Broker {
     /// each dirty partition's buffered records with one write, answers the PUBs that
     /// needed only WRITTEN, and starts fdatasyncs and registry writes (group commit:
     /// at most one sync in flight per partition; what arrives meanwhile rides the next).
-    pub fn end_pass(&mut self, now: Now) {
+    pub fn end_pass(&mut self, _now: Now) {
         let mut flush_list = std::mem::take(&mut self.flush_list);
         for key in flush_list.drain(..) {
             let Some(part) = self.partitions.get_mut(&key) else {
@@ -835,13 +815,9 @@ impl Broker {
                     self.counters.records_appended += appended;
                     self.data_bytes += pending;
                     part.flushed_bytes += pending;
-                    Self::want_sync(
-                        part,
-                        key,
-                        now,
-                        &mut self.sync_list,
-                        &mut self.background_syncs,
-                    );
+                    if part.syncs_in_flight < SYNCS_IN_FLIGHT_PER_PARTITION_MAX {
+                        self.sync_list.push(key);
+                    }
                 }
                 Err(e) => {
                     log::error!("append to topic {} partition {} failed: {e}", key.0, key.1);
@@ -873,54 +849,10 @@ impl Broker {
         }
         self.sync_list = sync_list;
         self.start_registry_write();
-        self.start_due_background_syncs(now);
         self.settle_dead_letters();
-        self.pump_consume(now);
-        self.maybe_persist_positions(now, false);
+        self.pump_consume(_now);
+        self.maybe_persist_positions(_now, false);
         // Dead letters appended by the pump are flushed on the next pass.
-    }
-
-    /// Queues a sync of freshly written records: now when someone waits for it (an
-    /// FSYNC PUB, a dead letter), else as a background sync after
-    /// BACKGROUND_SYNC_DELAY_MS.
-    fn want_sync(
-        part: &mut Partition,
-        key: (u16, u16),
-        now: Now,
-        sync_list: &mut Vec<(u16, u16)>,
-        background: &mut Vec<(u16, u16)>,
-    ) {
-        if part.wants_sync {
-            if part.syncs_in_flight < SYNCS_IN_FLIGHT_PER_PARTITION_MAX {
-                sync_list.push(key);
-            }
-        } else if part.background_sync_at_ms.is_none() {
-            part.background_sync_at_ms = Some(now.mono_ms + BACKGROUND_SYNC_DELAY_MS);
-            background.push(key);
-        }
-    }
-
-    fn start_due_background_syncs(&mut self, now: Now) {
-        let mut list = std::mem::take(&mut self.background_syncs);
-        list.retain(|key| {
-            let Some(part) = self.partitions.get_mut(key) else {
-                return false;
-            };
-            match part.background_sync_at_ms {
-                Some(at) if at <= now.mono_ms => {
-                    self.sync_list.push(*key);
-                    false
-                }
-                Some(_) => true,
-                None => false,
-            }
-        });
-        self.background_syncs = list;
-        let mut sync_list = std::mem::take(&mut self.sync_list);
-        for key in sync_list.drain(..) {
-            self.start_sync(key);
-        }
-        self.sync_list = sync_list;
     }
 
     fn recount_data_bytes_if_needed(&mut self) {
@@ -941,9 +873,6 @@ impl Broker {
         let Some(job) = part.log.take_sync_job() else {
             return;
         };
-        // This job covers whoever waited, and what the background sync was for.
-        part.wants_sync = false;
-        part.background_sync_at_ms = None;
         part.syncs_in_flight += 1;
         let upto = job.upto_sequence;
         // Records and bytes this job adds to what the jobs before it cover.
@@ -987,7 +916,7 @@ impl Broker {
     }
 
     /// A durable-I/O job finished on a worker.
-    pub fn job_done(&mut self, done: Completion, done_now: Now) {
+    pub fn job_done(&mut self, done: Completion) {
         let Some(kind) = self.jobs.remove(&done.id) else {
             return;
         };
@@ -1019,13 +948,7 @@ impl Broker {
                             [bucket_of(&FSYNC_LATENCY_BUCKETS_US, micros)] += 1;
                         self.counters.fsync_batch[bucket_of(&FSYNC_BATCH_BUCKETS, records)] += 1;
                         if part.log.written_sequence() > upto {
-                            Self::want_sync(
-                                part,
-                                key,
-                                done_now,
-                                &mut self.sync_list,
-                                &mut self.background_syncs,
-                            );
+                            self.sync_list.push(key);
                         }
                         self.answer_ready(key);
                         self.settle_dead_letters();
@@ -1141,20 +1064,12 @@ impl Broker {
 
     /// The earliest time the broker needs a turn without any socket event.
     pub fn next_deadline_ms(&self) -> Option<u64> {
-        let mut next = self.next_positions_write_ms;
-        if let Some(d) = self.coordinator.next_deadline_ms() {
-            next = next.min(d);
-        }
-        for key in &self.background_syncs {
-            if let Some(at) = self
-                .partitions
-                .get(key)
-                .and_then(|p| p.background_sync_at_ms)
-            {
-                next = next.min(at);
-            }
-        }
-        Some(next)
+        let positions = self.next_positions_write_ms;
+        Some(
+            self.coordinator
+                .next_deadline_ms()
+                .map_or(positions, |d| d.min(positions)),
+        )
     }
 
     /// A connection went away: its waiting answers are dropped by the reactor (their

@@ -211,10 +211,6 @@ pub struct Partition {
     pub log: PartitionLog,
     pub producers: Producers,
     pub waiters: Vec<Waiter>,
-    /// Someone waits for the next sync (an FSYNC PUB or a dead letter): start it at once.
-    pub wants_sync: bool,
-    /// When a background sync of WRITTEN-only records is due.
-    pub background_sync_at_ms: Option<u64>,
     /// fdatasync jobs running now (at most SYNCS_IN_FLIGHT_PER_PARTITION_MAX).
     pub syncs_in_flight: u8,
     /// The `upto_sequence` of the latest sync job started.
@@ -240,8 +236,6 @@ impl Partition {
             producers: Producers::default(),
             waiters: Vec::new(),
             syncs_in_flight: 0,
-            wants_sync: false,
-            background_sync_at_ms: None,
             producers_snapshot_covered: 0,
             producers_snapshot_in_flight: false,
             flushed_bytes: 0,

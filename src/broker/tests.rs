@@ -36,14 +36,11 @@ impl HeldJobs {
             } else {
                 job()
             };
-            broker.job_done(
-                Completion {
-                    id,
-                    result,
-                    elapsed: Duration::from_micros(50),
-                },
-                Now::default(),
-            );
+            broker.job_done(Completion {
+                id,
+                result,
+                elapsed: Duration::from_micros(50),
+            });
         }
     }
 }
@@ -304,64 +301,4 @@ fn a_failed_registry_write_fails_the_declare_and_is_retried_by_the_next_one() {
         .unwrap();
     let registry = Registry::decode(&on_disk).unwrap();
     assert!(registry.lookup("a").is_some() && registry.lookup("b").is_some());
-}
-
-#[test]
-fn written_records_are_synced_in_the_background_after_a_delay() {
-    let dir = tempfile::tempdir().unwrap();
-    let (mut broker, jobs) = open(dir.path());
-    let topic = declare(&mut broker, &jobs, "t", 1);
-    let written = |broker: &mut Broker, slot| {
-        let p = Pub {
-            topic_id: topic,
-            flags: 1,
-            value: b"w",
-            ..Pub::default()
-        };
-        broker.publish(
-            CONN,
-            slot,
-            &p,
-            Now {
-                mono_ms: 1_000,
-                wall_ms: 0,
-            },
-        )
-    };
-    written(&mut broker, 0);
-    broker.end_pass(Now {
-        mono_ms: 1_000,
-        wall_ms: 0,
-    });
-    let got = answers(&mut broker);
-    assert_eq!(
-        pub_result(&got[0].1).durability,
-        1,
-        "answered WRITTEN at once"
-    );
-    assert_eq!(jobs.len(), 0, "no sync on the same pass");
-    assert_eq!(
-        broker.next_deadline_ms(),
-        Some(1_000 + BACKGROUND_SYNC_DELAY_MS)
-    );
-    written(&mut broker, 1);
-    broker.end_pass(Now {
-        mono_ms: 1_005,
-        wall_ms: 0,
-    });
-    assert_eq!(jobs.len(), 0);
-    broker.end_pass(Now {
-        mono_ms: 1_000 + BACKGROUND_SYNC_DELAY_MS,
-        wall_ms: 0,
-    });
-    assert_eq!(jobs.len(), 1, "one background sync for both");
-    jobs.run(&mut broker, |_| false);
-    assert_eq!(broker.partition(topic, 0).unwrap().log.synced_sequence(), 2);
-    // An FSYNC PUB does not wait for the delay.
-    publish(&mut broker, 2, topic, 0, (0, 0));
-    broker.end_pass(Now {
-        mono_ms: 2_000,
-        wall_ms: 0,
-    });
-    assert_eq!(jobs.len(), 1);
 }

@@ -776,7 +776,7 @@ impl Reactor {
             pool.drain_completions(&mut self.completions);
         }
         for done in self.completions.drain(..) {
-            self.broker.job_done(done, now);
+            self.broker.job_done(done);
         }
         self.broker.end_pass(now);
         self.apply_effects();
@@ -1038,7 +1038,7 @@ impl Reactor {
         self.broker.end_pass(self.now());
         if let Some(pool) = self.pool.take() {
             for done in pool.shutdown() {
-                self.broker.job_done(done, self.now());
+                self.broker.job_done(done);
             }
         }
         if let Err(e) = self.broker.shutdown_sync(self.now()) {
