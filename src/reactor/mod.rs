@@ -42,7 +42,7 @@ use crate::fsync::{Completion, FsyncPool};
 use crate::session::{token_matches, Admit};
 use crate::wire::frame::split_frame;
 use crate::wire::limits::WIRE_VERSION;
-use crate::wire::ops::{Connect, Frame, Message, Op};
+use crate::wire::ops::{Connect, Frame, Message as _, Op};
 use crate::wire::ErrorCode;
 use conn::{CloseReason, Conn, ConnState};
 
@@ -1054,23 +1054,24 @@ enum Source<'a> {
 }
 use Source::{FromInput, FromScratch};
 
-/// Reads into a connection's own input buffer, reserving room for the frame it has
-/// begun (its length was already checked against the cap in force).
+/// Reads into a connection's own input buffer. Once a frame's length is known (and
+/// was checked against the cap in force), room for exactly the rest of it is reserved
+/// at once, so a large frame costs its own size, not a doubling Vec's 2x.
 fn read_into_input(conn: &mut Conn) -> io::Result<usize> {
-    let want = match crate::wire::frame::declared_length(&conn.input) {
-        Some(len) => (crate::wire::limits::FRAME_HEADER_BYTES + len as usize)
-            .saturating_sub(conn.input.len()),
-        None => READ_CHUNK_BYTES,
-    }
-    .clamp(1, READ_CHUNK_BYTES.max(1))
-    .max(READ_CHUNK_BYTES.min(4096));
     let start = conn.input.len();
+    let want = match crate::wire::frame::declared_length(&conn.input) {
+        Some(len) => {
+            let frame_end = crate::wire::limits::FRAME_HEADER_BYTES + len as usize;
+            if conn.input.capacity() < frame_end {
+                conn.input.reserve_exact(frame_end - start);
+            }
+            frame_end.saturating_sub(start).clamp(1, READ_CHUNK_BYTES)
+        }
+        None => READ_CHUNK_BYTES,
+    };
     conn.input.resize(start + want, 0);
     let result = conn.stream.read(&mut conn.input[start..]);
     let got = *result.as_ref().unwrap_or(&0);
     conn.input.truncate(start + got);
     result
 }
-
-#[allow(unused)]
-fn _assert_message_trait_in_scope<'a, M: Message<'a>>() {}
