@@ -25,6 +25,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// The broker's own unit parsers: the same forms as `mortard`'s flags.
+use mortarmq::config::{parse_duration, parse_size};
 use mortarmq::consume::{START_POLICY_EARLIEST, START_POLICY_LATEST, SUB_FLAG_PULL_MODE};
 use mortarmq::wire::limits::{FRAME_HEADER_BYTES, MAX_FRAME_LEN_BYTES, OP_BYTES, WIRE_VERSION};
 use mortarmq::wire::ops::*;
@@ -169,7 +171,7 @@ impl Args {
             pipeline: num("pipeline")?.unwrap_or(16) as usize,
             value_size: m
                 .opt_str("value-size")
-                .map_or(Ok(1024), |s| parse_size(&s))?,
+                .map_or(Ok(1024), |s| parse_size(&s).map(|n| n as usize))?,
             durability,
             partitions: num("partitions")?.unwrap_or(1).clamp(1, 65535) as u16,
             topic: m.opt_str("topic"),
@@ -202,35 +204,6 @@ fn durability_name(d: u16) -> &'static str {
     } else {
         "fsync"
     }
-}
-
-fn parse_duration(s: &str) -> Res<Duration> {
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("bad duration {s} (use 500ms, 10s, 2m)"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" | "" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("bad duration unit in {s} (use ms, s, m)")),
-    }
-}
-
-fn parse_size(s: &str) -> Res<usize> {
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: usize = n
-        .parse()
-        .map_err(|_| format!("bad size {s} (use 1024, 4KiB, 1MiB)"))?;
-    let mul = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" | "kb" => 1024,
-        "m" | "mib" | "mb" => 1024 * 1024,
-        _ => return Err(format!("bad size unit in {s}")),
-    };
-    Ok(n * mul)
 }
 
 // ---- report -------------------------------------------------------------------------

@@ -20,6 +20,7 @@
 //! sampled every second; after a warm-up it is reported as min/max/last with a "flat"
 //! verdict (last <= 1.2 x the max of the first half after warm-up).
 
+use mortarmq::config::parse_duration;
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, ErrorKind};
 use std::net::SocketAddr;
@@ -76,23 +77,6 @@ struct Opts {
     restart_at: Option<f64>,
     mortard: PathBuf,
     seed: u64,
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("bad duration {s:?} (e.g. 500ms, 60s, 10m, 1h)");
-    let (num, mul_ms) = if let Some(n) = s.strip_suffix("ms") {
-        (n, 1)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1_000)
-    } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60_000)
-    } else if let Some(n) = s.strip_suffix('h') {
-        (n, 3_600_000)
-    } else {
-        return Err(bad());
-    };
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    Ok(Duration::from_millis(n * mul_ms))
 }
 
 fn default_mortard() -> PathBuf {

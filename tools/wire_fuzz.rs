@@ -14,6 +14,7 @@
 //! reported. At the end the broker must still answer PING (and `/healthz` with
 //! `--admin`). Exit status 1 on any violation, 2 on a usage error.
 
+use mortarmq::config::parse_duration;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -75,21 +76,6 @@ impl Rng {
     fn bytes(&mut self, n: usize) -> Vec<u8> {
         (0..n).map(|_| self.next() as u8).collect()
     }
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("bad duration {s:?} (e.g. 500ms, 10s, 2m)");
-    let (num, mul_ms) = if let Some(n) = s.strip_suffix("ms") {
-        (n, 1)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1_000)
-    } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60_000)
-    } else {
-        return Err(bad());
-    };
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    Ok(Duration::from_millis(n * mul_ms))
 }
 
 fn parse_opts() -> Result<Opts, String> {
