@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// The broker's own unit parsers: the same forms as `mortard`'s flags.
+// The broker's own unit parsers: the same forms as `mortard`'s flags.
 use mortarmq::config::{parse_duration, parse_size};
 use mortarmq::consume::{START_POLICY_EARLIEST, START_POLICY_LATEST, SUB_FLAG_PULL_MODE};
 use mortarmq::wire::limits::{FRAME_HEADER_BYTES, MAX_FRAME_LEN_BYTES, OP_BYTES, WIRE_VERSION};
