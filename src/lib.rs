@@ -1,3 +1,27 @@
+//! MortarMQ: a persistent message broker for small hosts.
+//!
+//! Data flows one way: socket → frame splitter → session → broker state → log →
+//! fsync pool → back to the reactor (through its `mio::Waker`) → answer. Each room is
+//! small and its dependencies point down; `tools/tidy.sh` checks the rules below.
+//!
+//! | room | what it is for | may depend on |
+//! |---|---|---|
+//! | [`wire`] | frames, the 15 ops, limits, the 51-code registry (sans-IO) | nothing |
+//! | [`log`] | segments, index, recovery, retention, atomic metadata files | nothing (files only) |
+//! | [`fsync`] | the worker pool that runs durable I/O off the reactor thread | nothing |
+//! | [`consume`] | consumer groups, credit, delivery, redelivery: a pure state machine | `wire` |
+//! | [`broker`] | topic registry, publish with durability, drives `consume` over `log` | `wire`, `log`, `consume`, `fsync` (job type) |
+//! | [`session`] | per-connection protocol state: CONNECT gate, response slots | `wire`, `broker::Answer` |
+//! | [`reactor`] | the mio loop: every socket, buffers, timers, backpressure, signals | all of the above |
+//! | [`admin`] | the tiny_http thread; renders snapshots the reactor copies | `broker`, `consume` types |
+//! | [`config`] | getopts flags, durations and sizes with units | nothing |
+//! | [`client`] | a small blocking client for tests and `tools/` | `wire` |
+//!
+//! Rules: only `reactor` (and `admin`'s HTTP listener) touch sockets; `broker` and
+//! `consume` take the time as an argument and return effects, so they are tested
+//! without sockets or clocks; the reactor thread never blocks (no fsync, no DNS, no
+//! sleep).
+
 pub mod admin;
 pub mod broker;
 pub mod client;
