@@ -10,10 +10,10 @@
 //! | [`log`] | segments, index, recovery, retention, atomic metadata files | nothing (files only) |
 //! | [`fsync`] | the worker pool that runs durable I/O off the reactor thread | nothing |
 //! | [`consume`] | consumer groups, credit, delivery, redelivery: a pure state machine | `wire` |
-//! | [`broker`] | topic registry, publish with durability, drives `consume` over `log` | `wire`, `log`, `consume`, `fsync` (job type) |
-//! | [`session`] | per-connection protocol state: CONNECT gate, response slots | `wire`, `broker::Answer` |
-//! | [`reactor`] | the mio loop: every socket, buffers, timers, backpressure, signals | all of the above |
-//! | [`admin`] | the tiny_http thread; renders snapshots the reactor copies | `broker`, `consume` types |
+//! | [`broker`] | topics, durable publish; drives `consume` over `log` | those four |
+//! | [`session`] | CONNECT gate, response slots in request order | `wire`, `broker` |
+//! | [`reactor`] | the mio loop: sockets, buffers, timers, backpressure | all above |
+//! | [`admin`] | tiny_http thread rendering reactor snapshots | `broker`, `consume` |
 //! | [`config`] | getopts flags, durations and sizes with units | nothing |
 //! | [`client`] | a small blocking client for tests and `tools/` | `wire` |
 //!
