@@ -468,11 +468,6 @@ impl Broker {
         out.append(&mut self.effects);
     }
 
-    /// Whether anything still waits on durable I/O (for a draining shutdown).
-    pub fn has_pending_io(&self) -> bool {
-        !self.jobs.is_empty() || !self.flush_list.is_empty() || !self.registry_waiters.is_empty()
-    }
-
     fn submit(&mut self, kind: JobKind, job: Job) {
         let id = self.next_job_id;
         self.next_job_id += 1;
