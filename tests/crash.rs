@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::mortard::Mortard;
+use common::rng::Rng;
 use mortarmq::client::{Client, ClientError, DURABILITY_FSYNC};
 use mortarmq::log::{LogConfig, PartitionLog};
 use mortarmq::wire::ops::{Frame, Pub, PubResult};
@@ -32,24 +33,6 @@ const SEGMENT_BYTES: u64 = 256 * 1024;
 const PROGRESS_ACKS: u64 = 100;
 /// Hard limit on the whole run; a stuck producer fails the test instead of hanging it.
 const RUN_DEADLINE: Duration = Duration::from_secs(90);
-
-/// xorshift64*: enough randomness for kill points, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.max(1))
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-}
 
 fn producer_id(p: u64) -> u64 {
     0x1000 + p
@@ -220,16 +203,7 @@ fn read_partition(dir: &std::path::Path) -> Vec<(u64, u64, u64, Vec<u8>)> {
 
 #[test]
 fn acknowledged_pubs_survive_sigkill_and_retries_are_deduplicated() {
-    let seed = std::env::var("MORTAR_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    println!("MORTAR_CRASH_SEED={seed}");
+    let seed = Rng::seed_from_env();
     let mut rng = Rng::new(seed);
     let mut broker = Mortard::start(&["--segment-size", "256KiB"]);
     let topic = {

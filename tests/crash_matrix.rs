@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::mortard::Mortard;
+use common::rng::Rng;
 use mortarmq::broker::deliver::{dlq_producer_id, split_origin};
 use mortarmq::client::{Client, ClientError, Push, DURABILITY_FSYNC, DURABILITY_WRITTEN};
 use mortarmq::log::{LogConfig, PartitionLog};
@@ -20,33 +21,6 @@ use mortarmq::wire::ops::*;
 use mortarmq::wire::ErrorCode;
 
 const KILLS_PER_SCENARIO: usize = 10;
-
-struct Rng(u64);
-
-impl Rng {
-    fn from_env() -> Rng {
-        let seed = std::env::var("MORTAR_CRASH_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_nanos() as u64
-            });
-        println!("MORTAR_CRASH_SEED={seed}");
-        Rng(seed.max(1))
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-}
 
 fn kills() -> usize {
     std::env::var("MORTAR_CRASH_KILLS")

@@ -526,22 +526,51 @@ impl Coordinator {
         })
     }
 
-    /// ACK: settle a delivery, or with PROGRESS extend its deadline.
-    pub fn ack(&mut self, conn: ConnId, ack: &Ack, now_ms: u64) -> Result<(), ErrorCode> {
-        let entry = self.sub_entry(conn, ack.subscription_id)?;
+    /// The group and the outstanding delivery an ACK or NACK names, after the checks
+    /// both share: open subscription (0x0020), current ownership (0x0022), outstanding
+    /// delivery (0x0023). Any op on the subscription keeps the session alive.
+    #[allow(clippy::too_many_arguments)]
+    fn named_delivery(
+        &mut self,
+        conn: ConnId,
+        subscription_id: u16,
+        topic_id: u16,
+        partition: u16,
+        seq: u64,
+        delivery_id: u64,
+        ownership_epoch: u64,
+        now_ms: u64,
+    ) -> Result<(u16, (usize, u64)), ErrorCode> {
+        let entry = self.sub_entry(conn, subscription_id)?;
         self.touch(entry, now_ms);
         let group = self
             .groups
-            .get_mut(&entry.group_id)
+            .get(&entry.group_id)
             .ok_or(ErrorCode::UnknownSubscription)?;
         let found = group.find_delivery(
             entry.member_id,
+            topic_id,
+            partition,
+            seq,
+            delivery_id,
+            ownership_epoch,
+        )?;
+        Ok((entry.group_id, found))
+    }
+
+    /// ACK: settle a delivery, or with PROGRESS extend its deadline.
+    pub fn ack(&mut self, conn: ConnId, ack: &Ack, now_ms: u64) -> Result<(), ErrorCode> {
+        let (group_id, found) = self.named_delivery(
+            conn,
+            ack.subscription_id,
             ack.topic_id,
             ack.partition,
             ack.seq,
             ack.delivery_id,
             ack.ownership_epoch,
+            now_ms,
         )?;
+        let group = self.groups.get_mut(&group_id).expect("found above");
         if ack.flags & ACK_FLAG_PROGRESS != 0 {
             group.extend_deadline(&mut self.sh, found, now_ms);
         } else {
@@ -555,20 +584,17 @@ impl Coordinator {
         if nack.reason > NACK_REASON_REJECT {
             return Err(ErrorCode::InvalidArgument);
         }
-        let entry = self.sub_entry(conn, nack.subscription_id)?;
-        self.touch(entry, now_ms);
-        let group = self
-            .groups
-            .get_mut(&entry.group_id)
-            .ok_or(ErrorCode::UnknownSubscription)?;
-        let found = group.find_delivery(
-            entry.member_id,
+        let (group_id, found) = self.named_delivery(
+            conn,
+            nack.subscription_id,
             nack.topic_id,
             nack.partition,
             nack.seq,
             nack.delivery_id,
             nack.ownership_epoch,
+            now_ms,
         )?;
+        let group = self.groups.get_mut(&group_id).expect("found above");
         let attempt = group.settle(&mut self.sh, found);
         if nack.reason == NACK_REASON_REJECT {
             group.dead_letter(

@@ -1,2 +1,3 @@
 pub mod golden;
 pub mod mortard;
+pub mod rng;
