@@ -53,14 +53,15 @@ mod tests;
 
 pub use error::StorageError;
 pub use record::{
-    RECORD_BYTES_MAX, RECORD_KEY_BYTES_MAX, RECORD_OVERHEAD_BYTES, RECORD_VALUE_BYTES_MAX,
+    RecordView, RECORD_BYTES_MAX, RECORD_KEY_BYTES_MAX, RECORD_OVERHEAD_BYTES,
+    RECORD_VALUE_BYTES_MAX,
 };
 pub use recovery::{check_partition, CheckProblem, CheckReport, RecoveryReport};
 pub use segment::{
     INDEX_ENTRY_BYTES, SEGMENT_BYTES_MAX, SEGMENT_FORMAT_VERSION, SEGMENT_HEADER_BYTES,
 };
 
-use record::{Decoded, Fields};
+use record::Decoded;
 use recovery::VerifyMode;
 use segment::{encode_header, Segment, Writer};
 use std::fs::{self, File, OpenOptions};
@@ -125,18 +126,6 @@ impl LogConfig {
 /// A record to append. The log assigns the sequence.
 #[derive(Debug, Clone, Copy)]
 pub struct AppendRecord<'a> {
-    pub timestamp_ms: u64,
-    pub producer_id: u64,
-    pub producer_seq: u64,
-    pub flags: u16,
-    pub key: &'a [u8],
-    pub value: &'a [u8],
-}
-
-/// A record read back; `key` and `value` borrow from the segment's memory map.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RecordView<'a> {
-    pub sequence: u64,
     pub timestamp_ms: u64,
     pub producer_id: u64,
     pub producer_seq: u64,
@@ -465,7 +454,7 @@ impl PartitionLog {
         let start = self.write_buf.len();
         record::encode(
             &mut self.write_buf,
-            &Fields {
+            &RecordView {
                 sequence,
                 timestamp_ms: rec.timestamp_ms,
                 producer_id: rec.producer_id,

@@ -54,9 +54,10 @@ pub const RECORD_LENGTH_FIELD_MIN: usize = RECORD_OVERHEAD_BYTES - RECORD_LENGTH
 const _: () = assert!(RECORD_HEADER_BYTES == 4 + 4 + 8 * 4 + 2 + 2);
 const _: () = assert!(RECORD_BYTES_MAX <= u32::MAX as usize);
 
-/// The fields a caller hands to [`encode`]; mirrors `AppendRecord` without the borrow of
-/// the public type so this room stays independent of `mod.rs`.
-pub struct Fields<'a> {
+/// One record's fields: what [`encode`] writes, and what reads hand out (then `key` and
+/// `value` borrow from the segment's memory map).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordView<'a> {
     pub sequence: u64,
     pub timestamp_ms: u64,
     pub producer_id: u64,
@@ -72,7 +73,7 @@ pub fn encoded_len(key_len: usize, value_len: usize) -> usize {
 }
 
 /// Appends one record to `buf`. The caller has checked the key and value limits.
-pub fn encode(buf: &mut Vec<u8>, f: &Fields<'_>) {
+pub fn encode(buf: &mut Vec<u8>, f: &RecordView<'_>) {
     debug_assert!(f.key.len() <= RECORD_KEY_BYTES_MAX);
     debug_assert!(f.value.len() <= RECORD_VALUE_BYTES_MAX);
     let total = encoded_len(f.key.len(), f.value.len());
@@ -228,7 +229,7 @@ mod tests {
     fn sample(buf: &mut Vec<u8>, key: &[u8], value: &[u8]) {
         encode(
             buf,
-            &Fields {
+            &RecordView {
                 sequence: 7,
                 timestamp_ms: 1_700_000_000_000,
                 producer_id: 3,
