@@ -908,11 +908,19 @@ impl Coordinator {
         partition: u16,
         committed: u64,
     ) {
-        if self.group_ids.contains_key(&(group.to_vec(), topic_id)) {
-            return;
+        if let Some(r) = self.restored_entry(group, topic_id) {
+            r.committed.insert(partition, committed);
         }
-        let r = self.restored.entry((group.to_vec(), topic_id)).or_default();
-        r.committed.insert(partition, committed);
+    }
+
+    /// What start-up restores for a group, unless the group already lives (its live
+    /// state wins over anything read back from disk).
+    fn restored_entry(&mut self, group: &[u8], topic_id: u16) -> Option<&mut Restored> {
+        let key = (group.to_vec(), topic_id);
+        if self.group_ids.contains_key(&key) {
+            return None;
+        }
+        Some(self.restored.entry(key).or_default())
     }
 
     /// At start: a DLQ record of this group already appended above the committed
@@ -925,14 +933,12 @@ impl Coordinator {
         partition: u16,
         sequence: u64,
     ) {
-        if self.group_ids.contains_key(&(group.to_vec(), topic_id)) {
-            return;
+        if let Some(r) = self.restored_entry(group, topic_id) {
+            r.dead_lettered
+                .entry(partition)
+                .or_default()
+                .insert(sequence);
         }
-        let r = self.restored.entry((group.to_vec(), topic_id)).or_default();
-        r.dead_lettered
-            .entry(partition)
-            .or_default()
-            .insert(sequence);
     }
 
     /// For `/stats`.
