@@ -837,7 +837,6 @@ impl Broker {
             self.coordinator.records_available(key.0, key.1);
         }
         self.flush_list = flush_list;
-        self.recount_data_bytes_if_needed();
         let mut sync_list = std::mem::take(&mut self.sync_list);
         for key in sync_list.drain(..) {
             self.start_sync(key);
@@ -850,12 +849,11 @@ impl Broker {
         // Dead letters appended by the pump are flushed on the next pass.
     }
 
-    fn recount_data_bytes_if_needed(&mut self) {
-        // Cheap enough per pass only while a cap is set; exact figures otherwise come
-        // from /stats, which sums the partitions itself.
-        if self.config.max_data_bytes > 0 {
-            self.data_bytes = self.partitions.values().map(|p| p.log.stats().bytes).sum();
-        }
+    /// Re-derives the data-dir size from the partitions. `data_bytes` is kept up to
+    /// date incrementally on every flush; this exact count (segment headers, retention
+    /// deletions) runs with housekeeping, not on every pass: it visits every partition.
+    fn recount_data_bytes(&mut self) {
+        self.data_bytes = self.partitions.values().map(|p| p.log.stats().bytes).sum();
     }
 
     fn start_sync(&mut self, key: (u16, u16)) {
@@ -1121,6 +1119,7 @@ impl Broker {
 
     /// Periodic housekeeping (about once a second): retention and producer expiry.
     pub fn housekeeping(&mut self, now: Now) {
+        self.recount_data_bytes();
         for part in self.partitions.values_mut() {
             match part.log.enforce_retention(now.wall_ms) {
                 Ok(report) if report.segments_deleted > 0 => {
