@@ -327,20 +327,13 @@ impl Broker {
             Err(e) => return settle_now(self, &e.to_string()),
         };
         origin.write(&mut value);
-        let group = self
-            .coordinator
-            .snapshot()
-            .groups
-            .into_iter()
-            .find(|g| g.group_id == group_id)
-            .map(|g| g.name)
-            .unwrap_or_default();
+        let group = self.coordinator.group_name(group_id).unwrap_or_default();
         // Group names are at most 255 bytes (MAX_GROUP_LEN_BYTES): the length fits a u8.
-        value.extend_from_slice(&group);
+        value.extend_from_slice(group);
         value.push(group.len() as u8);
         let record = AppendRecord {
             timestamp_ms: now.wall_ms,
-            producer_id: dlq_producer_id(&group),
+            producer_id: dlq_producer_id(group),
             producer_seq: origin.origin_sequence,
             flags: RECORD_FLAG_ORIGIN,
             key: &key,

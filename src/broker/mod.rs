@@ -583,12 +583,10 @@ impl Broker {
         self.after_registry_write(conn, slot, answer)
     }
 
-    /// Whether a pair has live subscriptions (DELETE with IF_UNUSED). Rare: a snapshot.
+    /// Whether a pair has live subscriptions (DELETE with IF_UNUSED).
     fn topic_in_use(&self, pair: &TopicPair) -> bool {
-        self.coordinator.snapshot().groups.iter().any(|g| {
-            (g.topic_id == pair.source_id() || g.topic_id == pair.twin_id())
-                && !g.members.is_empty()
-        })
+        self.coordinator.topic_has_members(pair.source_id())
+            || self.coordinator.topic_has_members(pair.twin_id())
     }
 
     fn delete_pair(&mut self, pair: &TopicPair) {
@@ -795,7 +793,7 @@ impl Broker {
     /// each dirty partition's buffered records with one write, answers the PUBs that
     /// needed only WRITTEN, and starts fdatasyncs and registry writes (group commit:
     /// at most one sync in flight per partition; what arrives meanwhile rides the next).
-    pub fn end_pass(&mut self, _now: Now) {
+    pub fn end_pass(&mut self, now: Now) {
         let mut flush_list = std::mem::take(&mut self.flush_list);
         for key in flush_list.drain(..) {
             let Some(part) = self.partitions.get_mut(&key) else {
@@ -844,8 +842,8 @@ impl Broker {
         self.sync_list = sync_list;
         self.start_registry_write();
         self.settle_dead_letters();
-        self.pump_consume(_now);
-        self.maybe_persist_positions(_now, false);
+        self.pump_consume(now);
+        self.maybe_persist_positions(now, false);
         // Dead letters appended by the pump are flushed on the next pass.
     }
 

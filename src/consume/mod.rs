@@ -942,6 +942,18 @@ impl Coordinator {
     }
 
     /// For `/stats`.
+    /// A live group's name (dead letters record it).
+    pub fn group_name(&self, group_id: u16) -> Option<&[u8]> {
+        self.groups.get(&group_id).map(|g| g.name.as_slice())
+    }
+
+    /// Whether any group on `topic_id` has a member (DECLARE DELETE with IF_UNUSED).
+    pub fn topic_has_members(&self, topic_id: u16) -> bool {
+        self.groups
+            .values()
+            .any(|g| g.topic_id == topic_id && !g.members.is_empty())
+    }
+
     pub fn snapshot(&self) -> CoordinatorSnapshot {
         CoordinatorSnapshot {
             groups: self.groups.values().map(Group::snapshot).collect(),
