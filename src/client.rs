@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::wire::frame::split_frame;
 use crate::wire::limits::{MAX_FRAME_LEN_BYTES, WIRE_VERSION};
 use crate::wire::ops::*;
-use crate::wire::ErrorCode;
+use crate::wire::{AckFlags, DeclareFlags, Durability, ErrorCode, NackReason, PubFlags};
 
 /// Bytes asked of the socket per read.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
@@ -116,31 +116,24 @@ impl From<&Msg<'_>> for Delivery {
 }
 
 impl Delivery {
-    /// The ACK that settles this delivery (`flags` bit0 PROGRESS only extends it).
-    pub fn ack(&self, flags: u16) -> Ack {
-        Ack {
+    pub fn delivery_ref(&self) -> DeliveryRef {
+        DeliveryRef {
             subscription_id: self.subscription_id,
             topic_id: self.topic_id,
             partition: self.partition,
-            seq: self.sequence,
+            sequence: self.sequence,
             delivery_id: self.delivery_id,
             ownership_epoch: self.ownership_epoch,
-            flags,
         }
     }
 
-    /// The NACK of this delivery: reason 0 RETRY, 1 REJECT.
-    pub fn nack(&self, reason: u8) -> Nack {
-        Nack {
-            subscription_id: self.subscription_id,
-            topic_id: self.topic_id,
-            partition: self.partition,
-            seq: self.sequence,
-            delivery_id: self.delivery_id,
-            ownership_epoch: self.ownership_epoch,
-            reason,
-            flags: 0,
-        }
+    /// The ACK that settles this delivery (with PROGRESS it only extends the deadline).
+    pub fn ack(&self, flags: AckFlags) -> Ack {
+        self.delivery_ref().ack(flags)
+    }
+
+    pub fn nack(&self, reason: NackReason) -> Nack {
+        self.delivery_ref().nack(reason)
     }
 }
 
@@ -170,12 +163,6 @@ pub struct Client {
     output: Vec<u8>,
     pushes: VecDeque<Push>,
 }
-
-/// PUB durability requests (flags bits 0–1).
-pub const DURABILITY_DEFAULT: u16 = 0;
-pub const DURABILITY_WRITTEN: u16 = 1;
-pub const DURABILITY_FSYNC: u16 = 2;
-pub const DURABILITY_REPLICATED: u16 = 3;
 
 impl Client {
     /// Opens a TCP connection without sending CONNECT.
@@ -332,7 +319,7 @@ impl Client {
         &mut self,
         topic: &str,
         partition_count: u16,
-        flags: u16,
+        flags: DeclareFlags,
     ) -> Result<DeclareResult> {
         self.request(&Frame::Declare(Declare {
             topic: topic.as_bytes(),
@@ -346,18 +333,19 @@ impl Client {
         self.request(&Frame::Pub(p.clone()))?.typed()
     }
 
-    /// A non-idempotent PUB of `value` with the given durability flags.
+    /// A non-idempotent PUB of `value` asking for `durability` (`None`: the broker's
+    /// default).
     pub fn publish_value(
         &mut self,
         topic_id: u16,
         partition: u16,
         value: &[u8],
-        durability: u16,
+        durability: Option<Durability>,
     ) -> Result<PubResult> {
         self.publish(&Pub {
             topic_id,
             partition,
-            flags: durability,
+            flags: PubFlags::requesting(durability),
             value,
             ..Pub::default()
         })

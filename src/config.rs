@@ -25,6 +25,8 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use crate::wire::Durability;
+
 /// Program name used in messages, so every error line starts the same way.
 const PROGRAM: &str = "mortard";
 
@@ -96,7 +98,7 @@ pub const RETENTION_AGE_DEFAULT: Duration = Duration::ZERO;
 /// 0 = unlimited.
 pub const MAX_DATA_SIZE_BYTES_DEFAULT: u64 = 0;
 pub const FSYNC_THREADS_DEFAULT: u32 = 2;
-pub const DURABILITY_DEFAULT: Durability = Durability::Fsync;
+pub const DURABILITY_DEFAULT: Durability = Durability::Fsynced;
 // Publish
 pub const PRODUCER_TTL_DEFAULT: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const MAX_PARTITIONS_DEFAULT: u16 = 64;
@@ -125,32 +127,6 @@ const _: () = assert!(MAX_OUTPUT_SIZE_BYTES_DEFAULT >= WIRE_FRAME_BYTES_MAX);
 const _: () = assert!(MAX_OUTPUT_SIZE_BYTES_DEFAULT >= MAX_CREDIT_SIZE_BYTES_DEFAULT);
 const _: () = assert!(MAX_MEMORY_BYTES_DEFAULT >= MAX_OUTPUT_SIZE_BYTES_DEFAULT);
 const _: () = assert!(FSYNC_THREADS_DEFAULT >= 1 && FSYNC_THREADS_DEFAULT <= FSYNC_THREADS_MAX);
-
-/// How far a PUB with durability DEFAULT is taken before it is answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Durability {
-    /// Answered once the record is written to its segment file, before it is synced;
-    /// a crash may lose it.
-    Written,
-    /// Answered once an fdatasync covering the record has returned.
-    Fsync,
-}
-
-impl Durability {
-    /// The flag spelling (`written` / `fsync`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Durability::Written => "written",
-            Durability::Fsync => "fsync",
-        }
-    }
-}
-
-impl fmt::Display for Durability {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// Everything `mortard` is told at start. One field per flag; see `mortard --help`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1034,9 +1010,8 @@ fn parse_path(s: &str) -> Result<PathBuf, String> {
 }
 
 fn parse_durability(s: &str) -> Result<Durability, String> {
-    match s {
-        "written" => Ok(Durability::Written),
-        "fsync" => Ok(Durability::Fsync),
+    match Durability::from_flag_name(s) {
+        Some(d @ (Durability::Written | Durability::Fsynced)) => Ok(d),
         _ => Err(format!("'{s}' is not a durability (use written or fsync)")),
     }
 }
@@ -1418,7 +1393,7 @@ mod tests {
     fn durability_values() {
         assert_eq!(
             run(&["--durability", "fsync"]).durability,
-            Durability::Fsync
+            Durability::Fsynced
         );
         assert_eq!(
             run(&["--durability=written"]).durability,
@@ -1493,7 +1468,7 @@ mod tests {
         assert_eq!(c.max_data_size_bytes, MAX_DATA_SIZE_BYTES_DEFAULT);
         assert_eq!(c.fsync_threads, 2);
         assert_eq!(c.fsync_threads, FSYNC_THREADS_DEFAULT);
-        assert_eq!(c.durability, Durability::Fsync);
+        assert_eq!(c.durability, Durability::Fsynced);
         assert_eq!(c.durability, DURABILITY_DEFAULT);
         assert_eq!(c.producer_ttl, Duration::from_secs(7 * 86_400));
         assert_eq!(c.producer_ttl, PRODUCER_TTL_DEFAULT);

@@ -11,8 +11,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use mortarmq::admin::Admin;
-use mortarmq::broker::{Broker, BrokerConfig, DefaultDurability, Now};
-use mortarmq::config::{self, Command, Config, Durability};
+use mortarmq::broker::{Broker, BrokerConfig, Now};
+use mortarmq::config::{self, Command, Config};
 use mortarmq::consume::ConsumeConfig;
 use mortarmq::log::LogConfig;
 use mortarmq::reactor::{Reactor, ReactorConfig};
@@ -78,10 +78,7 @@ fn run(config: Config) -> Result<(), String> {
     let tokens = load_tokens(&config)?;
     let broker_config = BrokerConfig {
         data_dir: config.data_dir.clone(),
-        durability: match config.durability {
-            Durability::Written => DefaultDurability::Written,
-            Durability::Fsync => DefaultDurability::Fsync,
-        },
+        durability: config.durability,
         log: LogConfig {
             segment_size_bytes: config.segment_size_bytes,
             retention_size_bytes: config.retention_size_bytes,

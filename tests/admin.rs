@@ -3,15 +3,20 @@
 mod common;
 
 use common::mortard::Mortard;
+use mortarmq::wire::{DeclareFlags, Durability};
 
 #[test]
 fn healthz_metrics_stats_and_errors() {
     // A data directory whose name needs JSON escaping.
     let broker = Mortard::start_in("da\"ta\\dir", &[]);
     let mut c = broker.client();
-    let topic = c.declare("orders", 2, 0).unwrap().topic_id;
+    let topic = c
+        .declare("orders", 2, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     for i in 0..5u8 {
-        c.publish_value(topic, 0, &[i], 2).unwrap();
+        c.publish_value(topic, 0, &[i], Some(Durability::Fsynced))
+            .unwrap();
     }
 
     assert_eq!(broker.http("GET", "/healthz"), (200, "ok\n".to_string()));

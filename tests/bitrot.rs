@@ -8,6 +8,7 @@ use std::time::Duration;
 use common::mortard::Mortard;
 use mortarmq::client::{Client, Push};
 use mortarmq::wire::ops::*;
+use mortarmq::wire::{AckFlags, ControlResult, DeclareFlags, Durability};
 
 const RECORDS: u64 = 60;
 
@@ -40,11 +41,14 @@ fn consume_all(c: &mut Client, topic: u16) -> Vec<(u64, Vec<u8>)> {
     while let Ok(push) = c.next_push() {
         match push {
             Push::Notice(n) => {
-                c.request(&Frame::ControlAck(ControlAck::answering(&n, 0)))
-                    .unwrap();
+                c.request(&Frame::ControlAck(ControlAck::answering(
+                    &n,
+                    ControlResult::Ok,
+                )))
+                .unwrap();
             }
             Push::Msg(m) => {
-                c.request(&Frame::Ack(m.ack(0))).unwrap();
+                c.request(&Frame::Ack(m.ack(AckFlags::empty()))).unwrap();
                 got.push((m.sequence, m.value));
             }
         }
@@ -61,9 +65,10 @@ fn corrupt_records(broker: &Mortard) -> u64 {
 fn setup() -> (Mortard, u16, std::path::PathBuf) {
     let mut broker = Mortard::start(&["--segment-size", "4KiB"]);
     let mut c = broker.client();
-    let topic = c.declare("rot", 1, 0).unwrap().topic_id;
+    let topic = c.declare("rot", 1, DeclareFlags::empty()).unwrap().topic_id;
     for i in 1..=RECORDS {
-        c.publish_value(topic, 0, &value(i), 2).unwrap();
+        c.publish_value(topic, 0, &value(i), Some(Durability::Fsynced))
+            .unwrap();
     }
     broker.terminate();
     let dir = broker

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::mortard::Mortard;
 use mortarmq::wire::errors::{After, Retry};
-use mortarmq::wire::{ErrorCode, Op};
+use mortarmq::wire::{DeclareFlags, Durability, ErrorCode, Op};
 
 /// Longest a single `mortarctl` run may take before the test fails.
 const RUN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -444,10 +444,18 @@ fn tokens_from_the_command_line_or_a_file() {
 fn check_verifies_a_stopped_brokers_data_and_repairs_a_torn_tail() {
     let mut broker = Mortard::start(&["--segment-size", "4KiB"]);
     let mut c = broker.client();
-    let topic = c.declare("checked", 1, 0).unwrap().topic_id;
+    let topic = c
+        .declare("checked", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     for i in 0..40u32 {
-        c.publish_value(topic, 0, format!("value-{i:03}-").repeat(10).as_bytes(), 2)
-            .unwrap();
+        c.publish_value(
+            topic,
+            0,
+            format!("value-{i:03}-").repeat(10).as_bytes(),
+            Some(Durability::Fsynced),
+        )
+        .unwrap();
     }
     drop(c);
     broker.terminate();

@@ -10,18 +10,23 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::mortard::Mortard;
-use mortarmq::client::{Client, ClientError, Delivery, Push, Reply, DURABILITY_FSYNC};
+use mortarmq::client::{Client, ClientError, Delivery, Push, Reply};
+use mortarmq::wire::limits::SUB_PARTITION_ANY;
 use mortarmq::wire::ops::*;
+use mortarmq::wire::{
+    AckFlags, ControlResult, DeclareFlags, Durability, ErrorCode, NackReason, PubFlags,
+    StartPolicy, SubFlags,
+};
 
 pub fn sub(c: &mut Client, group: &str, topic_id: u16, flags: u16) -> SubResult {
     c.request(&Frame::Sub(Sub {
         group: group.as_bytes(),
         topic_id,
-        partition: 0xFFFF,
-        start_policy: 0,
+        partition: SUB_PARTITION_ANY,
+        start_policy: StartPolicy::Earliest.as_code(),
         credit_count: 0,
         credit_bytes: 0,
-        flags,
+        flags: SubFlags::from_bits_retain(flags),
     }))
     .unwrap()
     .typed()
@@ -34,8 +39,11 @@ pub fn accept_assignments(c: &mut Client, n: usize) -> Vec<Notice> {
     while held.len() < n {
         match c.next_push().unwrap() {
             Push::Notice(notice) => {
-                c.request(&Frame::ControlAck(ControlAck::answering(&notice, 0)))
-                    .unwrap();
+                c.request(&Frame::ControlAck(ControlAck::answering(
+                    &notice,
+                    ControlResult::Ok,
+                )))
+                .unwrap();
                 if notice.kind == 0 {
                     held.push(notice);
                 }
@@ -54,17 +62,20 @@ pub fn next_msg(c: &mut Client) -> Delivery {
 }
 
 pub fn ack(c: &mut Client, m: &Delivery) -> mortarmq::client::Result<mortarmq::client::Reply> {
-    c.request(&Frame::Ack(m.ack(0)))
+    c.request(&Frame::Ack(m.ack(AckFlags::empty())))
 }
 
 #[test]
 fn sub_assign_control_ack_msg_ack_flow() {
     let broker = Mortard::start(&[]);
     let mut producer = broker.client();
-    let topic = producer.declare("flow", 2, 0).unwrap().topic_id;
+    let topic = producer
+        .declare("flow", 2, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     for i in 0..10u8 {
         producer
-            .publish_value(topic, u16::from(i % 2), &[i], 2)
+            .publish_value(topic, u16::from(i % 2), &[i], Some(Durability::Fsynced))
             .unwrap();
     }
     let mut consumer = broker.client();
@@ -88,7 +99,9 @@ fn sub_assign_control_ack_msg_ack_flow() {
     seen.sort();
     assert_eq!(seen, (0..10).collect::<Vec<u8>>());
     // New records flow to the member as they are published.
-    producer.publish_value(topic, 0, b"late", 1).unwrap();
+    producer
+        .publish_value(topic, 0, b"late", Some(Durability::Written))
+        .unwrap();
     let m = next_msg(&mut consumer);
     assert_eq!(m.value, b"late");
 }
@@ -144,7 +157,7 @@ fn sub_req(
         start_policy,
         credit_count,
         credit_bytes,
-        flags,
+        flags: SubFlags::from_bits_retain(flags),
     }))?
     .typed()
 }
@@ -193,38 +206,20 @@ fn next_msg_within(c: &mut Client, wait: Duration) -> Delivery {
 
 fn control_ack(c: &mut Client, n: &Notice, result: u8) -> mortarmq::client::Result<Reply> {
     c.request(&Frame::ControlAck(ControlAck {
-        notice_id: n.notice_id,
-        notice_kind: n.kind,
-        group_id: n.group_id,
-        membership_epoch: n.membership_epoch,
-        assignment_epoch: n.assignment_epoch,
-        ownership_epoch: n.ownership_epoch,
         result,
+        ..ControlAck::answering(n, ControlResult::Ok)
     }))
 }
 
 fn ack_flags(c: &mut Client, m: &Delivery, flags: u16) -> mortarmq::client::Result<Reply> {
-    c.request(&Frame::Ack(Ack {
-        subscription_id: m.subscription_id,
-        topic_id: m.topic_id,
-        partition: m.partition,
-        seq: m.sequence,
-        delivery_id: m.delivery_id,
-        ownership_epoch: m.ownership_epoch,
-        flags,
-    }))
+    c.request(&Frame::Ack(m.ack(AckFlags::from_bits_retain(flags))))
 }
 
 fn nack(c: &mut Client, m: &Delivery, reason: u8) -> mortarmq::client::Result<Reply> {
+    // The reason stays a raw code so that reserved values can be sent too.
     c.request(&Frame::Nack(Nack {
-        subscription_id: m.subscription_id,
-        topic_id: m.topic_id,
-        partition: m.partition,
-        seq: m.sequence,
-        delivery_id: m.delivery_id,
-        ownership_epoch: m.ownership_epoch,
         reason,
-        flags: 0,
+        ..m.nack(NackReason::Retry)
     }))
 }
 
@@ -302,7 +297,7 @@ fn publish_kv(c: &mut Client, topic_id: u16, partition: u16, key: &[u8], value: 
     c.publish(&Pub {
         topic_id,
         partition,
-        flags: DURABILITY_FSYNC,
+        flags: PubFlags::requesting(Some(Durability::Fsynced)),
         key,
         value,
         ..Pub::default()
@@ -310,17 +305,6 @@ fn publish_kv(c: &mut Client, topic_id: u16, partition: u16, key: &[u8], value: 
     .unwrap()
     .sequence
 }
-
-const INVALID_ARGUMENT: u16 = 0x0014;
-const UNKNOWN_TOPIC: u16 = 0x0008;
-const UNKNOWN_SUBSCRIPTION: u16 = 0x0020;
-const OWNERSHIP_FENCED: u16 = 0x0022;
-const UNKNOWN_DELIVERY: u16 = 0x0023;
-const INVALID_SUBSCRIPTION: u16 = 0x0024;
-const UNKNOWN_MEMBER: u16 = 0x0026;
-const UNKNOWN_NOTICE: u16 = 0x0027;
-const INVALID_GROUP_NAME: u16 = 0x2002;
-const CREDIT_LIMIT: u16 = 0x4005;
 
 /// A small deterministic generator (xorshift64*), so no extra dependency.
 struct Rng(u64);
@@ -499,9 +483,14 @@ fn poll_until(timeout: Duration, what: &str, mut done: impl FnMut() -> bool) {
 fn msg_flows_only_after_control_ack_of_assign() {
     let broker = Mortard::start(FAST);
     let mut producer = broker.client();
-    let topic = producer.declare("gate", 1, 0).unwrap().topic_id;
+    let topic = producer
+        .declare("gate", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     for i in 0..3u8 {
-        producer.publish_value(topic, 0, &[i], 2).unwrap();
+        producer
+            .publish_value(topic, 0, &[i], Some(Durability::Fsynced))
+            .unwrap();
     }
     let mut c = broker.client();
     let r = sub(&mut c, "g", topic, 0);
@@ -519,7 +508,9 @@ fn msg_flows_only_after_control_ack_of_assign() {
     );
     // Records are there, but the ASSIGN is not acknowledged: nothing flows.
     expect_silence(&mut c, Duration::from_millis(400));
-    producer.publish_value(topic, 0, b"more", 2).unwrap();
+    producer
+        .publish_value(topic, 0, b"more", Some(Durability::Fsynced))
+        .unwrap();
     expect_silence(&mut c, Duration::from_millis(200));
     control_ack(&mut c, &n, 0).unwrap();
     let seqs: Vec<u64> = (0..4)
@@ -536,15 +527,20 @@ fn msg_flows_only_after_control_ack_of_assign() {
 fn credit_count_window_and_credit_set_add() {
     let broker = Mortard::start(&flags(&["--max-credit-count", "8", "--ack-wait", "10s"]));
     let mut producer = broker.client();
-    let topic = producer.declare("credit", 1, 0).unwrap().topic_id;
+    let topic = producer
+        .declare("credit", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     for i in 0..12u8 {
-        producer.publish_value(topic, 0, &[i], 2).unwrap();
+        producer
+            .publish_value(topic, 0, &[i], Some(Durability::Fsynced))
+            .unwrap();
     }
     let mut c = broker.client();
     // Over the broker's maximum at SUB time.
     assert_eq!(
         err_code(sub_req(&mut c, b"g", topic, 0xFFFF, 0, 9, 0, 0)),
-        CREDIT_LIMIT
+        ErrorCode::CreditLimit.code()
     );
     let r = sub_req(&mut c, b"g", topic, 0xFFFF, 0, 2, 0, 0).unwrap();
     accept_assignments(&mut c, 1);
@@ -591,8 +587,14 @@ fn credit_count_window_and_credit_set_add() {
     expect_silence(&mut c, Duration::from_millis(300));
 
     // Over --max-credit-count: refused, window unchanged, nothing more flows.
-    assert_eq!(err_code(credit(&mut c, &r, 0, 9, 0)), CREDIT_LIMIT);
-    assert_eq!(err_code(credit(&mut c, &r, 1, 4, 0)), CREDIT_LIMIT);
+    assert_eq!(
+        err_code(credit(&mut c, &r, 0, 9, 0)),
+        ErrorCode::CreditLimit.code()
+    );
+    assert_eq!(
+        err_code(credit(&mut c, &r, 1, 4, 0)),
+        ErrorCode::CreditLimit.code()
+    );
     let cr = credit(&mut c, &r, 1, 0, 0).unwrap();
     assert_eq!(
         (cr.granted_count, cr.outstanding_count, cr.credit_epoch),
@@ -615,7 +617,10 @@ fn credit_count_window_and_credit_set_add() {
 fn credit_bytes_window_lets_one_oversized_record_through() {
     let broker = Mortard::start(&flags(&["--ack-wait", "10s"]));
     let mut producer = broker.client();
-    let topic = producer.declare("bytes", 1, 0).unwrap().topic_id;
+    let topic = producer
+        .declare("bytes", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     publish_kv(&mut producer, topic, 0, b"", &[7u8; 500]);
     for _ in 0..3 {
         publish_kv(&mut producer, topic, 0, b"k", &[1u8; 39]);
@@ -648,33 +653,38 @@ fn credit_bytes_window_lets_one_oversized_record_through() {
 fn consume_op_errors() {
     let broker = Mortard::start(FAST);
     let mut producer = broker.client();
-    let topic = producer.declare("errs", 1, 0).unwrap().topic_id;
-    producer.publish_value(topic, 0, b"x", 2).unwrap();
+    let topic = producer
+        .declare("errs", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
+    producer
+        .publish_value(topic, 0, b"x", Some(Durability::Fsynced))
+        .unwrap();
     let mut c = broker.client();
 
     // SUB validation.
     assert_eq!(
         err_code(sub_req(&mut c, b"g", topic, 0, 0, 0, 0, 0)),
-        INVALID_SUBSCRIPTION
+        ErrorCode::InvalidSubscription.code()
     );
     assert_eq!(
         err_code(sub_req(&mut c, b"g", topic, 0xFFFF, 2, 0, 0, 0)),
-        INVALID_SUBSCRIPTION
+        ErrorCode::InvalidSubscription.code()
     );
     assert_eq!(
         err_code(sub_req(&mut c, b"", topic, 0xFFFF, 0, 0, 0, 0)),
-        INVALID_SUBSCRIPTION
+        ErrorCode::InvalidSubscription.code()
     );
     for bad in [&b"bad name"[..], b"a/b", b"caf\xc3\xa9", &[b'g'; 256]] {
         assert_eq!(
             err_code(sub_req(&mut c, bad, topic, 0xFFFF, 0, 0, 0, 0)),
-            INVALID_GROUP_NAME,
+            ErrorCode::InvalidGroupName.code(),
             "group {bad:?}"
         );
     }
     assert_eq!(
         err_code(sub_req(&mut c, b"g", 99, 0xFFFF, 0, 0, 0, 0)),
-        UNKNOWN_TOPIC
+        ErrorCode::UnknownTopic.code()
     );
 
     let r = sub(&mut c, "g", topic, 0);
@@ -685,58 +695,97 @@ fn consume_op_errors() {
     // ACK fencing: wrong ownership epoch, nothing changes.
     let mut wrong = m.clone();
     wrong.ownership_epoch += 1;
-    assert_eq!(err_code(ack(&mut c, &wrong)), OWNERSHIP_FENCED);
-    assert_eq!(err_code(nack(&mut c, &wrong, 1)), OWNERSHIP_FENCED);
+    assert_eq!(
+        err_code(ack(&mut c, &wrong)),
+        ErrorCode::OwnershipFenced.code()
+    );
+    assert_eq!(
+        err_code(nack(&mut c, &wrong, 1)),
+        ErrorCode::OwnershipFenced.code()
+    );
     // Unknown delivery: another delivery id, another sequence.
     let mut unknown = m.clone();
     unknown.delivery_id += 1000;
-    assert_eq!(err_code(ack(&mut c, &unknown)), UNKNOWN_DELIVERY);
+    assert_eq!(
+        err_code(ack(&mut c, &unknown)),
+        ErrorCode::UnknownDelivery.code()
+    );
     let mut unknown = m.clone();
     unknown.sequence += 1;
-    assert_eq!(err_code(ack(&mut c, &unknown)), UNKNOWN_DELIVERY);
+    assert_eq!(
+        err_code(ack(&mut c, &unknown)),
+        ErrorCode::UnknownDelivery.code()
+    );
     // Unknown subscription.
     let mut other_sub = m.clone();
     other_sub.subscription_id = 99;
-    assert_eq!(err_code(ack(&mut c, &other_sub)), UNKNOWN_SUBSCRIPTION);
-    assert_eq!(err_code(nack(&mut c, &other_sub, 0)), UNKNOWN_SUBSCRIPTION);
+    assert_eq!(
+        err_code(ack(&mut c, &other_sub)),
+        ErrorCode::UnknownSubscription.code()
+    );
+    assert_eq!(
+        err_code(nack(&mut c, &other_sub, 0)),
+        ErrorCode::UnknownSubscription.code()
+    );
     // Reserved NACK reasons.
-    assert_eq!(err_code(nack(&mut c, &m, 2)), INVALID_ARGUMENT);
-    assert_eq!(err_code(nack(&mut c, &m, 3)), INVALID_ARGUMENT);
+    assert_eq!(
+        err_code(nack(&mut c, &m, 2)),
+        ErrorCode::InvalidArgument.code()
+    );
+    assert_eq!(
+        err_code(nack(&mut c, &m, 3)),
+        ErrorCode::InvalidArgument.code()
+    );
     // The delivery survived all of that.
     ack(&mut c, &m).unwrap();
-    assert_eq!(err_code(ack(&mut c, &m)), UNKNOWN_DELIVERY, "settled twice");
+    assert_eq!(
+        err_code(ack(&mut c, &m)),
+        ErrorCode::UnknownDelivery.code(),
+        "settled twice"
+    );
 
     // HEARTBEAT with a wrong member or membership epoch.
     let mut wrong_member = r;
     wrong_member.member_id += 7;
     assert_eq!(
         err_code(heartbeat(&mut c, &wrong_member, 1, 0)),
-        UNKNOWN_MEMBER
+        ErrorCode::UnknownMember.code()
     );
     let mut wrong_epoch = r;
     wrong_epoch.membership_epoch += 7;
     assert_eq!(
         err_code(heartbeat(&mut c, &wrong_epoch, 1, 0)),
-        UNKNOWN_MEMBER
+        ErrorCode::UnknownMember.code()
     );
     heartbeat(&mut c, &r, 1, 0).unwrap();
-    assert_eq!(err_code(heartbeat(&mut c, &r, 1, 2)), INVALID_ARGUMENT);
+    assert_eq!(
+        err_code(heartbeat(&mut c, &r, 1, 2)),
+        ErrorCode::InvalidArgument.code()
+    );
 
     // CONTROL_ACK of an unknown notice, and of one already acknowledged.
     let mut bogus = notices[0].clone();
     bogus.notice_id = 9999;
-    assert_eq!(err_code(control_ack(&mut c, &bogus, 0)), UNKNOWN_NOTICE);
+    assert_eq!(
+        err_code(control_ack(&mut c, &bogus, 0)),
+        ErrorCode::UnknownNotice.code()
+    );
     assert_eq!(
         err_code(control_ack(&mut c, &notices[0], 0)),
-        UNKNOWN_NOTICE
+        ErrorCode::UnknownNotice.code()
     );
 
     // CREDIT mode 2.
-    assert_eq!(err_code(credit(&mut c, &r, 2, 1, 0)), INVALID_ARGUMENT);
+    assert_eq!(
+        err_code(credit(&mut c, &r, 2, 1, 0)),
+        ErrorCode::InvalidArgument.code()
+    );
 
     // Every error above kept the connection.
     c.ping().unwrap();
-    producer.publish_value(topic, 0, b"y", 2).unwrap();
+    producer
+        .publish_value(topic, 0, b"y", Some(Durability::Fsynced))
+        .unwrap();
     assert_eq!(next_msg_within(&mut c, Duration::from_secs(5)).value, b"y");
 }
 
@@ -746,8 +795,13 @@ fn consume_op_errors() {
 fn unacked_delivery_is_redelivered_after_ack_wait() {
     let broker = Mortard::start(&flags(&["--ack-wait", "1s"]));
     let mut producer = broker.client();
-    let topic = producer.declare("redeliver", 1, 0).unwrap().topic_id;
-    producer.publish_value(topic, 0, b"once", 2).unwrap();
+    let topic = producer
+        .declare("redeliver", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
+    producer
+        .publish_value(topic, 0, b"once", Some(Durability::Fsynced))
+        .unwrap();
     let mut c = broker.client();
     sub(&mut c, "g", topic, 0);
     accept_assignments(&mut c, 1);
@@ -766,7 +820,10 @@ fn unacked_delivery_is_redelivered_after_ack_wait() {
     );
     assert_ne!(again.delivery_id, first.delivery_id);
     // The expired delivery is no longer outstanding; the new one is.
-    assert_eq!(err_code(ack(&mut c, &first)), UNKNOWN_DELIVERY);
+    assert_eq!(
+        err_code(ack(&mut c, &first)),
+        ErrorCode::UnknownDelivery.code()
+    );
     ack(&mut c, &again).unwrap();
     expect_silence(&mut c, Duration::from_millis(600));
 }
@@ -775,8 +832,13 @@ fn unacked_delivery_is_redelivered_after_ack_wait() {
 fn ack_progress_postpones_expiry() {
     let broker = Mortard::start(&flags(&["--ack-wait", "600ms"]));
     let mut producer = broker.client();
-    let topic = producer.declare("progress", 1, 0).unwrap().topic_id;
-    producer.publish_value(topic, 0, b"slow", 2).unwrap();
+    let topic = producer
+        .declare("progress", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
+    producer
+        .publish_value(topic, 0, b"slow", Some(Durability::Fsynced))
+        .unwrap();
     let mut c = broker.client();
     sub(&mut c, "g", topic, 0);
     accept_assignments(&mut c, 1);
@@ -803,8 +865,13 @@ fn nack_retry_redelivers_after_nack_delay() {
         "5s",
     ]);
     let mut producer = broker.client();
-    let topic = producer.declare("retry", 1, 0).unwrap().topic_id;
-    producer.publish_value(topic, 0, b"r", 2).unwrap();
+    let topic = producer
+        .declare("retry", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
+    producer
+        .publish_value(topic, 0, b"r", Some(Durability::Fsynced))
+        .unwrap();
     let mut c = broker.client();
     sub(&mut c, "g", topic, 0);
     accept_assignments(&mut c, 1);
@@ -812,7 +879,11 @@ fn nack_retry_redelivers_after_nack_delay() {
     for attempt in 2..=3 {
         let t0 = Instant::now();
         nack(&mut c, &m, 0).unwrap();
-        assert_eq!(err_code(ack(&mut c, &m)), UNKNOWN_DELIVERY, "NACK settles");
+        assert_eq!(
+            err_code(ack(&mut c, &m)),
+            ErrorCode::UnknownDelivery.code(),
+            "NACK settles"
+        );
         let again = next_msg_within(&mut c, Duration::from_secs(5));
         let waited = t0.elapsed();
         assert!(
@@ -837,7 +908,10 @@ fn nack_retry_redelivers_after_nack_delay() {
 fn nack_reject_dead_letters_to_twin_with_origin() {
     let broker = Mortard::start(FAST);
     let mut producer = broker.client();
-    let topic = producer.declare("orders", 2, 0).unwrap().topic_id;
+    let topic = producer
+        .declare("orders", 2, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     publish_kv(&mut producer, topic, 1, b"k0", b"fine");
     publish_kv(&mut producer, topic, 1, b"poison-key", b"poison-value");
     let mut c = broker.client();
@@ -849,7 +923,10 @@ fn nack_reject_dead_letters_to_twin_with_origin() {
     assert!(fine.origin.is_none() && bad.origin.is_none());
     ack(&mut c, &fine).unwrap();
     nack(&mut c, &bad, 1).unwrap();
-    assert_eq!(err_code(ack(&mut c, &bad)), UNKNOWN_DELIVERY);
+    assert_eq!(
+        err_code(ack(&mut c, &bad)),
+        ErrorCode::UnknownDelivery.code()
+    );
     // Settled by the dead letter: never redelivered to this group.
     expect_silence(&mut c, Duration::from_millis(600));
 
@@ -857,7 +934,7 @@ fn nack_reject_dead_letters_to_twin_with_origin() {
     let dlq = topic + 1;
     assert_eq!(
         producer
-            .declare("orders.dlq", 2, 4)
+            .declare("orders.dlq", 2, DeclareFlags::PASSIVE)
             .map(|d| d.topic_id)
             .ok(),
         None,
@@ -889,7 +966,10 @@ fn nack_reject_dead_letters_to_twin_with_origin() {
 fn max_attempts_dead_letters_exactly_once() {
     let broker = Mortard::start(&flags(&["--max-attempts", "2", "--ack-wait", "300ms"]));
     let mut producer = broker.client();
-    let topic = producer.declare("flaky", 1, 0).unwrap().topic_id;
+    let topic = producer
+        .declare("flaky", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     publish_kv(&mut producer, topic, 0, b"key", b"never-acked");
     let mut c = broker.client();
     sub(&mut c, "g", topic, 0);
@@ -934,7 +1014,10 @@ fn max_attempts_dead_letters_exactly_once() {
 fn pull_mode() {
     let broker = Mortard::start(&flags(&["--session-timeout", "10s", "--ack-wait", "10s"]));
     let mut producer = broker.client();
-    let topic = producer.declare("pulled", 2, 0).unwrap().topic_id;
+    let topic = producer
+        .declare("pulled", 2, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     let mut c = broker.client();
     let r = sub(&mut c, "g", topic, 1);
     let held = accept_assignments(&mut c, 2);
@@ -944,12 +1027,17 @@ fn pull_mode() {
     // Empty, wait 0: just OK.
     assert!(pull(&mut c, &r, ae, 10, 0).unwrap().is_empty());
     // max_msgs 0.
-    assert_eq!(err_code(pull(&mut c, &r, ae, 0, 0)), INVALID_ARGUMENT);
+    assert_eq!(
+        err_code(pull(&mut c, &r, ae, 0, 0)),
+        ErrorCode::InvalidArgument.code()
+    );
     // An older assignment epoch.
     assert_eq!(err_code(pull(&mut c, &r, ae - 1, 10, 0)), 0x0021);
 
     for i in 0..5u16 {
-        producer.publish_value(topic, i % 2, &[i as u8], 2).unwrap();
+        producer
+            .publish_value(topic, i % 2, &[i as u8], Some(Durability::Fsynced))
+            .unwrap();
     }
     // PULL_MODE: nothing is pushed.
     expect_silence(&mut c, Duration::from_millis(400));
@@ -981,7 +1069,9 @@ fn pull_mode() {
     }))
     .unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    producer.publish_value(topic, 1, b"late", 2).unwrap();
+    producer
+        .publish_value(topic, 1, b"late", Some(Durability::Fsynced))
+        .unwrap();
     c.recv_reply().unwrap();
     let answered = t0.elapsed();
     let late = take_kept_msgs(&mut c);
@@ -1021,12 +1111,20 @@ fn rebalance_is_cooperative_and_loses_nothing() {
         "10s",
     ]);
     let mut producer = broker.client();
-    let topic = producer.declare("churn", 4, 0).unwrap().topic_id;
+    let topic = producer
+        .declare("churn", 4, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     let mut next = 0u32;
     let mut publish = |producer: &mut Client, n: u32| {
         for _ in 0..n {
             producer
-                .publish_value(topic, (next % 4) as u16, &next.to_be_bytes(), 2)
+                .publish_value(
+                    topic,
+                    (next % 4) as u16,
+                    &next.to_be_bytes(),
+                    Some(Durability::Fsynced),
+                )
                 .unwrap();
             next += 1;
         }
@@ -1095,7 +1193,11 @@ fn rebalance_is_cooperative_and_loses_nothing() {
         |m| !m[2].received.is_empty(),
     );
     c.heartbeat(1).unwrap();
-    assert_eq!(err_code(c.heartbeat(0)), UNKNOWN_MEMBER, "after LEAVE");
+    assert_eq!(
+        err_code(c.heartbeat(0)),
+        ErrorCode::UnknownMember.code(),
+        "after LEAVE"
+    );
     c.held.clear();
     pump_until(
         &mut [&mut a, &mut b],
@@ -1130,9 +1232,14 @@ fn rebalance_is_cooperative_and_loses_nothing() {
 fn killed_consumer_unacked_records_go_to_the_survivor() {
     let broker = Mortard::start(&flags(&["--ack-wait", "10s"]));
     let mut producer = broker.client();
-    let topic = producer.declare("crashy", 1, 0).unwrap().topic_id;
+    let topic = producer
+        .declare("crashy", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     for i in 1..=10u8 {
-        producer.publish_value(topic, 0, &[i], 2).unwrap();
+        producer
+            .publish_value(topic, 0, &[i], Some(Durability::Fsynced))
+            .unwrap();
     }
     let mut a = broker.client();
     sub_req(&mut a, b"g", topic, 0xFFFF, 0, 5, 0, 0).unwrap();
@@ -1174,7 +1281,10 @@ fn killed_consumer_unacked_records_go_to_the_survivor() {
 fn silent_member_is_expelled_after_session_timeout() {
     let broker = Mortard::start(&flags(&["--session-timeout", "1s"]));
     let mut producer = broker.client();
-    let topic = producer.declare("sessions", 2, 0).unwrap().topic_id;
+    let topic = producer
+        .declare("sessions", 2, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     let mut a = Member::join(&broker, "g", topic);
     pump_until(&mut [&mut a], Duration::from_secs(5), "A holds 2", |m| {
         m[0].held.len() == 2
@@ -1199,10 +1309,14 @@ fn silent_member_is_expelled_after_session_timeout() {
         after >= Duration::from_millis(700),
         "expelled after {after:?}"
     );
-    assert_eq!(err_code(b.heartbeat(0)), UNKNOWN_MEMBER);
+    assert_eq!(err_code(b.heartbeat(0)), ErrorCode::UnknownMember.code());
     // A still is a member and receives from both partitions.
-    producer.publish_value(topic, 0, b"p0", 2).unwrap();
-    producer.publish_value(topic, 1, b"p1", 2).unwrap();
+    producer
+        .publish_value(topic, 0, b"p0", Some(Durability::Fsynced))
+        .unwrap();
+    producer
+        .publish_value(topic, 1, b"p1", Some(Durability::Fsynced))
+        .unwrap();
     pump_until(&mut [&mut a], Duration::from_secs(5), "2 records", |m| {
         m[0].acked.len() == 2
     });
@@ -1216,9 +1330,14 @@ const POSITION_ACKED: u64 = 4;
 /// Publishes 10 records, receives all, acks 1..=4, waits until the groups file says so.
 fn consume_four_of_ten(broker: &Mortard) -> u16 {
     let mut producer = broker.client();
-    let topic = producer.declare("positions", 1, 0).unwrap().topic_id;
+    let topic = producer
+        .declare("positions", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     for i in 1..=POSITION_RECORDS {
-        producer.publish_value(topic, 0, &[i as u8], 2).unwrap();
+        producer
+            .publish_value(topic, 0, &[i as u8], Some(Durability::Fsynced))
+            .unwrap();
     }
     let mut c = broker.client();
     sub(&mut c, "pos", topic, 0);
@@ -1285,16 +1404,25 @@ fn positions_survive_sigkill_at_least_once() {
 fn start_policy_latest_skips_earlier_records() {
     let broker = Mortard::start(&flags(&["--ack-wait", "10s"]));
     let mut producer = broker.client();
-    let topic = producer.declare("latest", 2, 0).unwrap().topic_id;
+    let topic = producer
+        .declare("latest", 2, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     for i in 0..6u16 {
-        producer.publish_value(topic, i % 2, b"old", 2).unwrap();
+        producer
+            .publish_value(topic, i % 2, b"old", Some(Durability::Fsynced))
+            .unwrap();
     }
     let mut c = broker.client();
     sub_req(&mut c, b"tail", topic, 0xFFFF, 1, 0, 0, 0).unwrap();
     accept_assignments(&mut c, 2);
     expect_silence(&mut c, Duration::from_millis(400));
-    producer.publish_value(topic, 0, b"new0", 2).unwrap();
-    producer.publish_value(topic, 1, b"new1", 2).unwrap();
+    producer
+        .publish_value(topic, 0, b"new0", Some(Durability::Fsynced))
+        .unwrap();
+    producer
+        .publish_value(topic, 1, b"new1", Some(Durability::Fsynced))
+        .unwrap();
     let mut got: Vec<(u16, u64, Vec<u8>)> = (0..2)
         .map(|_| next_msg_within(&mut c, Duration::from_secs(5)))
         .map(|m| (m.partition, m.sequence, m.value))
@@ -1346,7 +1474,7 @@ fn soak_producers_and_churning_consumers_settle_everything() {
     ]);
     let topic = broker
         .client()
-        .declare("soak", SOAK_PARTITIONS, 0)
+        .declare("soak", SOAK_PARTITIONS, DeclareFlags::empty())
         .unwrap()
         .topic_id;
     let stop = Arc::new(AtomicBool::new(false));
@@ -1373,7 +1501,7 @@ fn soak_producers_and_churning_consumers_settle_everything() {
                             partition: p,
                             producer_id: i + 1,
                             producer_seq: next_seq[p as usize],
-                            flags: DURABILITY_FSYNC,
+                            flags: PubFlags::requesting(Some(Durability::Fsynced)),
                             key: b"soak",
                             value: value.as_bytes(),
                         }));
@@ -1382,7 +1510,7 @@ fn soak_producers_and_churning_consumers_settle_everything() {
                     for n in start..end {
                         let p = ((n + i) % u64::from(SOAK_PARTITIONS)) as u16;
                         let r: PubResult = c.recv_reply().unwrap().typed().unwrap();
-                        assert_eq!(r.result_flags & 1, 0, "deduplicated");
+                        assert_eq!(r.result_flags.bits() & 1, 0, "deduplicated");
                         assert_eq!(r.durability, 2);
                         published.push((p, r.sequence));
                         produced.fetch_add(1, Ordering::Relaxed);
@@ -1537,7 +1665,10 @@ fn soak_producers_and_churning_consumers_settle_everything() {
 fn sub_ok_is_written_before_its_notices() {
     let broker = Mortard::start(FAST);
     let mut producer = broker.client();
-    let topic = producer.declare("order", 3, 0).unwrap().topic_id;
+    let topic = producer
+        .declare("order", 3, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     let mut c = broker.client();
     c.send(&Frame::Sub(Sub {
         group: b"g",
@@ -1558,8 +1689,13 @@ fn sub_ok_is_written_before_its_notices() {
 fn refused_assign_is_offered_again() {
     let broker = Mortard::start(FAST);
     let mut producer = broker.client();
-    let topic = producer.declare("refuse", 1, 0).unwrap().topic_id;
-    producer.publish_value(topic, 0, b"x", 2).unwrap();
+    let topic = producer
+        .declare("refuse", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
+    producer
+        .publish_value(topic, 0, b"x", Some(Durability::Fsynced))
+        .unwrap();
     let mut c = broker.client();
     sub(&mut c, "g", topic, 0);
     let Some(Push::Notice(n1)) = try_push(&mut c, Duration::from_secs(5)) else {
@@ -1582,9 +1718,16 @@ fn refused_assign_is_offered_again() {
 fn moved_partition_fences_the_old_owner() {
     let broker = Mortard::start(&flags(&["--ack-wait", "10s", "--session-timeout", "5s"]));
     let mut producer = broker.client();
-    let topic = producer.declare("fence", 2, 0).unwrap().topic_id;
-    producer.publish_value(topic, 0, b"p0", 2).unwrap();
-    producer.publish_value(topic, 1, b"p1", 2).unwrap();
+    let topic = producer
+        .declare("fence", 2, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
+    producer
+        .publish_value(topic, 0, b"p0", Some(Durability::Fsynced))
+        .unwrap();
+    producer
+        .publish_value(topic, 1, b"p1", Some(Durability::Fsynced))
+        .unwrap();
     let mut a = broker.client();
     sub(&mut a, "g", topic, 0);
     accept_assignments(&mut a, 2);
@@ -1614,8 +1757,14 @@ fn moved_partition_fences_the_old_owner() {
     assert_eq!(redelivered.attempt, 2);
     assert_eq!(redelivered.ownership_epoch, p1.ownership_epoch + 1);
     // A's delivery is fenced now; its other partition is untouched.
-    assert_eq!(err_code(ack(&mut a, &p1)), OWNERSHIP_FENCED);
-    assert_eq!(err_code(nack(&mut a, &p1, 0)), OWNERSHIP_FENCED);
+    assert_eq!(
+        err_code(ack(&mut a, &p1)),
+        ErrorCode::OwnershipFenced.code()
+    );
+    assert_eq!(
+        err_code(nack(&mut a, &p1, 0)),
+        ErrorCode::OwnershipFenced.code()
+    );
     ack(&mut a, &held[&0]).unwrap();
 }
 
@@ -1623,7 +1772,10 @@ fn moved_partition_fences_the_old_owner() {
 fn unanswered_revoke_moves_after_revoke_timeout() {
     let broker = Mortard::start(&flags(&["--ack-wait", "10s", "--session-timeout", "5s"]));
     let mut producer = broker.client();
-    let topic = producer.declare("stubborn", 2, 0).unwrap().topic_id;
+    let topic = producer
+        .declare("stubborn", 2, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     let mut a = broker.client();
     let ra = sub(&mut a, "g", topic, 0);
     accept_assignments(&mut a, 2);
@@ -1647,7 +1799,7 @@ fn unanswered_revoke_moves_after_revoke_timeout() {
     // The late CONTROL_ACK finds nothing to do; the notice is no longer pending.
     let late = control_ack(&mut a, &revoke, 0);
     assert!(
-        late.is_ok() || err_code(late) == UNKNOWN_NOTICE,
+        late.is_ok() || err_code(late) == ErrorCode::UnknownNotice.code(),
         "late CONTROL_ACK"
     );
 }
@@ -1656,7 +1808,10 @@ fn unanswered_revoke_moves_after_revoke_timeout() {
 fn dead_letter_is_not_repeated_after_sigkill() {
     let mut broker = Mortard::start(&flags(&["--ack-wait", "10s"]));
     let mut producer = broker.client();
-    let topic = producer.declare("crashdlq", 1, 0).unwrap().topic_id;
+    let topic = producer
+        .declare("crashdlq", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     for v in [&b"held"[..], b"poison", b"after"] {
         publish_kv(&mut producer, topic, 0, b"", v);
     }
@@ -1712,9 +1867,14 @@ fn positions_are_persisted_at_clean_shutdown() {
     // The interval never comes round: only the shutdown can write the position.
     let mut broker = Mortard::start(&flags(&["--commit-interval", "1h", "--ack-wait", "10s"]));
     let mut producer = broker.client();
-    let topic = producer.declare("shutdown", 1, 0).unwrap().topic_id;
+    let topic = producer
+        .declare("shutdown", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     for i in 1..=POSITION_RECORDS {
-        producer.publish_value(topic, 0, &[i as u8], 2).unwrap();
+        producer
+            .publish_value(topic, 0, &[i as u8], Some(Durability::Fsynced))
+            .unwrap();
     }
     let mut c = broker.client();
     sub(&mut c, "pos", topic, 0);

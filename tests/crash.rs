@@ -18,9 +18,10 @@ use std::time::{Duration, Instant};
 
 use common::mortard::Mortard;
 use common::rng::Rng;
-use mortarmq::client::{Client, ClientError, DURABILITY_FSYNC};
+use mortarmq::client::{Client, ClientError};
 use mortarmq::log::{LogConfig, PartitionLog};
 use mortarmq::wire::ops::{Frame, Pub, PubResult};
+use mortarmq::wire::{DeclareFlags, Durability, PubFlags};
 
 const PRODUCERS: u64 = 4;
 const PIPELINE: usize = 16;
@@ -89,7 +90,7 @@ fn queue_pub(c: &mut Client, topic: u16, p: u64, s: Sent) {
         partition: s.partition,
         producer_id: producer_id(p),
         producer_seq: s.producer_seq,
-        flags: DURABILITY_FSYNC,
+        flags: PubFlags::requesting(Some(Durability::Fsynced)),
         key: b"",
         value: &value,
     }));
@@ -155,7 +156,7 @@ fn run_producer(p: u64, topic: u16, shared: &Shared, seed: u64) -> Report {
                     partition: s.partition,
                     producer_seq: s.producer_seq,
                     sequence: r.sequence,
-                    deduplicated: r.result_flags & 1 != 0,
+                    deduplicated: r.result_flags.bits() & 1 != 0,
                     leader_epoch: r.leader_epoch,
                 });
                 shared.acks.fetch_add(1, Ordering::SeqCst);
@@ -208,7 +209,9 @@ fn acknowledged_pubs_survive_sigkill_and_retries_are_deduplicated() {
     let mut broker = Mortard::start(&["--segment-size", "256KiB"]);
     let topic = {
         let mut c = broker.client();
-        c.declare("crash", PARTITIONS, 0).unwrap().topic_id
+        c.declare("crash", PARTITIONS, DeclareFlags::empty())
+            .unwrap()
+            .topic_id
     };
     let shared = Arc::new(Shared {
         addr: Mutex::new(broker.addr),

@@ -15,10 +15,12 @@ use std::time::{Duration, Instant};
 use common::mortard::Mortard;
 use common::rng::Rng;
 use mortarmq::broker::deliver::{dlq_producer_id, split_origin};
-use mortarmq::client::{Client, ClientError, Push, DURABILITY_FSYNC, DURABILITY_WRITTEN};
+use mortarmq::client::{Client, ClientError, Push};
 use mortarmq::log::{LogConfig, PartitionLog};
 use mortarmq::wire::ops::*;
-use mortarmq::wire::ErrorCode;
+use mortarmq::wire::{
+    AckFlags, ControlResult, DeclareFlags, Durability, ErrorCode, NackReason, PubFlags, SubFlags,
+};
 
 const KILLS_PER_SCENARIO: usize = 10;
 
@@ -112,7 +114,11 @@ fn read_partition(
 fn publish_scenario(segment_size: &str, value_bytes: usize) {
     let mut rng = Rng::from_env();
     let mut broker = Mortard::start(&["--segment-size", segment_size]);
-    let topic = broker.client().declare("crash", 1, 0).unwrap().topic_id;
+    let topic = broker
+        .client()
+        .declare("crash", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     // producer_seq -> acknowledged sequence; next_seq: the next seq never sent.
     let state = Arc::new(Mutex::new((BTreeMap::<u64, u64>::new(), 1u64)));
     let value = move |seq: u64| -> Vec<u8> {
@@ -136,7 +142,7 @@ fn publish_scenario(segment_size: &str, value_bytes: usize) {
                     topic_id: topic,
                     producer_id: 77,
                     producer_seq: next,
-                    flags: DURABILITY_FSYNC,
+                    flags: PubFlags::requesting(Some(Durability::Fsynced)),
                     value: &v,
                     ..Pub::default()
                 }));
@@ -167,7 +173,7 @@ fn publish_scenario(segment_size: &str, value_bytes: usize) {
                     topic_id: topic,
                     producer_id: 77,
                     producer_seq: seq,
-                    flags: DURABILITY_FSYNC,
+                    flags: PubFlags::requesting(Some(Durability::Fsynced)),
                     value: &v,
                     ..Pub::default()
                 })
@@ -243,11 +249,11 @@ fn c_creating_and_deleting_topics() {
             let name = format!("t{n}");
             let partitions = (n % 3) as u16 + 1;
             out.lock().unwrap().0.remove(&name);
-            let Ok(r) = c.declare(&name, partitions, 0) else {
+            let Ok(r) = c.declare(&name, partitions, DeclareFlags::empty()) else {
                 return;
             };
             out.lock().unwrap().0.insert(name.clone(), Some(partitions));
-            if c.publish_value(r.topic_id, 0, b"x", DURABILITY_FSYNC)
+            if c.publish_value(r.topic_id, 0, b"x", Some(Durability::Fsynced))
                 .is_err()
             {
                 return;
@@ -256,7 +262,7 @@ fn c_creating_and_deleting_topics() {
                 let victim = format!("t{}", n - 1);
                 // Unknown until answered: forget what we knew of it.
                 let before = out.lock().unwrap().0.remove(&victim);
-                match c.declare(&victim, 0, 0x0001) {
+                match c.declare(&victim, 0, DeclareFlags::DELETE) {
                     Ok(_) => {
                         out.lock().unwrap().0.insert(victim, None);
                     }
@@ -275,11 +281,11 @@ fn c_creating_and_deleting_topics() {
     let check = |broker: &Mortard, outcome: &BTreeMap<String, Option<u16>>| {
         let mut c = broker.client();
         for (name, expect) in outcome {
-            match (expect, c.declare(name, 0, 0x0004)) {
+            match (expect, c.declare(name, 0, DeclareFlags::PASSIVE)) {
                 (Some(partitions), Ok(r)) => {
                     assert_eq!(r.partition_count, *partitions, "{name}");
                     for p in 0..*partitions {
-                        c.publish_value(r.topic_id, p, b"check", DURABILITY_WRITTEN)
+                        c.publish_value(r.topic_id, p, b"check", Some(Durability::Written))
                             .unwrap_or_else(|e| panic!("{name} half-created: partition {p}: {e}"));
                     }
                 }
@@ -314,7 +320,7 @@ fn sub(c: &mut Client, group: &str, topic_id: u16) -> Option<SubResult> {
         start_policy: 0,
         credit_count: 64,
         credit_bytes: 0,
-        flags: 0,
+        flags: SubFlags::empty(),
     }))
     .ok()?
     .typed()
@@ -332,8 +338,11 @@ fn next_msg(c: &mut Client) -> Option<mortarmq::client::Delivery> {
         match frame.decode().ok()? {
             Frame::Msg(m) => return Some((&m).into()),
             Frame::Notice(n) => {
-                c.send(&Frame::ControlAck(ControlAck::answering(&n, 0)))
-                    .ok()?;
+                c.send(&Frame::ControlAck(ControlAck::answering(
+                    &n,
+                    ControlResult::Ok,
+                )))
+                .ok()?;
             }
             Frame::Ok(_) | Frame::Err(_) => {}
             _ => return None,
@@ -362,13 +371,13 @@ fn d_persisting_group_positions() {
     let mut broker = Mortard::start(&["--commit-interval", "20ms"]);
     let topic = {
         let mut c = broker.client();
-        let topic = c.declare("pos", 1, 0).unwrap().topic_id;
+        let topic = c.declare("pos", 1, DeclareFlags::empty()).unwrap().topic_id;
         for chunk in 0..RECORDS / 100 {
             for i in 0..100 {
                 let v = (chunk * 100 + i + 1).to_be_bytes();
                 c.queue(&Frame::Pub(Pub {
                     topic_id: topic,
-                    flags: DURABILITY_WRITTEN,
+                    flags: PubFlags::requesting(Some(Durability::Written)),
                     value: &v,
                     ..Pub::default()
                 }));
@@ -390,7 +399,7 @@ fn d_persisting_group_positions() {
         while !stop.load(Ordering::SeqCst) {
             let Some(m) = next_msg(&mut c) else { return };
             sent.lock().unwrap().insert(m.sequence);
-            let ack = m.ack(0);
+            let ack = m.ack(AckFlags::empty());
             if c.send(&Frame::Ack(ack)).is_err() {
                 return;
             }
@@ -435,11 +444,11 @@ fn e_dead_lettering() {
     let mut broker = Mortard::start(&["--commit-interval", "20ms"]);
     let topic = {
         let mut c = broker.client();
-        let topic = c.declare("dl", 1, 0).unwrap().topic_id;
+        let topic = c.declare("dl", 1, DeclareFlags::empty()).unwrap().topic_id;
         for i in 1..=RECORDS {
             c.queue(&Frame::Pub(Pub {
                 topic_id: topic,
-                flags: DURABILITY_WRITTEN,
+                flags: PubFlags::requesting(Some(Durability::Written)),
                 value: &i.to_be_bytes(),
                 ..Pub::default()
             }));
@@ -457,7 +466,7 @@ fn e_dead_lettering() {
         }
         while !stop.load(Ordering::SeqCst) {
             let Some(m) = next_msg(&mut c) else { return };
-            let nack = m.nack(1);
+            let nack = m.nack(NackReason::Reject);
             if c.send(&Frame::Nack(nack)).is_err() {
                 return;
             }

@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::mortard::Mortard;
-use mortarmq::client::{Client, ClientError, Push, DURABILITY_FSYNC};
+use mortarmq::client::{Client, ClientError, Push};
 use mortarmq::wire::ops::*;
+use mortarmq::wire::{ControlResult, DeclareFlags, Durability, NoticeKind, PubFlags, SubFlags};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -70,7 +71,7 @@ fn sub_with_credit(
         start_policy: 0,
         credit_count,
         credit_bytes: 0,
-        flags: 0,
+        flags: SubFlags::empty(),
     }))?
     .typed()
 }
@@ -269,24 +270,22 @@ fn connection_flood_over_max_connections_is_refused_without_fd_leak() {
 fn a_consumer_that_never_reads_is_bounded_by_credit_and_the_output_cap() {
     let broker = Mortard::start(&["--max-output-size", "17MiB", "--max-memory", "64MiB"]);
     let mut p = broker.client();
-    let topic = p.declare("sink", 2, 0).unwrap().topic_id;
+    let topic = p
+        .declare("sink", 2, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     // The consumer joins, takes its assignments, then stops reading for good.
     let mut hog = broker.client();
     sub(&mut hog, "hogs", topic).unwrap();
     let mut assigned = 0;
     while assigned < 2 {
         if let Push::Notice(n) = hog.next_push().unwrap() {
-            hog.request(&Frame::ControlAck(ControlAck {
-                notice_id: n.notice_id,
-                notice_kind: n.kind,
-                group_id: n.group_id,
-                membership_epoch: n.membership_epoch,
-                assignment_epoch: n.assignment_epoch,
-                ownership_epoch: n.ownership_epoch,
-                result: 0,
-            }))
+            hog.request(&Frame::ControlAck(ControlAck::answering(
+                &n,
+                ControlResult::Ok,
+            )))
             .unwrap();
-            assigned += usize::from(n.kind == 0);
+            assigned += usize::from(NoticeKind::from_code(n.kind) == Some(NoticeKind::Assign));
         }
     }
     let rss_before = broker.rss_bytes();
@@ -301,7 +300,7 @@ fn a_consumer_that_never_reads_is_bounded_by_credit_and_the_output_cap() {
             p.queue(&Frame::Pub(Pub {
                 topic_id: topic,
                 partition: ((chunk + i) % 2) as u16,
-                flags: DURABILITY_FSYNC,
+                flags: PubFlags::requesting(Some(Durability::Fsynced)),
                 value: &value,
                 ..Pub::default()
             }));
@@ -342,7 +341,11 @@ fn a_producer_faster_than_the_disk_is_held_back() {
     // --max-memory is not enforced by this base yet (0x4004 is not raised): the test
     // accepts BACKPRESSURE, MEMORY_LIMIT or plain socket backpressure, and bounds RSS.
     let broker = Mortard::start(&["--max-memory", "32MiB", "--max-output-size", "17MiB"]);
-    let topic = broker.client().declare("flood", 2, 0).unwrap().topic_id;
+    let topic = broker
+        .client()
+        .declare("flood", 2, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     let running = Arc::new(AtomicBool::new(true));
     let sampler = rss_sampler(broker.pid(), Arc::clone(&running));
     let rss_before = broker.rss_bytes();
@@ -360,7 +363,7 @@ fn a_producer_faster_than_the_disk_is_held_back() {
                     c.queue(&Frame::Pub(Pub {
                         topic_id: topic,
                         partition: ((i + n) % 2) as u16,
-                        flags: DURABILITY_FSYNC,
+                        flags: PubFlags::requesting(Some(Durability::Fsynced)),
                         value: &value,
                         ..Pub::default()
                     }));
@@ -412,7 +415,10 @@ fn a_producer_faster_than_the_disk_is_held_back() {
 fn subscriptions_per_connection_are_capped() {
     let broker = Mortard::start(&["--max-subscriptions", "4"]);
     let mut c = broker.client();
-    let topic = c.declare("subs", 1, 0).unwrap().topic_id;
+    let topic = c
+        .declare("subs", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     for g in 0..4 {
         sub(&mut c, &format!("g{g}"), topic).unwrap();
     }
@@ -428,7 +434,10 @@ fn subscriptions_per_connection_are_capped() {
 fn groups_are_capped_broker_wide() {
     let broker = Mortard::start(&["--max-groups", "2"]);
     let mut c = broker.client();
-    let topic = c.declare("groups", 1, 0).unwrap().topic_id;
+    let topic = c
+        .declare("groups", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     sub(&mut c, "a", topic).unwrap();
     sub(&mut broker.client(), "b", topic).unwrap();
     let code = err_code(sub(&mut broker.client(), "c", topic));
@@ -442,7 +451,10 @@ fn groups_are_capped_broker_wide() {
 fn members_per_group_are_capped() {
     let broker = Mortard::start(&["--max-members-per-group", "2"]);
     let mut c1 = broker.client();
-    let topic = c1.declare("members", 1, 0).unwrap().topic_id;
+    let topic = c1
+        .declare("members", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     let mut c2 = broker.client();
     sub(&mut c1, "m", topic).unwrap();
     sub(&mut c2, "m", topic).unwrap();
@@ -465,14 +477,17 @@ fn members_per_group_are_capped() {
 fn pipelined_requests_beyond_max_pending_are_all_answered_in_order() {
     let broker = Mortard::start(&["--max-pending-requests", "4"]);
     let mut c = broker.client();
-    let topic = c.declare("pending", 1, 0).unwrap().topic_id;
+    let topic = c
+        .declare("pending", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     const N: usize = 2000;
     for i in 0..N {
         if i % 4 == 3 {
             let v = format!("{i}");
             c.queue(&Frame::Pub(Pub {
                 topic_id: topic,
-                flags: DURABILITY_FSYNC,
+                flags: PubFlags::requesting(Some(Durability::Fsynced)),
                 value: v.as_bytes(),
                 ..Pub::default()
             }));
@@ -546,7 +561,10 @@ fn preauth_partial_frames_stay_under_the_preauth_cap() {
 fn credit_windows_are_capped() {
     let broker = Mortard::start(&["--max-credit-count", "10"]);
     let mut c = broker.client();
-    let topic = c.declare("credit", 1, 0).unwrap().topic_id;
+    let topic = c
+        .declare("credit", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     let code = err_code(sub_with_credit(&mut c, "c", topic, 11));
     sub_with_credit(&mut c, "c", topic, 10).unwrap();
     println!("max-credit-count 10: SUB with credit 11 -> 0x{code:04X}, with 10 -> OK");

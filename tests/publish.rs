@@ -10,21 +10,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::mortard::Mortard;
-use mortarmq::broker::{
-    DECLARE_CREATED, DECLARE_DELETED, DECLARE_FLAG_DELETE, DECLARE_FLAG_PASSIVE,
-    DECLARE_IDEMPOTENT_OK, PUB_RESULT_DEDUPLICATED,
-};
-use mortarmq::client::{
-    Client, ClientError, DURABILITY_DEFAULT, DURABILITY_FSYNC, DURABILITY_REPLICATED,
-    DURABILITY_WRITTEN,
-};
+use mortarmq::client::{Client, ClientError};
 use mortarmq::log::{LogConfig, PartitionLog};
 use mortarmq::wire::limits::{MAX_FRAME_LEN_BYTES, MAX_VALUE_LEN_BYTES};
 use mortarmq::wire::ops::{Frame, Pub, PubResult};
-use mortarmq::wire::ErrorCode;
+use mortarmq::wire::{
+    DeclareCreated, DeclareFlags, Durability, ErrorCode, PubFlags, PubResultFlags,
+};
 
-const PASSIVE: u16 = DECLARE_FLAG_PASSIVE;
-const DELETE: u16 = DECLARE_FLAG_DELETE;
 /// The 0x0012 message names the expected seq like this.
 const EXPECTED: &str = "expected ";
 
@@ -66,7 +59,7 @@ fn pub_idem(
     partition: u16,
     producer_id: u64,
     producer_seq: u64,
-    flags: u16,
+    durability: Option<Durability>,
     value: &[u8],
 ) -> Result<PubResult, ClientError> {
     c.publish(&Pub {
@@ -74,7 +67,7 @@ fn pub_idem(
         partition,
         producer_id,
         producer_seq,
-        flags,
+        flags: PubFlags::requesting(durability),
         key: b"",
         value,
     })
@@ -121,7 +114,7 @@ fn publish_burst(c: &mut Client, topic: u16, partition: u16, values: &[Vec<u8>])
         c.queue(&Frame::Pub(Pub {
             topic_id: topic,
             partition,
-            flags: DURABILITY_FSYNC,
+            flags: PubFlags::requesting(Some(Durability::Fsynced)),
             value: v,
             ..Pub::default()
         }));
@@ -163,15 +156,15 @@ fn read_partition(dir: &Path, segment_size_bytes: u64) -> Vec<(u64, u64, u64, Ve
 fn declare_creates_pairs_with_odd_source_and_even_twin_ids() {
     let broker = Mortard::start(&[]);
     let mut c = broker.client();
-    let a = c.declare("orders", 3, 0).unwrap();
+    let a = c.declare("orders", 3, DeclareFlags::empty()).unwrap();
     assert_eq!(
         (a.topic_id, a.partition_count, a.created),
-        (1, 3, DECLARE_CREATED)
+        (1, 3, DeclareCreated::Created.as_code())
     );
-    let b = c.declare("logs.v2_x-y", 1, 0).unwrap();
+    let b = c.declare("logs.v2_x-y", 1, DeclareFlags::empty()).unwrap();
     assert_eq!(
         (b.topic_id, b.partition_count, b.created),
-        (3, 1, DECLARE_CREATED)
+        (3, 1, DeclareCreated::Created.as_code())
     );
     // The twins exist with the source's partition count, on disk and on the wire.
     for index in 0..3 {
@@ -184,17 +177,17 @@ fn declare_creates_pairs_with_odd_source_and_even_twin_ids() {
     }
     assert!(topic_dir(&broker, 4, "logs.v2_x-y.dlq").join("0").is_dir());
     assert_eq!(
-        c.publish_value(2, 2, b"dead", DURABILITY_FSYNC)
+        c.publish_value(2, 2, b"dead", Some(Durability::Fsynced))
             .unwrap()
             .sequence,
         1
     );
     expect_err(
-        c.publish_value(2, 3, b"x", DURABILITY_FSYNC),
+        c.publish_value(2, 3, b"x", Some(Durability::Fsynced)),
         ErrorCode::UnknownPartition,
     );
     expect_err(
-        c.publish_value(5, 0, b"x", DURABILITY_FSYNC),
+        c.publish_value(5, 0, b"x", Some(Durability::Fsynced)),
         ErrorCode::UnknownTopic,
     );
 }
@@ -203,76 +196,116 @@ fn declare_creates_pairs_with_odd_source_and_even_twin_ids() {
 fn declare_is_idempotent_with_the_same_count_and_conflicts_with_another() {
     let broker = Mortard::start(&[]);
     let mut c = broker.client();
-    assert_eq!(c.declare("t", 2, 0).unwrap().created, DECLARE_CREATED);
-    let again = c.declare("t", 2, 0).unwrap();
+    assert_eq!(
+        c.declare("t", 2, DeclareFlags::empty()).unwrap().created,
+        DeclareCreated::Created.as_code()
+    );
+    let again = c.declare("t", 2, DeclareFlags::empty()).unwrap();
     assert_eq!(
         (again.topic_id, again.partition_count, again.created),
-        (1, 2, DECLARE_IDEMPOTENT_OK)
+        (1, 2, DeclareCreated::IdempotentOk.as_code())
     );
-    let (code, message) = err_message(c.declare("t", 3, 0));
+    let (code, message) = err_message(c.declare("t", 3, DeclareFlags::empty()));
     assert_eq!(code, ErrorCode::TopicConfigConflict);
     assert!(message.contains('2'), "names the existing count: {message}");
     // The conflict changed nothing, and a second connection sees the same pair.
     let mut other = broker.client();
-    let seen = other.declare("t", 2, 0).unwrap();
-    assert_eq!((seen.topic_id, seen.created), (1, DECLARE_IDEMPOTENT_OK));
+    let seen = other.declare("t", 2, DeclareFlags::empty()).unwrap();
+    assert_eq!(
+        (seen.topic_id, seen.created),
+        (1, DeclareCreated::IdempotentOk.as_code())
+    );
 }
 
 #[test]
 fn declare_passive_looks_up_and_never_creates() {
     let broker = Mortard::start(&[]);
     let mut c = broker.client();
-    c.declare("p", 3, 0).unwrap();
+    c.declare("p", 3, DeclareFlags::empty()).unwrap();
     // partition_count 0 = any.
-    let hit = c.declare("p", 0, PASSIVE).unwrap();
+    let hit = c.declare("p", 0, DeclareFlags::PASSIVE).unwrap();
     assert_eq!(
         (hit.topic_id, hit.partition_count, hit.created),
-        (1, 3, DECLARE_IDEMPOTENT_OK)
+        (1, 3, DeclareCreated::IdempotentOk.as_code())
     );
-    let exact = c.declare("p", 3, PASSIVE).unwrap();
+    let exact = c.declare("p", 3, DeclareFlags::PASSIVE).unwrap();
     assert_eq!(
         (exact.partition_count, exact.created),
-        (3, DECLARE_IDEMPOTENT_OK)
+        (3, DeclareCreated::IdempotentOk.as_code())
     );
     // A non-zero wrong count is a conflict, not a hit.
-    expect_err(c.declare("p", 2, PASSIVE), ErrorCode::TopicConfigConflict);
+    expect_err(
+        c.declare("p", 2, DeclareFlags::PASSIVE),
+        ErrorCode::TopicConfigConflict,
+    );
     // A miss creates nothing.
-    expect_err(c.declare("missing", 0, PASSIVE), ErrorCode::UnknownTopic);
-    expect_err(c.declare("missing", 4, PASSIVE), ErrorCode::UnknownTopic);
-    expect_err(c.declare("missing", 0, PASSIVE), ErrorCode::UnknownTopic);
+    expect_err(
+        c.declare("missing", 0, DeclareFlags::PASSIVE),
+        ErrorCode::UnknownTopic,
+    );
+    expect_err(
+        c.declare("missing", 4, DeclareFlags::PASSIVE),
+        ErrorCode::UnknownTopic,
+    );
+    expect_err(
+        c.declare("missing", 0, DeclareFlags::PASSIVE),
+        ErrorCode::UnknownTopic,
+    );
     assert!(!topic_dir(&broker, 3, "missing").exists());
     // The next pair is still pair 1: the misses took no id.
-    assert_eq!(c.declare("next", 1, 0).unwrap().topic_id, 3);
+    assert_eq!(
+        c.declare("next", 1, DeclareFlags::empty())
+            .unwrap()
+            .topic_id,
+        3
+    );
 }
 
 #[test]
 fn declare_delete_removes_the_pair() {
     let mut broker = Mortard::start(&[]);
     let mut c = broker.client();
-    let id = c.declare("gone", 2, 0).unwrap().topic_id;
-    c.publish_value(id, 1, b"v", DURABILITY_FSYNC).unwrap();
-    c.publish_value(id + 1, 0, b"d", DURABILITY_FSYNC).unwrap();
-    let keep = c.declare("kept", 1, 0).unwrap().topic_id;
-    // DELETE ignores partition_count.
-    let del = c.declare("gone", 0, DELETE).unwrap();
+    let id = c
+        .declare("gone", 2, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
+    c.publish_value(id, 1, b"v", Some(Durability::Fsynced))
+        .unwrap();
+    c.publish_value(id + 1, 0, b"d", Some(Durability::Fsynced))
+        .unwrap();
+    let keep = c
+        .declare("kept", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
+    // DeclareFlags::DELETE ignores partition_count.
+    let del = c.declare("gone", 0, DeclareFlags::DELETE).unwrap();
     assert_eq!(
         (del.topic_id, del.partition_count, del.created),
-        (id, 2, DECLARE_DELETED)
+        (id, 2, DeclareCreated::Deleted.as_code())
     );
     expect_err(
-        c.publish_value(id, 0, b"x", DURABILITY_FSYNC),
+        c.publish_value(id, 0, b"x", Some(Durability::Fsynced)),
         ErrorCode::UnknownTopic,
     );
     expect_err(
-        c.publish_value(id + 1, 0, b"x", DURABILITY_FSYNC),
+        c.publish_value(id + 1, 0, b"x", Some(Durability::Fsynced)),
         ErrorCode::UnknownTopic,
     );
-    expect_err(c.declare("gone", 0, PASSIVE), ErrorCode::UnknownTopic);
-    expect_err(c.declare("gone", 0, DELETE), ErrorCode::UnknownTopic);
-    expect_err(c.declare("never", 1, DELETE), ErrorCode::UnknownTopic);
+    expect_err(
+        c.declare("gone", 0, DeclareFlags::PASSIVE),
+        ErrorCode::UnknownTopic,
+    );
+    expect_err(
+        c.declare("gone", 0, DeclareFlags::DELETE),
+        ErrorCode::UnknownTopic,
+    );
+    expect_err(
+        c.declare("never", 1, DeclareFlags::DELETE),
+        ErrorCode::UnknownTopic,
+    );
     // The twin is deleted only through its source.
     expect_err(
-        c.declare("kept.dlq", 0, DELETE),
+        c.declare("kept.dlq", 0, DeclareFlags::DELETE),
         ErrorCode::MutationNotPackable,
     );
     // The directories go once the registry without them is durable (before the OK).
@@ -284,19 +317,27 @@ fn declare_delete_removes_the_pair() {
     assert!(topic_dir(&broker, keep, "kept").is_dir());
     broker.restart();
     let mut c = broker.client();
-    expect_err(c.declare("gone", 0, PASSIVE), ErrorCode::UnknownTopic);
+    expect_err(
+        c.declare("gone", 0, DeclareFlags::PASSIVE),
+        ErrorCode::UnknownTopic,
+    );
     assert!(
         !topic_dir(&broker, id, "gone").exists(),
         "source dir back after restart"
     );
     assert!(!topic_dir(&broker, id + 1, "gone.dlq").exists());
-    assert_eq!(c.declare("kept", 0, PASSIVE).unwrap().topic_id, keep);
+    assert_eq!(
+        c.declare("kept", 0, DeclareFlags::PASSIVE)
+            .unwrap()
+            .topic_id,
+        keep
+    );
     // Recreating the name is a new pair with fresh sequences.
-    let again = c.declare("gone", 1, 0).unwrap();
-    assert_eq!(again.created, DECLARE_CREATED);
+    let again = c.declare("gone", 1, DeclareFlags::empty()).unwrap();
+    assert_eq!(again.created, DeclareCreated::Created.as_code());
     assert_eq!(again.topic_id, 5, "a never-used pair, not the freed one");
     assert_eq!(
-        c.publish_value(5, 0, b"new", DURABILITY_FSYNC)
+        c.publish_value(5, 0, b"new", Some(Durability::Fsynced))
             .unwrap()
             .sequence,
         1
@@ -319,11 +360,15 @@ fn declare_refuses_bad_names() {
         "a:b",
         "a*",
     ] {
-        for flags in [0, PASSIVE, DELETE] {
+        for flags in [
+            DeclareFlags::empty(),
+            DeclareFlags::PASSIVE,
+            DeclareFlags::DELETE,
+        ] {
             assert_eq!(
                 err_code(c.declare(name, 1, flags)),
                 ErrorCode::InvalidTopicName,
-                "name {name:?} flags {flags}"
+                "name {name:?} flags {flags:?}"
             );
         }
     }
@@ -331,23 +376,27 @@ fn declare_refuses_bad_names() {
     let raw = c.request(&Frame::Declare(mortarmq::wire::ops::Declare {
         topic: &[0xFF, 0xFE],
         partition_count: 1,
-        flags: 0,
+        flags: DeclareFlags::empty(),
     }));
     expect_err(raw, ErrorCode::InvalidTopicName);
     for name in ["x.dlq", ".dlq", "a.b.dlq"] {
-        for flags in [0, PASSIVE, DELETE] {
+        for flags in [
+            DeclareFlags::empty(),
+            DeclareFlags::PASSIVE,
+            DeclareFlags::DELETE,
+        ] {
             assert_eq!(
                 err_code(c.declare(name, 1, flags)),
                 ErrorCode::MutationNotPackable,
-                "name {name:?} flags {flags}"
+                "name {name:?} flags {flags:?}"
             );
         }
     }
     // Every accepted character, and names that merely contain "dlq".
     for name in ["AZaz09._-", "dlq", "x.dlq2", "x-dlq", ".", "-"] {
         assert_eq!(
-            c.declare(name, 1, 0).unwrap().created,
-            DECLARE_CREATED,
+            c.declare(name, 1, DeclareFlags::empty()).unwrap().created,
+            DeclareCreated::Created.as_code(),
             "{name}"
         );
     }
@@ -360,11 +409,11 @@ fn declare_accepts_a_255_byte_name() {
     let mut c = broker.client();
     let name = "n".repeat(255);
     let r = c
-        .declare(&name, 1, 0)
+        .declare(&name, 1, DeclareFlags::empty())
         .unwrap_or_else(|e| panic!("255-byte name: {e}"));
-    assert_eq!(r.created, DECLARE_CREATED);
+    assert_eq!(r.created, DeclareCreated::Created.as_code());
     assert_eq!(
-        c.publish_value(r.topic_id, 0, b"v", DURABILITY_FSYNC)
+        c.publish_value(r.topic_id, 0, b"v", Some(Durability::Fsynced))
             .unwrap()
             .sequence,
         1
@@ -375,23 +424,32 @@ fn declare_accepts_a_255_byte_name() {
 fn declare_checks_partition_count_against_max_partitions() {
     let broker = Mortard::start(&["--max-partitions", "4"]);
     let mut c = broker.client();
-    expect_err(c.declare("zero", 0, 0), ErrorCode::InvalidArgument);
-    expect_err(c.declare("five", 5, 0), ErrorCode::InvalidArgument);
-    expect_err(c.declare("big", u16::MAX, 0), ErrorCode::InvalidArgument);
-    let four = c.declare("four", 4, 0).unwrap();
+    expect_err(
+        c.declare("zero", 0, DeclareFlags::empty()),
+        ErrorCode::InvalidArgument,
+    );
+    expect_err(
+        c.declare("five", 5, DeclareFlags::empty()),
+        ErrorCode::InvalidArgument,
+    );
+    expect_err(
+        c.declare("big", u16::MAX, DeclareFlags::empty()),
+        ErrorCode::InvalidArgument,
+    );
+    let four = c.declare("four", 4, DeclareFlags::empty()).unwrap();
     assert_eq!(
         (four.topic_id, four.partition_count),
         (1, 4),
         "refusals took no id"
     );
     assert_eq!(
-        c.publish_value(1, 3, b"v", DURABILITY_FSYNC)
+        c.publish_value(1, 3, b"v", Some(Durability::Fsynced))
             .unwrap()
             .sequence,
         1
     );
     expect_err(
-        c.publish_value(1, 4, b"v", DURABILITY_FSYNC),
+        c.publish_value(1, 4, b"v", Some(Durability::Fsynced)),
         ErrorCode::UnknownPartition,
     );
 }
@@ -400,26 +458,44 @@ fn declare_checks_partition_count_against_max_partitions() {
 fn deleted_pair_ids_are_not_reused_while_unused_pairs_remain() {
     let mut broker = Mortard::start(&[]);
     let mut c = broker.client();
-    assert_eq!(c.declare("a", 1, 0).unwrap().topic_id, 1);
-    assert_eq!(c.declare("b", 1, 0).unwrap().topic_id, 3);
-    assert_eq!(c.declare("a", 0, DELETE).unwrap().created, DECLARE_DELETED);
-    assert_eq!(c.declare("c", 1, 0).unwrap().topic_id, 5);
     assert_eq!(
-        c.declare("a", 1, 0).unwrap().topic_id,
+        c.declare("a", 1, DeclareFlags::empty()).unwrap().topic_id,
+        1
+    );
+    assert_eq!(
+        c.declare("b", 1, DeclareFlags::empty()).unwrap().topic_id,
+        3
+    );
+    assert_eq!(
+        c.declare("a", 0, DeclareFlags::DELETE).unwrap().created,
+        DeclareCreated::Deleted.as_code()
+    );
+    assert_eq!(
+        c.declare("c", 1, DeclareFlags::empty()).unwrap().topic_id,
+        5
+    );
+    assert_eq!(
+        c.declare("a", 1, DeclareFlags::empty()).unwrap().topic_id,
         7,
         "same name, new pair"
     );
-    assert_eq!(c.declare("b", 0, DELETE).unwrap().created, DECLARE_DELETED);
+    assert_eq!(
+        c.declare("b", 0, DeclareFlags::DELETE).unwrap().created,
+        DeclareCreated::Deleted.as_code()
+    );
     // The registry remembers which pairs were ever used across a restart.
     broker.restart();
     let mut c = broker.client();
-    assert_eq!(c.declare("d", 1, 0).unwrap().topic_id, 9);
+    assert_eq!(
+        c.declare("d", 1, DeclareFlags::empty()).unwrap().topic_id,
+        9
+    );
     expect_err(
-        c.publish_value(1, 0, b"x", DURABILITY_FSYNC),
+        c.publish_value(1, 0, b"x", Some(Durability::Fsynced)),
         ErrorCode::UnknownTopic,
     );
     expect_err(
-        c.publish_value(3, 0, b"x", DURABILITY_FSYNC),
+        c.publish_value(3, 0, b"x", Some(Durability::Fsynced)),
         ErrorCode::UnknownTopic,
     );
 }
@@ -428,36 +504,47 @@ fn deleted_pair_ids_are_not_reused_while_unused_pairs_remain() {
 fn topics_survive_a_clean_restart() {
     let mut broker = Mortard::start(&[]);
     let mut c = broker.client();
-    c.declare("one", 1, 0).unwrap();
-    c.declare("three", 3, 0).unwrap();
-    c.publish_value(3, 2, b"x", DURABILITY_FSYNC).unwrap();
+    c.declare("one", 1, DeclareFlags::empty()).unwrap();
+    c.declare("three", 3, DeclareFlags::empty()).unwrap();
+    c.publish_value(3, 2, b"x", Some(Durability::Fsynced))
+        .unwrap();
     drop(c);
     let status = broker.terminate();
     assert!(status.success(), "{status:?}");
     broker.restart();
     let mut c = broker.client();
-    let one = c.declare("one", 0, PASSIVE).unwrap();
+    let one = c.declare("one", 0, DeclareFlags::PASSIVE).unwrap();
     assert_eq!((one.topic_id, one.partition_count), (1, 1));
-    let three = c.declare("three", 0, PASSIVE).unwrap();
+    let three = c.declare("three", 0, DeclareFlags::PASSIVE).unwrap();
     assert_eq!((three.topic_id, three.partition_count), (3, 3));
     assert_eq!(
-        c.declare("three", 3, 0).unwrap().created,
-        DECLARE_IDEMPOTENT_OK
+        c.declare("three", 3, DeclareFlags::empty())
+            .unwrap()
+            .created,
+        DeclareCreated::IdempotentOk.as_code()
     );
-    expect_err(c.declare("three", 2, 0), ErrorCode::TopicConfigConflict);
+    expect_err(
+        c.declare("three", 2, DeclareFlags::empty()),
+        ErrorCode::TopicConfigConflict,
+    );
     assert_eq!(
-        c.publish_value(3, 2, b"y", DURABILITY_FSYNC)
+        c.publish_value(3, 2, b"y", Some(Durability::Fsynced))
             .unwrap()
             .sequence,
         2
     );
     assert_eq!(
-        c.publish_value(4, 2, b"y", DURABILITY_FSYNC)
+        c.publish_value(4, 2, b"y", Some(Durability::Fsynced))
             .unwrap()
             .sequence,
         1
     );
-    assert_eq!(c.declare("four", 1, 0).unwrap().topic_id, 5);
+    assert_eq!(
+        c.declare("four", 1, DeclareFlags::empty())
+            .unwrap()
+            .topic_id,
+        5
+    );
 }
 
 #[test]
@@ -466,24 +553,33 @@ fn the_registry_is_durable_before_the_declare_ok() {
     for round in 0..3u16 {
         let name = format!("k{round}");
         let mut c = broker.client();
-        let r = c.declare(&name, round + 1, 0).unwrap();
-        assert_eq!(r.created, DECLARE_CREATED);
+        let r = c.declare(&name, round + 1, DeclareFlags::empty()).unwrap();
+        assert_eq!(r.created, DeclareCreated::Created.as_code());
         // No grace: SIGKILL the moment the OK is in.
         broker.restart_after_kill9();
         let mut c = broker.client();
         let hit = c
-            .declare(&name, 0, PASSIVE)
+            .declare(&name, 0, DeclareFlags::PASSIVE)
             .unwrap_or_else(|e| panic!("topic {name} lost by SIGKILL after its OK: {e}"));
         assert_eq!((hit.topic_id, hit.partition_count), (r.topic_id, round + 1));
     }
-    // A DELETE acknowledged before a SIGKILL stays deleted.
+    // A DeclareFlags::DELETE acknowledged before a SIGKILL stays deleted.
     let mut c = broker.client();
-    assert_eq!(c.declare("k1", 0, DELETE).unwrap().created, DECLARE_DELETED);
+    assert_eq!(
+        c.declare("k1", 0, DeclareFlags::DELETE).unwrap().created,
+        DeclareCreated::Deleted.as_code()
+    );
     broker.restart_after_kill9();
     let mut c = broker.client();
-    expect_err(c.declare("k1", 0, PASSIVE), ErrorCode::UnknownTopic);
+    expect_err(
+        c.declare("k1", 0, DeclareFlags::PASSIVE),
+        ErrorCode::UnknownTopic,
+    );
     assert!(!topic_dir(&broker, 3, "k1").exists());
-    assert_eq!(c.declare("k2", 0, PASSIVE).unwrap().topic_id, 5);
+    assert_eq!(
+        c.declare("k2", 0, DeclareFlags::PASSIVE).unwrap().topic_id,
+        5
+    );
 }
 
 // ---- PUB validation ---------------------------------------------------------------
@@ -492,21 +588,21 @@ fn the_registry_is_durable_before_the_declare_ok() {
 fn pub_validation_errors_keep_the_connection() {
     let broker = Mortard::start(&[]);
     let mut c = broker.client();
-    let t = c.declare("v", 2, 0).unwrap().topic_id;
+    let t = c.declare("v", 2, DeclareFlags::empty()).unwrap().topic_id;
     expect_err(
-        c.publish_value(99, 0, b"x", DURABILITY_FSYNC),
+        c.publish_value(99, 0, b"x", Some(Durability::Fsynced)),
         ErrorCode::UnknownTopic,
     );
     expect_err(
-        c.publish_value(0, 0, b"x", DURABILITY_FSYNC),
+        c.publish_value(0, 0, b"x", Some(Durability::Fsynced)),
         ErrorCode::UnknownTopic,
     );
     expect_err(
-        c.publish_value(t, 2, b"x", DURABILITY_FSYNC),
+        c.publish_value(t, 2, b"x", Some(Durability::Fsynced)),
         ErrorCode::UnknownPartition,
     );
     expect_err(
-        c.publish_value(t, u16::MAX, b"x", 0),
+        c.publish_value(t, u16::MAX, b"x", None),
         ErrorCode::UnknownPartition,
     );
     let key = [b'k'; 256];
@@ -514,7 +610,7 @@ fn pub_validation_errors_keep_the_connection() {
         topic_id: t,
         key: &key,
         value: b"x",
-        flags: DURABILITY_FSYNC,
+        flags: PubFlags::requesting(Some(Durability::Fsynced)),
         ..Pub::default()
     });
     expect_err(long_key, ErrorCode::KeyTooLarge);
@@ -522,30 +618,30 @@ fn pub_validation_errors_keep_the_connection() {
         topic_id: t,
         key: &key[..255],
         value: b"x",
-        flags: DURABILITY_FSYNC,
+        flags: PubFlags::requesting(Some(Durability::Fsynced)),
         ..Pub::default()
     });
     assert_eq!(ok_key.unwrap().sequence, 1, "a 255-byte key is fine");
     expect_err(
-        pub_idem(&mut c, t, 0, 0, 1, DURABILITY_FSYNC, b"x"),
+        pub_idem(&mut c, t, 0, 0, 1, Some(Durability::Fsynced), b"x"),
         ErrorCode::InvalidProducer,
     );
     expect_err(
-        pub_idem(&mut c, t, 0, 5, 0, DURABILITY_FSYNC, b"x"),
+        pub_idem(&mut c, t, 0, 5, 0, Some(Durability::Fsynced), b"x"),
         ErrorCode::InvalidProducer,
     );
-    let (code, message) = err_message(c.publish_value(t, 0, b"x", DURABILITY_REPLICATED));
+    let (code, message) = err_message(c.publish_value(t, 0, b"x", Some(Durability::Replicated)));
     assert_eq!(code, ErrorCode::DurabilityUnavailable);
     assert!(!message.is_empty());
     // Nothing refused was appended.
     assert_eq!(
-        c.publish_value(t, 0, b"y", DURABILITY_FSYNC)
+        c.publish_value(t, 0, b"y", Some(Durability::Fsynced))
             .unwrap()
             .sequence,
         2
     );
     assert_eq!(
-        c.publish_value(t, 1, b"y", DURABILITY_FSYNC)
+        c.publish_value(t, 1, b"y", Some(Durability::Fsynced))
             .unwrap()
             .sequence,
         1
@@ -557,7 +653,7 @@ fn pub_validation_errors_keep_the_connection() {
 fn pub_refuses_a_value_one_byte_over_max_value_len() {
     let broker = Mortard::start(&[]);
     let mut c = broker.client();
-    let t = c.declare("big", 1, 0).unwrap().topic_id;
+    let t = c.declare("big", 1, DeclareFlags::empty()).unwrap().topic_id;
     let over = vec![0x5Au8; MAX_VALUE_LEN_BYTES as usize + 1];
     // op + topic + partition + producer_id + producer_seq + flags + key_len + value_len.
     let frame_len = 1 + 2 + 2 + 8 + 8 + 2 + 2 + 4 + over.len();
@@ -565,20 +661,22 @@ fn pub_refuses_a_value_one_byte_over_max_value_len() {
         frame_len <= MAX_FRAME_LEN_BYTES as usize,
         "the frame itself is legal"
     );
-    let (code, message) = err_message(c.publish_value(t, 0, &over, DURABILITY_FSYNC));
+    let (code, message) = err_message(c.publish_value(t, 0, &over, Some(Durability::Fsynced)));
     assert_eq!(code, ErrorCode::ValueTooLarge);
     assert!(message.contains(&over.len().to_string()), "{message}");
     // The connection is intact and nothing was appended.
     c.ping().unwrap();
     let max = &over[..MAX_VALUE_LEN_BYTES as usize];
-    let r = c.publish_value(t, 0, max, DURABILITY_FSYNC).unwrap();
+    let r = c
+        .publish_value(t, 0, max, Some(Durability::Fsynced))
+        .unwrap();
     assert_eq!(
         (r.sequence, r.durability),
         (1, 2),
         "exactly MAX_VALUE_LEN is accepted"
     );
     assert_eq!(
-        c.publish_value(t, 0, b"small", DURABILITY_FSYNC)
+        c.publish_value(t, 0, b"small", Some(Durability::Fsynced))
             .unwrap()
             .sequence,
         2
@@ -589,36 +687,36 @@ fn pub_refuses_a_value_one_byte_over_max_value_len() {
 fn pub_to_the_dlq_twin_is_allowed() {
     let broker = Mortard::start(&[]);
     let mut c = broker.client();
-    let t = c.declare("src", 2, 0).unwrap().topic_id;
+    let t = c.declare("src", 2, DeclareFlags::empty()).unwrap().topic_id;
     let twin = t + 1;
     assert_eq!(
-        c.publish_value(twin, 1, b"replay", DURABILITY_FSYNC)
+        c.publish_value(twin, 1, b"replay", Some(Durability::Fsynced))
             .unwrap()
             .sequence,
         1
     );
     assert_eq!(
-        c.publish_value(twin, 1, b"replay", DURABILITY_FSYNC)
+        c.publish_value(twin, 1, b"replay", Some(Durability::Fsynced))
             .unwrap()
             .sequence,
         2
     );
     // Its sequences are its own.
     assert_eq!(
-        c.publish_value(t, 1, b"src", DURABILITY_FSYNC)
+        c.publish_value(t, 1, b"src", Some(Durability::Fsynced))
             .unwrap()
             .sequence,
         1
     );
-    let idem = pub_idem(&mut c, twin, 0, 11, 1, DURABILITY_FSYNC, b"i").unwrap();
+    let idem = pub_idem(&mut c, twin, 0, 11, 1, Some(Durability::Fsynced), b"i").unwrap();
     assert_eq!(idem.sequence, 1);
-    let dup = pub_idem(&mut c, twin, 0, 11, 1, DURABILITY_FSYNC, b"i").unwrap();
+    let dup = pub_idem(&mut c, twin, 0, 11, 1, Some(Durability::Fsynced), b"i").unwrap();
     assert_eq!(
-        (dup.sequence, dup.result_flags & 1),
-        (1, PUB_RESULT_DEDUPLICATED)
+        (dup.sequence, dup.result_flags.bits() & 1),
+        (1, PubResultFlags::DEDUPLICATED.bits())
     );
     expect_err(
-        c.publish_value(twin, 2, b"x", DURABILITY_FSYNC),
+        c.publish_value(twin, 2, b"x", Some(Durability::Fsynced)),
         ErrorCode::UnknownPartition,
     );
 }
@@ -629,12 +727,12 @@ fn pub_to_the_dlq_twin_is_allowed() {
 fn sequences_start_at_1_and_are_contiguous_per_partition() {
     let broker = Mortard::start(&[]);
     let mut c = broker.client();
-    let t = c.declare("seq", 3, 0).unwrap().topic_id;
+    let t = c.declare("seq", 3, DeclareFlags::empty()).unwrap().topic_id;
     let mut next = [1u64; 3];
     // Interleave partitions in a fixed but uneven pattern, mixing the durabilities.
     for i in 0..60u64 {
         let partition = ((i * 7) % 5 % 3) as u16;
-        let flags = [DURABILITY_FSYNC, DURABILITY_WRITTEN, DURABILITY_DEFAULT][(i % 3) as usize];
+        let flags = [Some(Durability::Fsynced), Some(Durability::Written), None][(i % 3) as usize];
         let r = c
             .publish_value(t, partition, &value_of(i, 20), flags)
             .unwrap();
@@ -660,22 +758,30 @@ fn sequences_start_at_1_and_are_contiguous_per_partition() {
 fn durability_and_commit_seq_follow_the_request() {
     let broker = Mortard::start(&[]);
     let mut c = broker.client();
-    let t = c.declare("dur", 1, 0).unwrap().topic_id;
+    let t = c.declare("dur", 1, DeclareFlags::empty()).unwrap().topic_id;
     for i in 0..20 {
-        let r = c.publish_value(t, 0, b"f", DURABILITY_FSYNC).unwrap();
+        let r = c
+            .publish_value(t, 0, b"f", Some(Durability::Fsynced))
+            .unwrap();
         assert_eq!(r.durability, 2, "FSYNC answer {i}");
         assert!(r.commit_seq >= r.sequence, "{r:?}");
-        let d = c.publish_value(t, 0, b"d", DURABILITY_DEFAULT).unwrap();
+        let d = c.publish_value(t, 0, b"d", None).unwrap();
         assert_eq!(d.durability, 2, "DEFAULT with --durability fsync (default)");
         assert!(d.commit_seq >= d.sequence, "{d:?}");
-        let w = c.publish_value(t, 0, b"w", DURABILITY_WRITTEN).unwrap();
+        let w = c
+            .publish_value(t, 0, b"w", Some(Durability::Written))
+            .unwrap();
         assert!(w.durability >= 1 && w.durability <= 2, "{w:?}");
         assert!(w.commit_seq <= w.sequence, "nothing above it exists: {w:?}");
-        assert_eq!(w.result_flags, 0);
+        assert_eq!(w.result_flags.bits(), 0);
     }
     // A WRITTEN PUB is answered at the write; a FSYNC one after it covers both.
-    let w = c.publish_value(t, 0, b"w", DURABILITY_WRITTEN).unwrap();
-    let f = c.publish_value(t, 0, b"f", DURABILITY_FSYNC).unwrap();
+    let w = c
+        .publish_value(t, 0, b"w", Some(Durability::Written))
+        .unwrap();
+    let f = c
+        .publish_value(t, 0, b"f", Some(Durability::Fsynced))
+        .unwrap();
     assert_eq!(f.sequence, w.sequence + 1);
     assert!(f.commit_seq >= f.sequence);
 }
@@ -684,15 +790,17 @@ fn durability_and_commit_seq_follow_the_request() {
 fn durability_written_flag_makes_default_answer_at_written() {
     let broker = Mortard::start(&["--durability", "written"]);
     let mut c = broker.client();
-    let t = c.declare("w", 1, 0).unwrap().topic_id;
+    let t = c.declare("w", 1, DeclareFlags::empty()).unwrap().topic_id;
     for i in 1..=20u64 {
-        let d = c.publish_value(t, 0, b"d", DURABILITY_DEFAULT).unwrap();
+        let d = c.publish_value(t, 0, b"d", None).unwrap();
         assert_eq!(d.sequence, 2 * i - 1);
         // Answered in the pass that wrote it, before any fdatasync covering it returned.
         assert_eq!(d.durability, 1, "DEFAULT under --durability written: {d:?}");
         assert!(d.commit_seq < d.sequence, "{d:?}");
         // An explicit FSYNC still waits for the disk.
-        let f = c.publish_value(t, 0, b"f", DURABILITY_FSYNC).unwrap();
+        let f = c
+            .publish_value(t, 0, b"f", Some(Durability::Fsynced))
+            .unwrap();
         assert_eq!((f.sequence, f.durability), (2 * i, 2));
         assert!(f.commit_seq >= f.sequence);
     }
@@ -702,22 +810,30 @@ fn durability_written_flag_makes_default_answer_at_written() {
 fn leader_epoch_counts_starts_of_the_data_directory() {
     let mut broker = Mortard::start(&[]);
     let mut c = broker.client();
-    let t = c.declare("e", 1, 0).unwrap().topic_id;
-    let r = c.publish_value(t, 0, b"1", DURABILITY_FSYNC).unwrap();
+    let t = c.declare("e", 1, DeclareFlags::empty()).unwrap().topic_id;
+    let r = c
+        .publish_value(t, 0, b"1", Some(Durability::Fsynced))
+        .unwrap();
     assert_eq!((r.sequence, r.leader_epoch), (1, 1));
-    let r = c.publish_value(t, 0, b"2", DURABILITY_WRITTEN).unwrap();
+    let r = c
+        .publish_value(t, 0, b"2", Some(Durability::Written))
+        .unwrap();
     assert_eq!(r.leader_epoch, 1);
     drop(c);
     broker.restart();
     let mut c = broker.client();
-    let r = c.publish_value(t, 0, b"3", DURABILITY_FSYNC).unwrap();
+    let r = c
+        .publish_value(t, 0, b"3", Some(Durability::Fsynced))
+        .unwrap();
     assert_eq!((r.sequence, r.leader_epoch), (3, 2));
     drop(c);
     broker.restart_after_kill9();
     let mut c = broker.client();
-    let r = c.publish_value(t, 0, b"4", DURABILITY_FSYNC).unwrap();
+    let r = c
+        .publish_value(t, 0, b"4", Some(Durability::Fsynced))
+        .unwrap();
     assert_eq!((r.sequence, r.leader_epoch), (4, 3));
-    let dup = pub_idem(&mut c, t, 0, 1, 1, DURABILITY_FSYNC, b"5").unwrap();
+    let dup = pub_idem(&mut c, t, 0, 1, 1, Some(Durability::Fsynced), b"5").unwrap();
     assert_eq!(dup.leader_epoch, 3);
 }
 
@@ -727,43 +843,43 @@ fn leader_epoch_counts_starts_of_the_data_directory() {
 fn idempotent_producer_duplicates_append_nothing() {
     let broker = Mortard::start(&[]);
     let mut c = broker.client();
-    let t = c.declare("idem", 2, 0).unwrap().topic_id;
+    let t = c
+        .declare("idem", 2, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     let pid = 0xABCD;
-    let r1 = pub_idem(&mut c, t, 0, pid, 1, DURABILITY_FSYNC, b"a").unwrap();
-    let r2 = pub_idem(&mut c, t, 0, pid, 2, DURABILITY_FSYNC, b"b").unwrap();
+    let r1 = pub_idem(&mut c, t, 0, pid, 1, Some(Durability::Fsynced), b"a").unwrap();
+    let r2 = pub_idem(&mut c, t, 0, pid, 2, Some(Durability::Fsynced), b"b").unwrap();
     assert_eq!((r1.sequence, r2.sequence), (1, 2));
-    assert_eq!(r1.result_flags | r2.result_flags, 0);
-    for flags in [DURABILITY_FSYNC, DURABILITY_WRITTEN, DURABILITY_DEFAULT] {
+    assert_eq!(r1.result_flags.bits() | r2.result_flags.bits(), 0);
+    for flags in [Some(Durability::Fsynced), Some(Durability::Written), None] {
         let dup = pub_idem(&mut c, t, 0, pid, 2, flags, b"b").unwrap();
         assert_eq!(dup.sequence, 2, "the original's sequence");
-        assert_eq!(
-            dup.result_flags & PUB_RESULT_DEDUPLICATED,
-            PUB_RESULT_DEDUPLICATED
-        );
+        assert!(dup.result_flags.contains(PubResultFlags::DEDUPLICATED));
         let old = pub_idem(&mut c, t, 0, pid, 1, flags, b"a").unwrap();
-        assert_eq!((old.sequence, old.result_flags & 1), (1, 1));
+        assert_eq!((old.sequence, old.result_flags.bits() & 1), (1, 1));
     }
     // Nothing was appended by the duplicates: the next fresh PUB is sequence 3.
-    let r3 = pub_idem(&mut c, t, 0, pid, 3, DURABILITY_FSYNC, b"c").unwrap();
-    assert_eq!((r3.sequence, r3.result_flags), (3, 0));
+    let r3 = pub_idem(&mut c, t, 0, pid, 3, Some(Durability::Fsynced), b"c").unwrap();
+    assert_eq!((r3.sequence, r3.result_flags.bits()), (3, 0));
     assert_eq!(
-        c.publish_value(t, 0, b"plain", DURABILITY_FSYNC)
+        c.publish_value(t, 0, b"plain", Some(Durability::Fsynced))
             .unwrap()
             .sequence,
         4
     );
     // Producer state is per partition: seq 1 is new on partition 1.
-    let p1 = pub_idem(&mut c, t, 1, pid, 1, DURABILITY_FSYNC, b"a").unwrap();
-    assert_eq!((p1.sequence, p1.result_flags), (1, 0));
+    let p1 = pub_idem(&mut c, t, 1, pid, 1, Some(Durability::Fsynced), b"a").unwrap();
+    assert_eq!((p1.sequence, p1.result_flags.bits()), (1, 0));
     // And per producer: another id with the same seqs is not a duplicate.
-    let other = pub_idem(&mut c, t, 0, pid + 1, 3, DURABILITY_FSYNC, b"o").unwrap();
-    assert_eq!((other.sequence, other.result_flags), (5, 0));
+    let other = pub_idem(&mut c, t, 0, pid + 1, 3, Some(Durability::Fsynced), b"o").unwrap();
+    assert_eq!((other.sequence, other.result_flags.bits()), (5, 0));
     // A duplicate pipelined right behind its original waits for it, then answers.
     c.queue(&Frame::Pub(Pub {
         topic_id: t,
         producer_id: pid,
         producer_seq: 4,
-        flags: DURABILITY_FSYNC,
+        flags: PubFlags::requesting(Some(Durability::Fsynced)),
         value: b"d",
         ..Pub::default()
     }));
@@ -771,18 +887,18 @@ fn idempotent_producer_duplicates_append_nothing() {
         topic_id: t,
         producer_id: pid,
         producer_seq: 4,
-        flags: DURABILITY_FSYNC,
+        flags: PubFlags::requesting(Some(Durability::Fsynced)),
         value: b"d",
         ..Pub::default()
     }));
     c.flush().unwrap();
     let a: PubResult = c.recv_reply().unwrap().typed().unwrap();
     let b: PubResult = c.recv_reply().unwrap().typed().unwrap();
-    assert_eq!((a.sequence, a.result_flags), (6, 0));
-    assert_eq!((b.sequence, b.result_flags, b.durability), (6, 1, 2));
+    assert_eq!((a.sequence, a.result_flags.bits()), (6, 0));
+    assert_eq!((b.sequence, b.result_flags.bits(), b.durability), (6, 1, 2));
     assert!(b.commit_seq >= 6);
     assert_eq!(
-        c.publish_value(t, 0, b"plain", DURABILITY_FSYNC)
+        c.publish_value(t, 0, b"plain", Some(Durability::Fsynced))
             .unwrap()
             .sequence,
         7
@@ -793,12 +909,23 @@ fn idempotent_producer_duplicates_append_nothing() {
 fn idempotent_producer_seq_must_not_skip_ahead() {
     let broker = Mortard::start(&[]);
     let mut c = broker.client();
-    let t = c.declare("skip", 1, 0).unwrap().topic_id;
+    let t = c
+        .declare("skip", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     for s in 1..=3 {
-        pub_idem(&mut c, t, 0, 7, s, DURABILITY_FSYNC, b"x").unwrap();
+        pub_idem(&mut c, t, 0, 7, s, Some(Durability::Fsynced), b"x").unwrap();
     }
     for bad in [5, 4 + 1024, u64::MAX] {
-        let (code, message) = err_message(pub_idem(&mut c, t, 0, 7, bad, DURABILITY_FSYNC, b"x"));
+        let (code, message) = err_message(pub_idem(
+            &mut c,
+            t,
+            0,
+            7,
+            bad,
+            Some(Durability::Fsynced),
+            b"x",
+        ));
         assert_eq!(code, ErrorCode::SequenceOutOfOrder, "seq {bad}");
         assert!(
             message.contains(&format!("{EXPECTED}4")),
@@ -806,14 +933,22 @@ fn idempotent_producer_seq_must_not_skip_ahead() {
         );
     }
     // The refusals changed nothing.
-    let r = pub_idem(&mut c, t, 0, 7, 4, DURABILITY_FSYNC, b"x").unwrap();
-    assert_eq!((r.sequence, r.result_flags), (4, 0));
+    let r = pub_idem(&mut c, t, 0, 7, 4, Some(Durability::Fsynced), b"x").unwrap();
+    assert_eq!((r.sequence, r.result_flags.bits()), (4, 0));
     // A producer the partition does not know may start anywhere >= 1.
-    let start = pub_idem(&mut c, t, 0, 8, 1_000_000, DURABILITY_FSYNC, b"n").unwrap();
-    assert_eq!((start.sequence, start.result_flags), (5, 0));
-    let next = pub_idem(&mut c, t, 0, 8, 1_000_001, DURABILITY_FSYNC, b"n").unwrap();
+    let start = pub_idem(&mut c, t, 0, 8, 1_000_000, Some(Durability::Fsynced), b"n").unwrap();
+    assert_eq!((start.sequence, start.result_flags.bits()), (5, 0));
+    let next = pub_idem(&mut c, t, 0, 8, 1_000_001, Some(Durability::Fsynced), b"n").unwrap();
     assert_eq!(next.sequence, 6);
-    let (code, message) = err_message(pub_idem(&mut c, t, 0, 8, 1, DURABILITY_FSYNC, b"n"));
+    let (code, message) = err_message(pub_idem(
+        &mut c,
+        t,
+        0,
+        8,
+        1,
+        Some(Durability::Fsynced),
+        b"n",
+    ));
     assert_eq!(
         code,
         ErrorCode::SequenceOutOfOrder,
@@ -826,14 +961,17 @@ fn idempotent_producer_seq_must_not_skip_ahead() {
 fn idempotent_duplicates_older_than_the_window_are_refused() {
     let broker = Mortard::start(&[]);
     let mut c = broker.client();
-    let t = c.declare("window", 1, 0).unwrap().topic_id;
+    let t = c
+        .declare("window", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     const LAST: u64 = 1100;
     for s in 1..=LAST {
         c.queue(&Frame::Pub(Pub {
             topic_id: t,
             producer_id: 3,
             producer_seq: s,
-            flags: DURABILITY_WRITTEN,
+            flags: PubFlags::requesting(Some(Durability::Written)),
             value: b"w",
             ..Pub::default()
         }));
@@ -841,39 +979,47 @@ fn idempotent_duplicates_older_than_the_window_are_refused() {
     c.flush().unwrap();
     for s in 1..=LAST {
         let r: PubResult = c.recv_reply().unwrap().typed().unwrap();
-        assert_eq!((r.sequence, r.result_flags), (s, 0));
+        assert_eq!((r.sequence, r.result_flags.bits()), (s, 0));
     }
     // The window holds the last 1024 seqs: LAST-1023 ..= LAST.
     let edge = LAST - 1023;
-    let dup = pub_idem(&mut c, t, 0, 3, edge, DURABILITY_FSYNC, b"w").unwrap();
-    assert_eq!((dup.sequence, dup.result_flags), (edge, 1));
+    let dup = pub_idem(&mut c, t, 0, 3, edge, Some(Durability::Fsynced), b"w").unwrap();
+    assert_eq!((dup.sequence, dup.result_flags.bits()), (edge, 1));
     assert_eq!(dup.durability, 2, "answered once the original is FSYNCED");
     for old in [edge - 1, 1] {
-        let (code, message) = err_message(pub_idem(&mut c, t, 0, 3, old, DURABILITY_FSYNC, b"w"));
+        let (code, message) = err_message(pub_idem(
+            &mut c,
+            t,
+            0,
+            3,
+            old,
+            Some(Durability::Fsynced),
+            b"w",
+        ));
         assert_eq!(code, ErrorCode::SequenceOutOfOrder, "seq {old}: {message}");
         assert!(
             message.contains(&format!("{EXPECTED}{}", LAST + 1)),
             "{message}"
         );
     }
-    let r = pub_idem(&mut c, t, 0, 3, LAST + 1, DURABILITY_FSYNC, b"w").unwrap();
-    assert_eq!((r.sequence, r.result_flags), (LAST + 1, 0));
+    let r = pub_idem(&mut c, t, 0, 3, LAST + 1, Some(Durability::Fsynced), b"w").unwrap();
+    assert_eq!((r.sequence, r.result_flags.bits()), (LAST + 1, 0));
 }
 
 #[test]
 fn idle_producers_expire_after_producer_ttl() {
     let mut broker = Mortard::start(&["--producer-ttl", "1s"]);
     let mut c = broker.client();
-    let t = c.declare("ttl", 1, 0).unwrap().topic_id;
+    let t = c.declare("ttl", 1, DeclareFlags::empty()).unwrap().topic_id;
     for s in 1..=3 {
-        pub_idem(&mut c, t, 0, 5, s, DURABILITY_FSYNC, b"x").unwrap();
+        pub_idem(&mut c, t, 0, 5, s, Some(Durability::Fsynced), b"x").unwrap();
     }
     // Right away, seq 10 skips ahead. Refused PUBs do not count as activity, so once the
     // producer has been idle for the TTL (housekeeping runs each second) it is forgotten
     // and may start again anywhere.
     let started = Instant::now();
     let r = loop {
-        match pub_idem(&mut c, t, 0, 5, 10, DURABILITY_FSYNC, b"y") {
+        match pub_idem(&mut c, t, 0, 5, 10, Some(Durability::Fsynced), b"y") {
             Ok(r) => break r,
             Err(e) => {
                 assert_eq!(e.code(), Some(ErrorCode::SequenceOutOfOrder), "{e}");
@@ -886,15 +1032,15 @@ fn idle_producers_expire_after_producer_ttl() {
         started.elapsed() >= Duration::from_millis(900),
         "expired too early"
     );
-    assert_eq!((r.sequence, r.result_flags), (4, 0));
+    assert_eq!((r.sequence, r.result_flags.bits()), (4, 0));
     // Records older than the TTL do not rebuild producer state at start either.
     drop(c);
     std::thread::sleep(Duration::from_millis(1100));
     broker.restart();
     let mut c = broker.client();
-    let r = pub_idem(&mut c, t, 0, 5, 3, DURABILITY_FSYNC, b"z").unwrap();
+    let r = pub_idem(&mut c, t, 0, 5, 3, Some(Durability::Fsynced), b"z").unwrap();
     assert_eq!(
-        (r.sequence, r.result_flags),
+        (r.sequence, r.result_flags.bits()),
         (5, 0),
         "stale producer state was rebuilt"
     );
@@ -903,11 +1049,24 @@ fn idle_producers_expire_after_producer_ttl() {
 fn dedup_survives_restart(kill: bool) {
     let mut broker = Mortard::start(&[]);
     let mut c = broker.client();
-    let t = c.declare("survive", 2, 0).unwrap().topic_id;
+    let t = c
+        .declare("survive", 2, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     for s in 1..=5 {
-        pub_idem(&mut c, t, 1, 42, s, DURABILITY_FSYNC, &value_of(s, 10)).unwrap();
-        pub_idem(&mut c, t, 0, 43, 100 + s, DURABILITY_FSYNC, b"x").unwrap();
-        c.publish_value(t, 1, b"plain", DURABILITY_FSYNC).unwrap();
+        pub_idem(
+            &mut c,
+            t,
+            1,
+            42,
+            s,
+            Some(Durability::Fsynced),
+            &value_of(s, 10),
+        )
+        .unwrap();
+        pub_idem(&mut c, t, 0, 43, 100 + s, Some(Durability::Fsynced), b"x").unwrap();
+        c.publish_value(t, 1, b"plain", Some(Durability::Fsynced))
+            .unwrap();
     }
     drop(c);
     if kill {
@@ -918,18 +1077,39 @@ fn dedup_survives_restart(kill: bool) {
     let mut c = broker.client();
     // Producer 42's records on partition 1 were sequences 1, 3, 5, 7, 9.
     for s in 1..=5 {
-        let dup = pub_idem(&mut c, t, 1, 42, s, DURABILITY_FSYNC, &value_of(s, 10)).unwrap();
-        assert_eq!((dup.sequence, dup.result_flags), (2 * s - 1, 1), "seq {s}");
+        let dup = pub_idem(
+            &mut c,
+            t,
+            1,
+            42,
+            s,
+            Some(Durability::Fsynced),
+            &value_of(s, 10),
+        )
+        .unwrap();
+        assert_eq!(
+            (dup.sequence, dup.result_flags.bits()),
+            (2 * s - 1, 1),
+            "seq {s}"
+        );
     }
-    let dup = pub_idem(&mut c, t, 0, 43, 105, DURABILITY_FSYNC, b"x").unwrap();
-    assert_eq!((dup.sequence, dup.result_flags), (5, 1));
-    let (code, message) = err_message(pub_idem(&mut c, t, 1, 42, 7, DURABILITY_FSYNC, b"x"));
+    let dup = pub_idem(&mut c, t, 0, 43, 105, Some(Durability::Fsynced), b"x").unwrap();
+    assert_eq!((dup.sequence, dup.result_flags.bits()), (5, 1));
+    let (code, message) = err_message(pub_idem(
+        &mut c,
+        t,
+        1,
+        42,
+        7,
+        Some(Durability::Fsynced),
+        b"x",
+    ));
     assert_eq!(code, ErrorCode::SequenceOutOfOrder);
     assert!(message.contains(&format!("{EXPECTED}6")), "{message}");
-    let next = pub_idem(&mut c, t, 1, 42, 6, DURABILITY_FSYNC, b"x").unwrap();
-    assert_eq!((next.sequence, next.result_flags), (11, 0));
-    let next = pub_idem(&mut c, t, 0, 43, 106, DURABILITY_FSYNC, b"x").unwrap();
-    assert_eq!((next.sequence, next.result_flags), (6, 0));
+    let next = pub_idem(&mut c, t, 1, 42, 6, Some(Durability::Fsynced), b"x").unwrap();
+    assert_eq!((next.sequence, next.result_flags.bits()), (11, 0));
+    let next = pub_idem(&mut c, t, 0, 43, 106, Some(Durability::Fsynced), b"x").unwrap();
+    assert_eq!((next.sequence, next.result_flags.bits()), (6, 0));
 }
 
 #[test]
@@ -950,7 +1130,10 @@ fn segments_roll_and_sequences_continue_after_restart() {
     const N: u64 = 400;
     let mut broker = Mortard::start(&["--segment-size", "64KiB"]);
     let mut c = broker.client();
-    let t = c.declare("roll", 2, 0).unwrap().topic_id;
+    let t = c
+        .declare("roll", 2, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     let values: Vec<Vec<u8>> = (1..=N).map(|i| value_of(i, 1000)).collect();
     for (i, r) in publish_burst(&mut c, t, 0, &values).iter().enumerate() {
         assert_eq!(r.sequence, i as u64 + 1);
@@ -980,13 +1163,13 @@ fn segments_roll_and_sequences_continue_after_restart() {
     broker.restart();
     let mut c = broker.client();
     assert_eq!(
-        c.publish_value(t, 0, b"after", DURABILITY_FSYNC)
+        c.publish_value(t, 0, b"after", Some(Durability::Fsynced))
             .unwrap()
             .sequence,
         N + 1
     );
     assert_eq!(
-        c.publish_value(t, 1, b"after", DURABILITY_FSYNC)
+        c.publish_value(t, 1, b"after", Some(Durability::Fsynced))
             .unwrap()
             .sequence,
         1
@@ -1021,7 +1204,10 @@ fn records_larger_than_a_segment_and_multi_roll_batches_survive_sigkill() {
     const SEGMENT: u64 = 4096;
     let mut broker = Mortard::start(&["--segment-size", "4KiB"]);
     let mut c = broker.client();
-    let t = c.declare("huge", 1, 0).unwrap().topic_id;
+    let t = c
+        .declare("huge", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     // Sizes around the segment size: each big one gets a segment of its own, and one
     // pipelined batch (one flush) crosses many rolls.
     let sizes = [
@@ -1045,7 +1231,7 @@ fn records_larger_than_a_segment_and_multi_roll_batches_survive_sigkill() {
     let mut c = broker.client();
     let n = values.len() as u64;
     assert_eq!(
-        c.publish_value(t, 0, b"next", DURABILITY_FSYNC)
+        c.publish_value(t, 0, b"next", Some(Durability::Fsynced))
             .unwrap()
             .sequence,
         n + 1
@@ -1072,7 +1258,7 @@ fn retention_deletes_old_segments_while_sequences_continue() {
     const N: u64 = 1024;
     let broker = Mortard::start(&["--segment-size", "64KiB", "--retention-size", "128KiB"]);
     let mut c = broker.client();
-    let t = c.declare("ret", 1, 0).unwrap().topic_id;
+    let t = c.declare("ret", 1, DeclareFlags::empty()).unwrap().topic_id;
     let dir = topic_dir(&broker, t, "ret").join("0");
     let values: Vec<Vec<u8>> = (1..=N).map(|i| value_of(i, 1000)).collect();
     for chunk in values.chunks(128) {
@@ -1111,7 +1297,7 @@ fn retention_deletes_old_segments_while_sequences_continue() {
         .count();
     assert_eq!(idx, segments.len());
     assert_eq!(
-        c.publish_value(t, 0, b"next", DURABILITY_FSYNC)
+        c.publish_value(t, 0, b"next", Some(Durability::Fsynced))
             .unwrap()
             .sequence,
         N + 1
@@ -1124,9 +1310,21 @@ fn a_torn_last_record_is_truncated_at_restart() {
     const N: u64 = 25;
     let mut broker = Mortard::start(&[]);
     let mut c = broker.client();
-    let t = c.declare("torn", 1, 0).unwrap().topic_id;
+    let t = c
+        .declare("torn", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     for i in 1..=N {
-        let r = pub_idem(&mut c, t, 0, 9, i, DURABILITY_FSYNC, &value_of(i, 200)).unwrap();
+        let r = pub_idem(
+            &mut c,
+            t,
+            0,
+            9,
+            i,
+            Some(Durability::Fsynced),
+            &value_of(i, 200),
+        )
+        .unwrap();
         assert_eq!((r.sequence, r.durability), (i, 2));
     }
     drop(c);
@@ -1141,14 +1339,23 @@ fn a_torn_last_record_is_truncated_at_restart() {
     broker.restart();
     let mut c = broker.client();
     // Record N is gone, so its producer seq is not a duplicate: it is appended again.
-    let r = pub_idem(&mut c, t, 0, 9, N, DURABILITY_FSYNC, &value_of(N, 200)).unwrap();
+    let r = pub_idem(
+        &mut c,
+        t,
+        0,
+        9,
+        N,
+        Some(Durability::Fsynced),
+        &value_of(N, 200),
+    )
+    .unwrap();
     assert_eq!(
-        (r.sequence, r.result_flags),
+        (r.sequence, r.result_flags.bits()),
         (N, 0),
         "record {N} was torn off"
     );
-    let dup = pub_idem(&mut c, t, 0, 9, N - 1, DURABILITY_FSYNC, b"?").unwrap();
-    assert_eq!((dup.sequence, dup.result_flags), (N - 1, 1));
+    let dup = pub_idem(&mut c, t, 0, 9, N - 1, Some(Durability::Fsynced), b"?").unwrap();
+    assert_eq!((dup.sequence, dup.result_flags.bits()), (N - 1, 1));
     // The torn record was 48 + 200 bytes; 5 were cut, so 243 remained to truncate.
     let log = broker.log_text();
     assert!(
@@ -1172,9 +1379,18 @@ fn a_torn_last_record_is_truncated_at_restart() {
 /// as producer 9, then SIGKILLs the broker.
 fn publish_then_kill(broker: &mut Mortard, n: u64) -> u16 {
     let mut c = broker.client();
-    let t = c.declare("bad", 1, 0).unwrap().topic_id;
+    let t = c.declare("bad", 1, DeclareFlags::empty()).unwrap().topic_id;
     for i in 1..=n {
-        let r = pub_idem(&mut c, t, 0, 9, i, DURABILITY_FSYNC, &value_of(i, 200)).unwrap();
+        let r = pub_idem(
+            &mut c,
+            t,
+            0,
+            9,
+            i,
+            Some(Durability::Fsynced),
+            &value_of(i, 200),
+        )
+        .unwrap();
         assert_eq!(r.sequence, i);
     }
     broker.kill9();
@@ -1201,11 +1417,20 @@ fn a_crc_failure_in_the_unindexed_tail_truncates_from_that_record() {
     drop(f);
     broker.restart();
     let mut c = broker.client();
-    let dup = pub_idem(&mut c, t, 0, 9, BAD - 1, DURABILITY_FSYNC, b"?").unwrap();
-    assert_eq!((dup.sequence, dup.result_flags), (BAD - 1, 1));
-    let r = pub_idem(&mut c, t, 0, 9, BAD, DURABILITY_FSYNC, &value_of(BAD, 200)).unwrap();
+    let dup = pub_idem(&mut c, t, 0, 9, BAD - 1, Some(Durability::Fsynced), b"?").unwrap();
+    assert_eq!((dup.sequence, dup.result_flags.bits()), (BAD - 1, 1));
+    let r = pub_idem(
+        &mut c,
+        t,
+        0,
+        9,
+        BAD,
+        Some(Durability::Fsynced),
+        &value_of(BAD, 200),
+    )
+    .unwrap();
     assert_eq!(
-        (r.sequence, r.result_flags),
+        (r.sequence, r.result_flags.bits()),
         (BAD, 0),
         "records {BAD}.. were cut"
     );
@@ -1223,7 +1448,10 @@ fn a_flipped_byte_in_an_old_record_does_not_stop_the_broker() {
     const N: u64 = 30;
     let mut broker = Mortard::start(&[]);
     let mut c = broker.client();
-    let other = c.declare("other", 1, 0).unwrap().topic_id;
+    let other = c
+        .declare("other", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     drop(c);
     let t = publish_then_kill(&mut broker, N);
     let seg = segment_files(&topic_dir(&broker, t, "bad").join("0"))
@@ -1237,7 +1465,7 @@ fn a_flipped_byte_in_an_old_record_does_not_stop_the_broker() {
     broker.restart();
     let mut c = broker.client();
     let r = c
-        .publish_value(other, 0, b"fine", DURABILITY_FSYNC)
+        .publish_value(other, 0, b"fine", Some(Durability::Fsynced))
         .unwrap();
     assert_eq!(r.sequence, 1);
     assert!(broker.log_text().contains("corrupt record"));
@@ -1270,10 +1498,10 @@ fn a_lost_or_short_index_is_rebuilt_after_sigkill() {
         }
         broker.restart();
         let mut c = broker.client();
-        let dup = pub_idem(&mut c, t, 0, 9, 1, DURABILITY_FSYNC, b"?").unwrap();
-        assert_eq!((dup.sequence, dup.result_flags), (1, 1), "{damage}");
-        let r = pub_idem(&mut c, t, 0, 9, N + 1, DURABILITY_FSYNC, b"n").unwrap();
-        assert_eq!((r.sequence, r.result_flags), (N + 1, 0), "{damage}");
+        let dup = pub_idem(&mut c, t, 0, 9, 1, Some(Durability::Fsynced), b"?").unwrap();
+        assert_eq!((dup.sequence, dup.result_flags.bits()), (1, 1), "{damage}");
+        let r = pub_idem(&mut c, t, 0, 9, N + 1, Some(Durability::Fsynced), b"n").unwrap();
+        assert_eq!((r.sequence, r.result_flags.bits()), (N + 1, 0), "{damage}");
         drop(c);
         assert!(broker.terminate().success());
         let records = read_partition(&dir, 4096);
@@ -1305,9 +1533,9 @@ fn a_segment_left_empty_or_torn_by_a_crash_after_a_roll_is_recovered() {
         std::fs::write(extra.with_extension("idx"), []).unwrap();
         broker.restart();
         let mut c = broker.client();
-        let r = pub_idem(&mut c, t, 0, 9, N + 1, DURABILITY_FSYNC, b"n").unwrap();
+        let r = pub_idem(&mut c, t, 0, 9, N + 1, Some(Durability::Fsynced), b"n").unwrap();
         assert_eq!(
-            (r.sequence, r.result_flags),
+            (r.sequence, r.result_flags.bits()),
             (N + 1, 0),
             "segment {first} {content:?}"
         );
@@ -1327,11 +1555,14 @@ fn a_segment_left_empty_or_torn_by_a_crash_after_a_roll_is_recovered() {
 fn storage_full_refuses_pubs_and_keeps_the_connection() {
     let broker = Mortard::start(&["--max-data-size", "256KiB", "--segment-size", "64KiB"]);
     let mut c = broker.client();
-    let t = c.declare("full", 1, 0).unwrap().topic_id;
+    let t = c
+        .declare("full", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     let value = vec![7u8; 1024];
     let mut accepted = 0u64;
     let refused = loop {
-        match c.publish_value(t, 0, &value, DURABILITY_FSYNC) {
+        match c.publish_value(t, 0, &value, Some(Durability::Fsynced)) {
             Ok(r) => {
                 accepted += 1;
                 assert_eq!(r.sequence, accepted);
@@ -1348,13 +1579,13 @@ fn storage_full_refuses_pubs_and_keeps_the_connection() {
     );
     c.ping().unwrap();
     expect_err(
-        c.publish_value(t, 0, &value, DURABILITY_FSYNC),
+        c.publish_value(t, 0, &value, Some(Durability::Fsynced)),
         ErrorCode::StorageFull,
     );
     let mut other = broker.client();
     other.ping().unwrap();
     expect_err(
-        other.publish_value(t, 0, &value, DURABILITY_WRITTEN),
+        other.publish_value(t, 0, &value, Some(Durability::Written)),
         ErrorCode::StorageFull,
     );
     // Refused records took no sequence.
@@ -1370,48 +1601,48 @@ fn a_refused_pub_between_good_ones_takes_no_sequence() {
     // Pipelined: errors answered in order among waiting PUBs.
     let broker = Mortard::start(&[]);
     let mut c = broker.client();
-    let t = c.declare("mix", 1, 0).unwrap().topic_id;
+    let t = c.declare("mix", 1, DeclareFlags::empty()).unwrap().topic_id;
     let big_key = [0u8; 300];
     let frames = [
         Pub {
             topic_id: t,
-            flags: DURABILITY_FSYNC,
+            flags: PubFlags::requesting(Some(Durability::Fsynced)),
             value: b"1",
             ..Pub::default()
         },
         Pub {
             topic_id: t,
-            flags: 3,
+            flags: PubFlags::requesting(Some(Durability::Replicated)),
             value: b"x",
             ..Pub::default()
         },
         Pub {
             topic_id: t,
-            flags: DURABILITY_FSYNC,
+            flags: PubFlags::requesting(Some(Durability::Fsynced)),
             key: &big_key,
             ..Pub::default()
         },
         Pub {
             topic_id: t,
             partition: 1,
-            flags: DURABILITY_FSYNC,
+            flags: PubFlags::requesting(Some(Durability::Fsynced)),
             ..Pub::default()
         },
         Pub {
             topic_id: t,
-            flags: DURABILITY_WRITTEN,
+            flags: PubFlags::requesting(Some(Durability::Written)),
             value: b"2",
             ..Pub::default()
         },
         Pub {
             topic_id: t,
             producer_id: 1,
-            flags: DURABILITY_FSYNC,
+            flags: PubFlags::requesting(Some(Durability::Fsynced)),
             ..Pub::default()
         },
         Pub {
             topic_id: t,
-            flags: DURABILITY_FSYNC,
+            flags: PubFlags::requesting(Some(Durability::Fsynced)),
             value: b"3",
             ..Pub::default()
         },

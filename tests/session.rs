@@ -13,7 +13,7 @@ use common::mortard::Mortard;
 use mortarmq::client::{Client, ClientError};
 use mortarmq::wire::limits::MAX_FRAME_LEN_BYTES;
 use mortarmq::wire::ops::{Frame, Op, Ping};
-use mortarmq::wire::ErrorCode;
+use mortarmq::wire::{ControlResult, DeclareFlags, Durability, ErrorCode, PubFlags, SubFlags};
 
 /// Reads one whole frame (header + body) from a raw socket.
 fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
@@ -300,7 +300,10 @@ fn idle_and_half_frame_timeouts_close_silently() {
 fn thousands_of_pipelined_requests_are_answered_in_order() {
     let broker = Mortard::start(&[]);
     let mut c = broker.client();
-    let topic = c.declare("pipes", 1, 0).unwrap().topic_id;
+    let topic = c
+        .declare("pipes", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     const N: usize = 5000;
     // Interleave PUBs (which wait for fsync) with PINGs (answered at once): the PINGs'
     // answers must still come after the PUBs before them.
@@ -312,7 +315,7 @@ fn thousands_of_pipelined_requests_are_answered_in_order() {
             c.queue(&Frame::Pub(mortarmq::wire::ops::Pub {
                 topic_id: topic,
                 value: value.as_bytes(),
-                flags: 2,
+                flags: PubFlags::requesting(Some(Durability::Fsynced)),
                 ..Default::default()
             }));
         }
@@ -404,13 +407,16 @@ fn connections_over_the_limit_are_refused() {
 fn sigterm_answers_in_flight_then_shuts_down_cleanly() {
     let mut broker = Mortard::start(&[]);
     let mut c = broker.client();
-    let topic = c.declare("drain", 1, 0).unwrap().topic_id;
+    let topic = c
+        .declare("drain", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     for i in 0..200u32 {
         let v = i.to_be_bytes();
         c.queue(&Frame::Pub(mortarmq::wire::ops::Pub {
             topic_id: topic,
             value: &v,
-            flags: 2,
+            flags: PubFlags::requesting(Some(Durability::Fsynced)),
             ..Default::default()
         }));
     }
@@ -440,7 +446,9 @@ fn sigterm_answers_in_flight_then_shuts_down_cleanly() {
     );
     broker.restart();
     let mut c = broker.client();
-    let r = c.publish_value(topic, 0, b"after", 2).unwrap();
+    let r = c
+        .publish_value(topic, 0, b"after", Some(Durability::Fsynced))
+        .unwrap();
     assert_eq!(r.sequence, 201, "all 200 acknowledged records survived");
     assert_eq!(r.leader_epoch, 2);
 }
@@ -467,7 +475,7 @@ fn bad_flag_values_exit_with_status_2() {
 fn pub_over_the_memory_budget_gets_memory_limit() {
     let broker = Mortard::start(&["--max-memory", "17MiB", "--max-output-size", "17MiB"]);
     let mut c = broker.client();
-    let topic = c.declare("mem", 1, 0).unwrap().topic_id;
+    let topic = c.declare("mem", 1, DeclareFlags::empty()).unwrap().topic_id;
     // Two peers each send most of a 10 MiB PUB and stop: their buffers hold ~20 MiB.
     let mut holders = Vec::new();
     for _ in 0..2 {
@@ -487,13 +495,18 @@ fn pub_over_the_memory_budget_gets_memory_limit() {
     let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
     let buffered = stats["connections"]["buffered_bytes"].as_u64().unwrap();
     assert!(buffered > 17 * 1024 * 1024, "buffers hold {buffered} bytes");
-    let err = c.publish_value(topic, 0, b"x", 2).unwrap_err();
+    let err = c
+        .publish_value(topic, 0, b"x", Some(Durability::Fsynced))
+        .unwrap_err();
     assert_eq!(err.code(), Some(ErrorCode::MemoryLimit));
     c.ping().unwrap();
     // Once the holders go, the budget frees up.
     drop(holders);
     let deadline = Instant::now() + Duration::from_secs(5);
-    while c.publish_value(topic, 0, b"x", 2).is_err() {
+    while c
+        .publish_value(topic, 0, b"x", Some(Durability::Fsynced))
+        .is_err()
+    {
         assert!(Instant::now() < deadline, "budget never freed");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -503,10 +516,15 @@ fn pub_over_the_memory_budget_gets_memory_limit() {
 fn a_reader_whose_output_passes_the_hard_cap_is_closed_and_counted() {
     let broker = Mortard::start(&["--max-output-size", "17MiB", "--max-memory", "64MiB"]);
     let mut producer = broker.client();
-    let topic = producer.declare("big", 1, 0).unwrap().topic_id;
+    let topic = producer
+        .declare("big", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     let value = vec![1u8; 1024 * 1024];
     for _ in 0..24 {
-        producer.publish_value(topic, 0, &value, 1).unwrap();
+        producer
+            .publish_value(topic, 0, &value, Some(Durability::Written))
+            .unwrap();
     }
     // A PULL-mode member that asks for everything and never reads its socket.
     let mut hog = broker.client();
@@ -515,7 +533,7 @@ fn a_reader_whose_output_passes_the_hard_cap_is_closed_and_counted() {
             group: b"hog",
             topic_id: topic,
             partition: 0xFFFF,
-            flags: 1,
+            flags: SubFlags::PULL_MODE,
             ..Default::default()
         }))
         .unwrap()
@@ -527,7 +545,7 @@ fn a_reader_whose_output_passes_the_hard_cap_is_closed_and_counted() {
         other => panic!("{other:?}"),
     };
     hog.request(&Frame::ControlAck(
-        mortarmq::wire::ops::ControlAck::answering(&notice, 0),
+        mortarmq::wire::ops::ControlAck::answering(&notice, ControlResult::Ok),
     ))
     .unwrap();
     for _ in 0..6 {

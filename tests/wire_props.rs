@@ -4,6 +4,7 @@
 use mortarmq::wire::frame::{classify_op, split_frame, OpClass};
 use mortarmq::wire::limits::MAX_FRAME_LEN_BYTES;
 use mortarmq::wire::ops::*;
+use mortarmq::wire::{AckFlags, DeclareFlags, MsgFlags, PubFlags, SubFlags};
 use proptest::prelude::*;
 
 fn bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
@@ -59,14 +60,14 @@ fn build(o: &Owned) -> Frame<'_> {
         Op::Declare => Frame::Declare(Declare {
             topic: &o.a,
             partition_count: i(0) as u16,
-            flags: i(1) as u16,
+            flags: DeclareFlags::from_bits_retain(i(1) as u16),
         }),
         Op::Pub => Frame::Pub(Pub {
             topic_id: i(0) as u16,
             partition: i(1) as u16,
             producer_id: i(2),
             producer_seq: i(3),
-            flags: i(4) as u16,
+            flags: PubFlags::from_bits_retain(i(4) as u16),
             key,
             value: &o.b,
         }),
@@ -77,7 +78,7 @@ fn build(o: &Owned) -> Frame<'_> {
             start_policy: i(2) as u8,
             credit_count: i(3) as u16,
             credit_bytes: i(4) as u32,
-            flags: i(5) as u16,
+            flags: SubFlags::from_bits_retain(i(5) as u16),
         }),
         Op::Ack => Frame::Ack(Ack {
             subscription_id: i(0) as u16,
@@ -86,7 +87,7 @@ fn build(o: &Owned) -> Frame<'_> {
             seq: i(3),
             delivery_id: i(4),
             ownership_epoch: i(5),
-            flags: i(6) as u16,
+            flags: AckFlags::from_bits_retain(i(6) as u16),
         }),
         Op::Nack => Frame::Nack(Nack {
             subscription_id: i(0) as u16,
@@ -119,9 +120,9 @@ fn build(o: &Owned) -> Frame<'_> {
             producer_id: i(7),
             producer_seq: i(8),
             flags: if o.origin.is_some() {
-                MSG_FLAG_ORIGIN
+                MsgFlags::ORIGIN
             } else {
-                0
+                MsgFlags::empty()
             },
             key,
             value: &o.b,

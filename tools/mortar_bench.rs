@@ -27,10 +27,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 // The broker's own unit parsers: the same forms as `mortard`'s flags.
 use mortarmq::config::{parse_duration, parse_size};
-use mortarmq::consume::{START_POLICY_EARLIEST, START_POLICY_LATEST, SUB_FLAG_PULL_MODE};
-use mortarmq::wire::limits::{FRAME_HEADER_BYTES, MAX_FRAME_LEN_BYTES, OP_BYTES, WIRE_VERSION};
+use mortarmq::wire::limits::{
+    FRAME_HEADER_BYTES, MAX_FRAME_LEN_BYTES, OP_BYTES, SUB_PARTITION_ANY, WIRE_VERSION,
+};
 use mortarmq::wire::ops::*;
 use mortarmq::wire::{split_frame, ErrorCode};
+use mortarmq::wire::{
+    AckFlags, ControlResult, DeclareFlags, Durability, NoticeKind, PubFlags, StartPolicy, SubFlags,
+};
 
 const BROKER_DEFAULT: &str = "127.0.0.1:7411";
 const EXIT_FAILURE: u8 = 1;
@@ -40,9 +44,6 @@ const READ_CHUNK_BYTES: usize = 256 * 1024;
 /// A broker silent this long fails the run instead of hanging it.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// DECLARE flags bit2: look up, never create.
-const DECLARE_PASSIVE: u16 = 0x0004;
-/// ASSIGN notices have kind 0.
-const NOTICE_ASSIGN: u8 = 0;
 /// Linux USER_HZ, the unit of utime/stime in /proc/self/stat.
 const CLOCK_TICKS_PER_SEC: f64 = 100.0;
 
@@ -134,7 +135,7 @@ struct Args {
     connections: Option<usize>,
     pipeline: usize,
     value_size: usize,
-    durability: u16,
+    durability: Durability,
     partitions: u16,
     topic: Option<String>,
     duration: Option<Duration>,
@@ -155,9 +156,11 @@ impl Args {
                 .transpose()
         };
         let durability = match m.opt_str("durability").as_deref() {
-            None | Some("fsync") => DURABILITY_FSYNC,
-            Some("written") => DURABILITY_WRITTEN,
-            Some(other) => return Err(format!("--durability: written or fsync, not {other}")),
+            None => Durability::Fsynced,
+            Some(name) => match Durability::from_flag_name(name) {
+                Some(d @ (Durability::Written | Durability::Fsynced)) => d,
+                _ => return Err(format!("--durability: written or fsync, not {name}")),
+            },
         };
         let pull = match m.opt_str("mode").as_deref() {
             None | Some("push") => false,
@@ -192,17 +195,6 @@ impl Args {
 
     fn topic(&self, default: &str) -> String {
         self.topic.clone().unwrap_or_else(|| default.into())
-    }
-}
-
-const DURABILITY_WRITTEN: u16 = 1;
-const DURABILITY_FSYNC: u16 = 2;
-
-fn durability_name(d: u16) -> &'static str {
-    if d == DURABILITY_WRITTEN {
-        "written"
-    } else {
-        "fsync"
     }
 }
 
@@ -287,35 +279,36 @@ struct Hist {
     max: u64,
 }
 
-const SUB_BITS: u32 = 5;
-const SUB: u64 = 1 << SUB_BITS;
+const BUCKET_BITS: u32 = 5;
+const BUCKETS_PER_POWER: u64 = 1 << BUCKET_BITS;
 
 impl Hist {
     fn new() -> Hist {
         Hist {
-            counts: vec![0; (64 * SUB) as usize],
+            counts: vec![0; (64 * BUCKETS_PER_POWER) as usize],
             n: 0,
             max: 0,
         }
     }
 
     fn index(v: u64) -> usize {
-        if v < SUB {
+        if v < BUCKETS_PER_POWER {
             return v as usize;
         }
         let msb = 63 - v.leading_zeros();
-        let shift = msb - SUB_BITS;
-        (((u64::from(shift) + 1) << SUB_BITS) + ((v >> shift) & (SUB - 1))) as usize
+        let shift = msb - BUCKET_BITS;
+        let bucket = (u64::from(shift) + 1) << BUCKET_BITS;
+        (bucket + ((v >> shift) & (BUCKETS_PER_POWER - 1))) as usize
     }
 
     /// The middle of bucket `i`.
     fn value(i: usize) -> u64 {
         let i = i as u64;
-        if i < SUB {
+        if i < BUCKETS_PER_POWER {
             return i;
         }
-        let shift = i / SUB - 1;
-        ((SUB + i % SUB) << shift) + ((1u64 << shift) >> 1)
+        let shift = i / BUCKETS_PER_POWER - 1;
+        ((BUCKETS_PER_POWER + i % BUCKETS_PER_POWER) << shift) + ((1u64 << shift) >> 1)
     }
 
     fn record(&mut self, ns: u64) {
@@ -518,14 +511,14 @@ fn declare(c: &mut Conn, topic: &str, partitions: u16) -> Res<(u16, u16)> {
     let passive = Declare {
         topic: topic.as_bytes(),
         partition_count: 0,
-        flags: DECLARE_PASSIVE,
+        flags: DeclareFlags::PASSIVE,
     };
     let r = match c.request(&Frame::Declare(passive)) {
         Ok(r) => r,
         Err(_) => c.request(&Frame::Declare(Declare {
             topic: topic.as_bytes(),
             partition_count: partitions,
-            flags: 0,
+            flags: DeclareFlags::empty(),
         }))?,
     };
     let d: DeclareResult = typed(&r)?;
@@ -533,19 +526,11 @@ fn declare(c: &mut Conn, topic: &str, partitions: u16) -> Res<(u16, u16)> {
 }
 
 fn control_ack(n: &Notice) -> ControlAck {
-    ControlAck::answering(n, 0)
+    ControlAck::answering(n, ControlResult::Ok)
 }
 
 fn ack_of(m: &Msg<'_>) -> Ack {
-    Ack {
-        subscription_id: m.subscription_id,
-        topic_id: m.topic_id,
-        partition: m.partition,
-        seq: m.sequence,
-        delivery_id: m.delivery_id,
-        ownership_epoch: m.ownership_epoch,
-        flags: 0,
-    }
+    m.delivery_ref().ack(AckFlags::empty())
 }
 
 fn unique_group(kind: &str) -> String {
@@ -568,7 +553,12 @@ struct Member {
     membership_epoch: u32,
 }
 
-fn subscribe(c: &mut Conn, topic_id: u16, partitions: u16, how: (u16, u8, u16)) -> Res<Member> {
+fn subscribe(
+    c: &mut Conn,
+    topic_id: u16,
+    partitions: u16,
+    how: (u16, StartPolicy, SubFlags),
+) -> Res<Member> {
     let (credit, start_policy, flags) = how;
     let group = unique_group("g");
     let mut notices = Vec::new();
@@ -576,8 +566,8 @@ fn subscribe(c: &mut Conn, topic_id: u16, partitions: u16, how: (u16, u8, u16)) 
         &Frame::Sub(Sub {
             group: group.as_bytes(),
             topic_id,
-            partition: 0xFFFF,
-            start_policy,
+            partition: SUB_PARTITION_ANY,
+            start_policy: start_policy.as_code(),
             credit_count: credit,
             credit_bytes: 0,
             flags,
@@ -607,7 +597,7 @@ fn subscribe(c: &mut Conn, topic_id: u16, partitions: u16, how: (u16, u8, u16)) 
         let n = notices.remove(0);
         m.assignment_epoch = n.assignment_epoch;
         m.membership_epoch = n.membership_epoch;
-        if n.kind == NOTICE_ASSIGN {
+        if NoticeKind::from_code(n.kind) == Some(NoticeKind::Assign) {
             held += 1;
         }
         c.request_keep(&Frame::ControlAck(control_ack(&n)), &mut notices)?;
@@ -637,7 +627,7 @@ struct PubJob {
     first_partition: u16,
     depth: usize,
     value_size: usize,
-    durability: u16,
+    durability: Durability,
     stop: Stop,
 }
 
@@ -664,7 +654,7 @@ fn publish_conn(mut c: Conn, job: &PubJob) -> Res<PubStats> {
             Pub {
                 topic_id: job.topic_id,
                 partition,
-                flags: job.durability,
+                flags: PubFlags::requesting(Some(job.durability)),
                 value: &value,
                 ..Pub::default()
             }
@@ -741,7 +731,7 @@ fn publish(a: &Args) -> Res<Report> {
     let cpu = cpu_seconds() - cpu0;
     let mut r = Report::default();
     r.text("workload", "publish");
-    r.text("durability", durability_name(a.durability));
+    r.text("durability", a.durability.flag_name());
     r.int("connections", conns as u64);
     r.int("pipeline", a.pipeline as u64);
     r.int("value_size", a.value_size as u64);
@@ -776,7 +766,7 @@ fn prefill(a: &Args, topic: &str, count: u64) -> Res<(u16, u16, u64)> {
         Pub {
             topic_id,
             partition,
-            flags: DURABILITY_WRITTEN,
+            flags: PubFlags::requesting(Some(Durability::Written)),
             value: &probe,
             ..Pub::default()
         }
@@ -792,7 +782,7 @@ fn prefill(a: &Args, topic: &str, count: u64) -> Res<(u16, u16, u64)> {
             first_partition: 0,
             depth: 256,
             value_size: a.value_size,
-            durability: DURABILITY_WRITTEN,
+            durability: Durability::Written,
             stop: Stop::Count(missing),
         };
         let st = publish_conn(c, &job)?;
@@ -821,14 +811,18 @@ fn consume(a: &Args) -> Res<Report> {
     let topic = a.topic("bench");
     let (topic_id, partitions, prefilled) = prefill(a, &topic, count)?;
     let mut c = Conn::connect(&a.broker, &a.token)?;
-    let flags = if a.pull { SUB_FLAG_PULL_MODE } else { 0 };
+    let flags = if a.pull {
+        SubFlags::PULL_MODE
+    } else {
+        SubFlags::empty()
+    };
     let t0 = Instant::now();
     let cpu0 = cpu_seconds();
     let member = subscribe(
         &mut c,
         topic_id,
         partitions,
-        (a.credit, START_POLICY_EARLIEST, flags),
+        (a.credit, StartPolicy::Earliest, flags),
     )?;
     let pull = |m: &Member| Pull {
         subscription_id: m.sub.subscription_id,
@@ -915,7 +909,7 @@ fn end_to_end(a: &Args) -> Res<Report> {
         &mut cons,
         topic_id,
         partitions,
-        (256, START_POLICY_LATEST, 0),
+        (256, StartPolicy::Latest, SubFlags::empty()),
     )?;
     let done = Arc::new(AtomicBool::new(false));
     let consumer = {
@@ -950,7 +944,7 @@ fn end_to_end(a: &Args) -> Res<Report> {
             Pub {
                 topic_id,
                 partition: (i % u64::from(partitions)) as u16,
-                flags: a.durability,
+                flags: PubFlags::requesting(Some(a.durability)),
                 value: &value,
                 ..Pub::default()
             }
@@ -970,7 +964,7 @@ fn end_to_end(a: &Args) -> Res<Report> {
     let (del_hist, delivered) = consumer.join().map_err(|_| "consumer panicked")??;
     let mut r = Report::default();
     r.text("workload", "end-to-end");
-    r.text("durability", durability_name(a.durability));
+    r.text("durability", a.durability.flag_name());
     r.int("rate_target", a.rate);
     r.num("rate_achieved", total as f64 / send_secs);
     r.int("published", total);

@@ -15,11 +15,13 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use getopts::{Matches, Options, ParsingStyle};
-use mortarmq::client::{
-    Client, ClientError, Delivery, Push, DURABILITY_DEFAULT, DURABILITY_FSYNC, DURABILITY_WRITTEN,
-};
+use mortarmq::client::{Client, ClientError, Delivery, Push};
+use mortarmq::wire::limits::SUB_PARTITION_ANY;
 use mortarmq::wire::ops::*;
-use mortarmq::wire::ErrorCode;
+use mortarmq::wire::{
+    AckFlags, ControlResult, DeclareCreated, DeclareFlags, Durability, ErrorCode, HeartbeatState,
+    PubFlags, StartPolicy, SubFlags,
+};
 use serde_json::Value;
 
 const EXIT_ERROR: u8 = 1;
@@ -39,11 +41,6 @@ const SUB_CREDIT_MAX: u64 = 256;
 /// How often the `pub` progress line is redrawn, and how long `pub` runs before it shows.
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 const PROGRESS_AFTER: Duration = Duration::from_secs(1);
-
-/// DECLARE flags.
-const DECLARE_DELETE: u16 = 0x0001;
-const DECLARE_IF_UNUSED: u16 = 0x0002;
-const DECLARE_PASSIVE: u16 = 0x0004;
 
 enum Failure {
     /// Exit 2: the command line is wrong. The text says how.
@@ -891,7 +888,7 @@ fn parse_num<T: std::str::FromStr>(flag: &str, text: &str) -> Result<T, Failure>
 
 /// Looks a topic up by name with DECLARE PASSIVE.
 fn resolve(c: &mut Client, topic: &str) -> Result<DeclareResult, Failure> {
-    c.declare(topic, 0, DECLARE_PASSIVE)
+    c.declare(topic, 0, DeclareFlags::PASSIVE)
         .map_err(|e| Failure::Runtime(format!("topic {topic}: {e}")))
 }
 
@@ -900,9 +897,9 @@ fn cmd_topics_create(ctx: &Ctx) -> Outcome {
     let partitions = ctx.matches.opt_str("partitions").unwrap_or_default();
     let partitions: u16 = parse_num("partitions", &partitions)?;
     let mut c = ctx.connect()?;
-    let r = c.declare(name, partitions, 0)?;
+    let r = c.declare(name, partitions, DeclareFlags::empty())?;
     let n = r.partition_count;
-    if r.created == 0 {
+    if DeclareCreated::from_code(r.created) == Some(DeclareCreated::Created) {
         let id = r.topic_id;
         println!("created topic {name} (id {id}, {n} partitions; dead letters go to {name}.dlq)");
     } else {
@@ -916,10 +913,11 @@ fn cmd_topics_create(ctx: &Ctx) -> Outcome {
 
 fn cmd_topics_delete(ctx: &Ctx) -> Outcome {
     let name = ctx.positional(0);
-    let mut flags = DECLARE_DELETE;
-    if ctx.matches.opt_present("if-unused") {
-        flags |= DECLARE_IF_UNUSED;
-    }
+    let mut flags = DeclareFlags::DELETE;
+    flags.set(
+        DeclareFlags::IF_UNUSED,
+        ctx.matches.opt_present("if-unused"),
+    );
     let mut c = ctx.connect()?;
     c.declare(name, 0, flags)?;
     println!("deleted topic {name} and {name}.dlq");
@@ -982,7 +980,7 @@ struct Publisher {
     partition_count: u16,
     partition: Option<u16>,
     key: Vec<u8>,
-    durability: u16,
+    durability: Option<Durability>,
     in_flight: usize,
     acked: u64,
     last: Option<PubResult>,
@@ -1001,7 +999,7 @@ impl Publisher {
         let frame = Frame::Pub(Pub {
             topic_id: self.topic_id,
             partition: self.partition(),
-            flags: self.durability,
+            flags: PubFlags::requesting(self.durability),
             key: &self.key,
             value,
             ..Pub::default()
@@ -1034,10 +1032,11 @@ fn cmd_pub(ctx: &Ctx) -> Outcome {
         None => None,
     };
     let durability = match m.opt_str("durability").as_deref() {
-        None => DURABILITY_DEFAULT,
-        Some("written") => DURABILITY_WRITTEN,
-        Some("fsync") => DURABILITY_FSYNC,
-        Some(other) => return usage_err(format!("--durability: '{other}' is not written|fsync")),
+        None => None,
+        Some(name) => match Durability::from_flag_name(name) {
+            Some(d @ (Durability::Written | Durability::Fsynced)) => Some(d),
+            _ => return usage_err(format!("--durability: '{name}' is not written|fsync")),
+        },
     };
     let mut client = ctx.connect()?;
     let t = resolve(&mut client, topic)?;
@@ -1166,8 +1165,8 @@ fn cmd_sub(ctx: &Ctx) -> Outcome {
     let topic = ctx.positional(0);
     let group = m.opt_str("group").unwrap_or_default();
     let start_policy = match m.opt_str("from").as_deref() {
-        None | Some("earliest") => 0,
-        Some("latest") => 1,
+        None | Some("earliest") => StartPolicy::Earliest,
+        Some("latest") => StartPolicy::Latest,
         Some(other) => return usage_err(format!("--from: '{other}' is not earliest|latest")),
     };
     let count = match m.opt_str("count") {
@@ -1182,23 +1181,23 @@ fn cmd_sub(ctx: &Ctx) -> Outcome {
         .request(&Frame::Sub(Sub {
             group: group.as_bytes(),
             topic_id: t.topic_id,
-            partition: 0xFFFF,
-            start_policy,
+            partition: SUB_PARTITION_ANY,
+            start_policy: start_policy.as_code(),
             credit_count: credit,
             credit_bytes: 0,
-            flags: 0,
+            flags: SubFlags::empty(),
         }))?
         .typed()?;
     c.set_read_timeout(Some(HEARTBEAT_INTERVAL))?;
     let mut kept: VecDeque<Push> = c.kept_pushes().drain(..).collect();
     let mut assignment_epoch = joined.assignment_epoch;
-    let heartbeat = |c: &mut Client, epoch: u32, state: u8| {
+    let heartbeat = |c: &mut Client, epoch: u32, state: HeartbeatState| {
         c.send(&Frame::Heartbeat(Heartbeat {
             subscription_id: joined.subscription_id,
             member_id: joined.member_id,
             membership_epoch: joined.membership_epoch,
             assignment_epoch: epoch,
-            state,
+            state: state.as_code(),
         }))
     };
     let stdout = io::stdout();
@@ -1229,7 +1228,10 @@ fn cmd_sub(ctx: &Ctx) -> Outcome {
             Event::Idle => {}
             Event::Push(Push::Notice(n)) => {
                 assignment_epoch = n.assignment_epoch;
-                c.send(&Frame::ControlAck(ControlAck::answering(&n, 0)))?;
+                c.send(&Frame::ControlAck(ControlAck::answering(
+                    &n,
+                    ControlResult::Ok,
+                )))?;
                 pending += 1;
                 last_sent = Instant::now();
             }
@@ -1241,20 +1243,20 @@ fn cmd_sub(ctx: &Ctx) -> Outcome {
                     Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(()),
                     Err(e) => return runtime_err(format!("standard output: {e}")),
                 }
-                c.send(&Frame::Ack(d.ack(0)))?;
+                c.send(&Frame::Ack(d.ack(AckFlags::empty())))?;
                 pending += 1;
                 printed += 1;
                 last_sent = Instant::now();
             }
         }
         if !done && last_sent.elapsed() >= HEARTBEAT_INTERVAL {
-            heartbeat(&mut c, assignment_epoch, 0)?;
+            heartbeat(&mut c, assignment_epoch, HeartbeatState::Active)?;
             pending += 1;
             last_sent = Instant::now();
         }
     }
     // Leave now rather than after --session-timeout: the group rebalances at once.
-    if heartbeat(&mut c, assignment_epoch, 1).is_ok() {
+    if heartbeat(&mut c, assignment_epoch, HeartbeatState::Leave).is_ok() {
         let _ = c.recv_reply();
     }
     Ok(())

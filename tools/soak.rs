@@ -31,8 +31,13 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use getopts::Options;
-use mortarmq::client::{Client, ClientError, Delivery, Push, DURABILITY_FSYNC};
+use mortarmq::client::{Client, ClientError, Delivery, Push};
+use mortarmq::wire::limits::SUB_PARTITION_ANY;
 use mortarmq::wire::ops::*;
+use mortarmq::wire::{
+    AckFlags, ControlResult, DeclareFlags, Durability, ErrorCode, HeartbeatState, NackReason,
+    PubFlags, PubResultFlags, StartPolicy, SubFlags,
+};
 
 /// PUBs a producer has in flight at once.
 const PUB_WINDOW: u64 = 8;
@@ -61,13 +66,6 @@ const BROKER_FLAGS: &[&str] = &[
 /// Percent of records rejected (dead-lettered), and NACK RETRY'd on a first attempt.
 const REJECT_PERCENT: u64 = 3;
 const RETRY_PERCENT: u64 = 7;
-
-const ERR_OWNERSHIP_FENCED: u16 = 0x0022;
-const ERR_UNKNOWN_DELIVERY: u16 = 0x0023;
-const ERR_SHUTTING_DOWN: u16 = 0x000F;
-const ERR_BACKPRESSURE: u16 = 0x4001;
-const ERR_MEMORY_LIMIT: u16 = 0x4004;
-const ERR_SEQUENCE_OUT_OF_ORDER: u16 = 0x0012;
 
 struct Opts {
     duration: Duration,
@@ -447,7 +445,7 @@ fn producer(shared: Arc<Shared>, index: u64, partitions: u16) {
                 partition: it.partition,
                 producer_id: it.producer_id,
                 producer_seq: it.producer_seq,
-                flags: DURABILITY_FSYNC,
+                flags: PubFlags::requesting(Some(Durability::Fsynced)),
                 key: b"soak",
                 value: it.value.as_bytes(),
             }));
@@ -466,7 +464,7 @@ fn producer(shared: Arc<Shared>, index: u64, partitions: u16) {
             match c.recv_reply().and_then(|r| r.typed::<PubResult>()) {
                 Ok(r) => {
                     let mut t = shared.tally.lock().unwrap();
-                    if r.result_flags & 1 != 0 {
+                    if r.result_flags.contains(PubResultFlags::DEDUPLICATED) {
                         t.dedup_answers += 1;
                     }
                     let id = (it.producer_id, it.producer_seq);
@@ -484,11 +482,19 @@ fn producer(shared: Arc<Shared>, index: u64, partitions: u16) {
                         ));
                     }
                 }
-                Err(ClientError::Broker {
-                    code: ERR_BACKPRESSURE | ERR_MEMORY_LIMIT | ERR_SEQUENCE_OUT_OF_ORDER,
-                    ..
-                }) => failed.push_back(it),
-                Err(ClientError::Broker { code, .. }) if code == ERR_SHUTTING_DOWN => {
+                Err(e)
+                    if matches!(
+                        e.code(),
+                        Some(
+                            ErrorCode::Backpressure
+                                | ErrorCode::MemoryLimit
+                                | ErrorCode::SequenceOutOfOrder
+                        )
+                    ) =>
+                {
+                    failed.push_back(it)
+                }
+                Err(e) if e.code() == Some(ErrorCode::ShuttingDown) => {
                     lost = true;
                     failed.push_back(it);
                 }
@@ -553,11 +559,11 @@ impl Member {
             .request(&Frame::Sub(Sub {
                 group: self.group.as_bytes(),
                 topic_id: self.topic_id,
-                partition: 0xFFFF,
-                start_policy: 0,
+                partition: SUB_PARTITION_ANY,
+                start_policy: StartPolicy::Earliest.as_code(),
                 credit_count: 0,
                 credit_bytes: 0,
-                flags: 0,
+                flags: SubFlags::empty(),
             }))
             .and_then(|r| r.typed::<SubResult>());
         match sub {
@@ -575,7 +581,7 @@ impl Member {
         }
     }
 
-    fn heartbeat(&mut self, state: u8) -> Result<(), ClientError> {
+    fn heartbeat(&mut self, state: HeartbeatState) -> Result<(), ClientError> {
         let j = self.joined.as_mut().unwrap();
         j.last_heartbeat = Instant::now();
         j.c.request(&Frame::Heartbeat(Heartbeat {
@@ -583,7 +589,7 @@ impl Member {
             member_id: j.sub.member_id,
             membership_epoch: j.sub.membership_epoch,
             assignment_epoch: j.assignment_epoch,
-            state,
+            state: state.as_code(),
         }))
         .map(|_| ())
     }
@@ -591,7 +597,7 @@ impl Member {
     /// HEARTBEAT LEAVE and close; the next step joins again.
     fn leave(&mut self) {
         if self.joined.is_some() {
-            let _ = self.heartbeat(1);
+            let _ = self.heartbeat(HeartbeatState::Leave);
             self.joined = None;
             self.shared.tally.lock().unwrap().leaves += 1;
         }
@@ -618,7 +624,7 @@ impl Member {
 
     fn try_step(&mut self, wait: Duration) -> Result<(), ClientError> {
         if self.joined.as_ref().unwrap().last_heartbeat.elapsed() >= HEARTBEAT_EVERY {
-            self.heartbeat(0)?;
+            self.heartbeat(HeartbeatState::Active)?;
         }
         let j = self.joined.as_mut().unwrap();
         let push = match j.c.kept_pushes().pop_front() {
@@ -638,15 +644,10 @@ impl Member {
             Push::Notice(n) if n.member_id != j.sub.member_id => Ok(()),
             Push::Notice(n) => {
                 j.assignment_epoch = j.assignment_epoch.max(n.assignment_epoch);
-                j.c.request(&Frame::ControlAck(ControlAck {
-                    notice_id: n.notice_id,
-                    notice_kind: n.kind,
-                    group_id: n.group_id,
-                    membership_epoch: n.membership_epoch,
-                    assignment_epoch: n.assignment_epoch,
-                    ownership_epoch: n.ownership_epoch,
-                    result: 0,
-                }))
+                j.c.request(&Frame::ControlAck(ControlAck::answering(
+                    &n,
+                    ControlResult::Ok,
+                )))
                 .map(|_| ())
             }
             Push::Msg(m) if m.subscription_id != j.sub.subscription_id => Ok(()),
@@ -673,25 +674,9 @@ impl Member {
             }
         }
         let r = match action {
-            Action::Ack => j.c.request(&Frame::Ack(Ack {
-                subscription_id: m.subscription_id,
-                topic_id: m.topic_id,
-                partition: m.partition,
-                seq: m.sequence,
-                delivery_id: m.delivery_id,
-                ownership_epoch: m.ownership_epoch,
-                flags: 0,
-            })),
-            Action::Retry | Action::Reject => j.c.request(&Frame::Nack(Nack {
-                subscription_id: m.subscription_id,
-                topic_id: m.topic_id,
-                partition: m.partition,
-                seq: m.sequence,
-                delivery_id: m.delivery_id,
-                ownership_epoch: m.ownership_epoch,
-                reason: u8::from(action == Action::Reject),
-                flags: 0,
-            })),
+            Action::Ack => j.c.request(&Frame::Ack(m.ack(AckFlags::empty()))),
+            Action::Retry => j.c.request(&Frame::Nack(m.nack(NackReason::Retry))),
+            Action::Reject => j.c.request(&Frame::Nack(m.nack(NackReason::Reject))),
         };
         match r {
             Ok(_) => {
@@ -733,10 +718,14 @@ impl Member {
                 Ok(())
             }
             // Moved or expired: the group redelivers it.
-            Err(ClientError::Broker {
-                code: ERR_OWNERSHIP_FENCED | ERR_UNKNOWN_DELIVERY,
-                ..
-            }) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.code(),
+                    Some(ErrorCode::OwnershipFenced | ErrorCode::UnknownDelivery)
+                ) =>
+            {
+                Ok(())
+            }
             Err(e) => Err(e),
         }
     }
@@ -795,7 +784,7 @@ fn run(opts: Opts) -> Result<bool, String> {
     };
     let addr = broker.start()?;
     let topic = Client::connect(addr, b"")
-        .and_then(|mut c| c.declare("soak", opts.partitions, 0))
+        .and_then(|mut c| c.declare("soak", opts.partitions, DeclareFlags::empty()))
         .map_err(|e| format!("DECLARE: {e}"))?
         .topic_id;
     println!(

@@ -18,6 +18,17 @@ if grep -qE '\bunsafe\b' src/log/mmap.rs && ! grep -q 'SAFETY:' src/log/mmap.rs;
   say "src/log/mmap.rs uses unsafe without a // SAFETY: comment"
 fi
 
+# One protocol vocabulary: every flag, kind, reason, durability level and error code is
+# defined once, typed, in src/wire (see src/wire/vocab.rs). A constant outside it named
+# like a protocol field, or holding a 16-bit hex code, is a second copy. Storage-format
+# flags (RECORD_*) are the broker's on-disk layout (docs/STORAGE.md), not the protocol;
+# EXIT_* are process exit statuses.
+proto=$(grep -rnE '^\s*(pub(\([a-z]+\))? )?const [A-Z0-9_]+: u(8|16) = ' src tools tests \
+    --include='*.rs' | grep -v '^src/wire/' | grep -vE 'const (RECORD|EXIT)_' \
+  | grep -E '_?(FLAG|REASON|KIND|STATE|MODE|RESULT|POLICY|DURABILITY|ERR|ERROR|CREATED|DELETED|ASSIGN|REVOKE)(_[A-Z0-9_]*)?: |= 0x[0-9A-Fa-f]+;' \
+  || true)
+[ -z "$proto" ] || say "protocol constants outside src/wire (use src/wire/vocab.rs):"$'\n'"$proto"
+
 # Dependencies point down: wire <- log, fsync <- broker <- session <- reactor.
 deny() { # room, forbidden pattern
   local hits
@@ -29,7 +40,7 @@ deny src/log 'use crate::|mio::'
 deny src/fsync.rs 'use crate::|mio::'
 deny src/broker 'use crate::(reactor|session|admin|config|client)|mio::|TcpStream'
 [ ! -d src/consume ] || deny src/consume 'use crate::(log|broker|reactor|session|fsync|admin|config)|mio::|Instant::now'
-deny src/config.rs 'use crate::'
+deny src/config.rs 'use crate::(log|broker|reactor|session|fsync|admin|client|consume)'
 deny src/client.rs 'use crate::(log|broker|reactor|session|fsync|admin|config)'
 
 exit $fail

@@ -24,8 +24,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use getopts::Options;
-use mortarmq::client::{Client, ClientError, DURABILITY_WRITTEN};
+use mortarmq::client::{Client, ClientError};
 use mortarmq::wire::ops::*;
+use mortarmq::wire::{DeclareFlags, Durability, ErrorCode, PubFlags};
 
 /// A bystander request slower than this is a stall.
 const STALL: Duration = Duration::from_secs(3);
@@ -36,9 +37,6 @@ const INPUTS_PER_CONN_MAX: u64 = 40;
 /// Honest batches: this many pipelined requests at most.
 const HONEST_BATCH_MAX: u64 = 40;
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
-/// Answers a loaded broker may give an honest PUB instead of OK.
-const ERR_BACKPRESSURE: u16 = 0x4001;
-const ERR_MEMORY_LIMIT: u16 = 0x4004;
 
 struct Opts {
     broker: SocketAddr,
@@ -404,7 +402,7 @@ fn honest_worker(shared: Arc<Shared>, index: u64, seed: u64) {
                     c.queue(&Frame::Pub(Pub {
                         topic_id: shared.topic,
                         partition,
-                        flags: DURABILITY_WRITTEN,
+                        flags: PubFlags::requesting(Some(Durability::Written)),
                         value: value.as_bytes(),
                         ..Pub::default()
                     }));
@@ -437,7 +435,10 @@ fn honest_worker(shared: Arc<Shared>, index: u64, seed: u64) {
                     Err(ClientError::Broker {
                         code, request_op, ..
                     }) if request_op == op
-                        && matches!(code, ERR_BACKPRESSURE | ERR_MEMORY_LIMIT) =>
+                        && matches!(
+                            ErrorCode::from_code(code),
+                            Some(ErrorCode::Backpressure | ErrorCode::MemoryLimit)
+                        ) =>
                     {
                         f.honest_backpressure.fetch_add(1, Ordering::Relaxed);
                     }
@@ -489,7 +490,9 @@ fn bystander(shared: Arc<Shared>) -> Latencies {
         let t = Instant::now();
         let value = format!("bystander {i}");
         i += 1;
-        if let Err(e) = c.publish_value(shared.topic, 0, value.as_bytes(), DURABILITY_WRITTEN) {
+        if let Err(e) =
+            c.publish_value(shared.topic, 0, value.as_bytes(), Some(Durability::Written))
+        {
             l.errors.push(format!("PUB: {e}"));
             return l;
         }
@@ -540,7 +543,7 @@ fn run(opts: Opts) -> Result<bool, String> {
     })
     .encode(&mut connect_frame);
     let topic = Client::connect(opts.broker, b"")
-        .and_then(|mut c| c.declare("fuzz", 4, 0))
+        .and_then(|mut c| c.declare("fuzz", 4, DeclareFlags::empty()))
         .map_err(|e| format!("cannot DECLARE on {}: {e}", opts.broker))?
         .topic_id;
     println!(

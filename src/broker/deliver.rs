@@ -20,9 +20,7 @@ use std::collections::HashMap;
 
 use crate::consume::{self, Records};
 use crate::log::{meta, AppendRecord, PartitionLog};
-use crate::wire::ops::{
-    begin_frame, encode_ok_empty, end_frame, Message, Msg, Origin, MSG_FLAG_ORIGIN,
-};
+use crate::wire::ops::{begin_frame, encode_ok_empty, end_frame, Message, Msg, MsgRecord, Origin};
 use crate::wire::{ErrorCode, Frame, Op};
 
 use super::topics::{pair_of, Registry};
@@ -240,7 +238,7 @@ impl Broker {
                         origin_partition: partition,
                         origin_sequence: sequence,
                         attempts,
-                        reason,
+                        reason: reason.as_code(),
                     };
                     self.dead_letter(group_id, origin, now);
                 }
@@ -260,39 +258,36 @@ impl Broker {
     /// record cannot be read (retention removed it, or it is corrupt): nothing is
     /// appended and the delivery expires and is retried or skipped by the coordinator.
     pub fn encode_delivery(&mut self, d: &consume::Delivery, out: &mut Vec<u8>) -> bool {
-        let Some(part) = self.partitions.get_mut(&(d.topic_id, d.partition)) else {
+        let r = &d.reference;
+        let Some(part) = self.partitions.get_mut(&(r.topic_id, r.partition)) else {
             return false;
         };
-        let record = match part.log.read_one(d.sequence) {
+        let record = match part.log.read_one(r.sequence) {
             Ok(Some(r)) => r,
             Ok(None) => return false,
             Err(e) => {
                 log::error!(
                     "cannot deliver topic {} partition {} seq {}: {e}",
-                    d.topic_id,
-                    d.partition,
-                    d.sequence
+                    r.topic_id,
+                    r.partition,
+                    r.sequence
                 );
                 self.counters.corrupt_records_found += 1;
                 return false;
             }
         };
         let (value, origin) = split_origin(record.flags, record.value);
-        let msg = Msg {
-            subscription_id: d.subscription_id,
-            topic_id: d.topic_id,
-            partition: d.partition,
-            sequence: d.sequence,
-            delivery_id: d.delivery_id,
-            attempt: d.attempt,
-            ownership_epoch: d.ownership_epoch,
-            producer_id: record.producer_id,
-            producer_seq: record.producer_seq,
-            flags: if origin.is_some() { MSG_FLAG_ORIGIN } else { 0 },
-            key: record.key,
-            value,
-            origin,
-        };
+        let msg = Msg::of(
+            r,
+            d.attempt,
+            MsgRecord {
+                producer_id: record.producer_id,
+                producer_seq: record.producer_seq,
+                key: record.key,
+                value,
+                origin,
+            },
+        );
         let start = begin_frame(out, Op::Msg);
         msg.encode_payload(out);
         end_frame(out, start);

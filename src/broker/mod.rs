@@ -30,27 +30,12 @@ use crate::fsync::{Completion, Job};
 use crate::log::{meta, AppendRecord, LogConfig, PartitionLog, StorageError};
 use crate::wire::limits::{MAX_KEY_LEN_BYTES, MAX_VALUE_LEN_BYTES};
 use crate::wire::ops::{Declare, DeclareResult, Op, Pub, PubResult};
-use crate::wire::ErrorCode;
+use crate::wire::{DeclareCreated, DeclareFlags, Durability, ErrorCode, PubResultFlags};
 
 pub use answer::Answer;
-use publish::{Idempotence, Level, Partition, Waiter};
+use publish::{Idempotence, Partition, Waiter};
 use topics::{Registry, TopicPair, DLQ_SUFFIX};
 
-/// DECLARE flags (semantics §2).
-pub const DECLARE_FLAG_DELETE: u16 = 0x0001;
-pub const DECLARE_FLAG_IF_UNUSED: u16 = 0x0002;
-pub const DECLARE_FLAG_PASSIVE: u16 = 0x0004;
-/// DECLARE result `created` values.
-pub const DECLARE_CREATED: u8 = 0;
-pub const DECLARE_IDEMPOTENT_OK: u8 = 1;
-pub const DECLARE_DELETED: u8 = 2;
-/// PUB flags bits 0–1: requested durability.
-pub const PUB_DURABILITY_MASK: u16 = 0x0003;
-const PUB_DURABILITY_DEFAULT: u16 = 0;
-const PUB_DURABILITY_WRITTEN: u16 = 1;
-const PUB_DURABILITY_FSYNC: u16 = 2;
-/// PUB result_flags bit0.
-pub const PUB_RESULT_DEDUPLICATED: u8 = 0x01;
 /// fdatasyncs one partition may have running at once. Two, so that records arriving
 /// while one sync runs start their own at once instead of waiting for it (a pipelining
 /// client's burst often straddles two reactor passes). A sync covers everything written
@@ -80,17 +65,11 @@ pub struct Now {
     pub wall_ms: u64,
 }
 
-/// The default durability of PUBs that ask for DEFAULT (`--durability`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DefaultDurability {
-    Written,
-    Fsync,
-}
-
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
     pub data_dir: PathBuf,
-    pub durability: DefaultDurability,
+    /// What a PUB asking for the default durability waits for (`--durability`).
+    pub durability: Durability,
     pub log: LogConfig,
     pub max_partitions: u16,
     pub producer_ttl_ms: u64,
@@ -495,11 +474,11 @@ impl Broker {
             );
         }
         let existing = self.registry.lookup(name).cloned();
-        if d.flags & DECLARE_FLAG_DELETE != 0 {
+        if d.flags.contains(DeclareFlags::DELETE) {
             let Some(pair) = existing else {
                 return fail(ErrorCode::UnknownTopic, format!("no topic '{name}'"));
             };
-            if d.flags & DECLARE_FLAG_IF_UNUSED != 0 && self.topic_in_use(&pair) {
+            if d.flags.contains(DeclareFlags::IF_UNUSED) && self.topic_in_use(&pair) {
                 return fail(
                     ErrorCode::TopicInUse,
                     format!("topic '{name}' has live subscriptions"),
@@ -513,13 +492,13 @@ impl Broker {
             let answer = Answer::Declare(DeclareResult {
                 topic_id: pair.source_id(),
                 partition_count: pair.partition_count,
-                created: DECLARE_DELETED,
+                created: DeclareCreated::Deleted.as_code(),
             });
             return self.after_registry_write(conn, slot, answer);
         }
         if let Some(pair) = existing {
             if d.partition_count != pair.partition_count
-                && !(d.flags & DECLARE_FLAG_PASSIVE != 0 && d.partition_count == 0)
+                && !(d.flags.contains(DeclareFlags::PASSIVE) && d.partition_count == 0)
             {
                 return fail(
                     ErrorCode::TopicConfigConflict,
@@ -532,13 +511,13 @@ impl Broker {
             let answer = Answer::Declare(DeclareResult {
                 topic_id: pair.source_id(),
                 partition_count: pair.partition_count,
-                created: DECLARE_IDEMPOTENT_OK,
+                created: DeclareCreated::IdempotentOk.as_code(),
             });
             // A topic created by a DECLARE still waiting for its registry write must
             // not be confirmed to anyone before that write is durable.
             return self.after_registry_write(conn, slot, answer);
         }
-        if d.flags & DECLARE_FLAG_PASSIVE != 0 {
+        if d.flags.contains(DeclareFlags::PASSIVE) {
             return fail(ErrorCode::UnknownTopic, format!("no topic '{name}'"));
         }
         if d.partition_count == 0 || d.partition_count > self.config.max_partitions {
@@ -578,7 +557,7 @@ impl Broker {
         let answer = Answer::Declare(DeclareResult {
             topic_id: pair.source_id(),
             partition_count: pair.partition_count,
-            created: DECLARE_CREATED,
+            created: DeclareCreated::Created.as_code(),
         });
         self.after_registry_write(conn, slot, answer)
     }
@@ -651,20 +630,13 @@ impl Broker {
     pub fn publish(&mut self, conn: ConnRef, slot: u64, p: &Pub<'_>, now: Now) -> Handled {
         let op = Op::Pub as u8;
         let fail = |code, msg: String| Handled::Answer(Answer::err(code, op, msg));
-        let need = match p.flags & PUB_DURABILITY_MASK {
-            PUB_DURABILITY_DEFAULT => match self.config.durability {
-                DefaultDurability::Written => Level::Written,
-                DefaultDurability::Fsync => Level::Fsynced,
-            },
-            PUB_DURABILITY_WRITTEN => Level::Written,
-            PUB_DURABILITY_FSYNC => Level::Fsynced,
-            _ => {
-                return fail(
-                    ErrorCode::DurabilityUnavailable,
-                    "REPLICATED durability needs replicas; this broker is a single node".into(),
-                )
-            }
-        };
+        let need = p.flags.durability().unwrap_or(self.config.durability);
+        if need == Durability::Replicated {
+            return fail(
+                ErrorCode::DurabilityUnavailable,
+                "REPLICATED durability needs replicas; this broker is a single node".into(),
+            );
+        }
         if p.key.len() > MAX_KEY_LEN_BYTES {
             return fail(
                 ErrorCode::KeyTooLarge,
@@ -957,7 +929,7 @@ impl Broker {
                         let waiters = std::mem::take(&mut part.waiters);
                         let synced = part.log.synced_sequence();
                         for w in waiters {
-                            let reached = (w.need == Level::Written
+                            let reached = (w.need == Durability::Written
                                 && w.sequence <= part.log.written_sequence())
                                 || w.sequence <= synced;
                             let answer = if reached {
@@ -1171,13 +1143,13 @@ impl Broker {
 fn pub_answer(part: &Partition, leader_epoch: u64, w: &Waiter) -> Answer {
     Answer::Pub(PubResult {
         sequence: w.sequence,
-        durability: part.level_of(w.sequence) as u8,
+        durability: part.level_of(w.sequence).as_code(),
         leader_epoch,
         commit_seq: part.log.synced_sequence(),
         result_flags: if w.deduplicated {
-            PUB_RESULT_DEDUPLICATED
+            PubResultFlags::DEDUPLICATED
         } else {
-            0
+            PubResultFlags::empty()
         },
     })
 }

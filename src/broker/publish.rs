@@ -5,17 +5,9 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::log::PartitionLog;
 use crate::wire::limits::DEDUP_WINDOW_SEQS;
+use crate::wire::Durability;
 
 use super::ConnRef;
-
-/// The durability a PUB waits for before it is answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Level {
-    /// In the segment file (page cache). PUB result durability 1.
-    Written = 1,
-    /// Covered by a completed fdatasync. PUB result durability 2.
-    Fsynced = 2,
-}
 
 /// A PUB whose answer waits for its record (or, for a duplicate, the original's).
 #[derive(Debug, Clone, Copy)]
@@ -23,7 +15,7 @@ pub struct Waiter {
     pub conn: ConnRef,
     pub slot: u64,
     pub sequence: u64,
-    pub need: Level,
+    pub need: Durability,
     pub deduplicated: bool,
 }
 
@@ -249,19 +241,25 @@ impl Partition {
     }
 
     /// Whether a record at `sequence` has reached `need`.
-    pub fn reached(&self, sequence: u64, need: Level) -> bool {
-        match need {
-            Level::Written => sequence <= self.log.written_sequence(),
-            Level::Fsynced => sequence <= self.log.synced_sequence(),
+    pub fn reached(&self, sequence: u64, need: Durability) -> bool {
+        sequence <= self.reached_sequence(need)
+    }
+
+    /// The highest sequence that has reached `level` (a single node never replicates).
+    fn reached_sequence(&self, level: Durability) -> u64 {
+        match level {
+            Durability::Written => self.log.written_sequence(),
+            Durability::Fsynced => self.log.synced_sequence(),
+            Durability::Replicated => 0,
         }
     }
 
     /// The level a record at `sequence` has reached now (for the PUB result).
-    pub fn level_of(&self, sequence: u64) -> Level {
+    pub fn level_of(&self, sequence: u64) -> Durability {
         if sequence <= self.log.synced_sequence() {
-            Level::Fsynced
+            Durability::Fsynced
         } else {
-            Level::Written
+            Durability::Written
         }
     }
 
@@ -269,10 +267,12 @@ impl Partition {
     pub fn take_ready(&mut self, out: &mut Vec<Waiter>) {
         let (written, synced) = (self.log.written_sequence(), self.log.synced_sequence());
         self.waiters.retain(|w| {
-            let ready = match w.need {
-                Level::Written => w.sequence <= written,
-                Level::Fsynced => w.sequence <= synced,
-            };
+            let ready = w.sequence
+                <= match w.need {
+                    Durability::Written => written,
+                    Durability::Fsynced => synced,
+                    Durability::Replicated => 0,
+                };
             if ready {
                 out.push(*w);
             }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use super::*;
 use crate::fsync::Completion;
 use crate::wire::ops::{Declare, Pub};
+use crate::wire::PubFlags;
 
 /// Holds submitted jobs until the test runs them.
 #[derive(Clone, Default)]
@@ -51,7 +52,7 @@ fn open(dir: &std::path::Path) -> (Broker, HeldJobs) {
     let jobs = HeldJobs::default();
     let config = BrokerConfig {
         data_dir: dir.to_path_buf(),
-        durability: DefaultDurability::Fsync,
+        durability: Durability::Fsynced,
         log: LogConfig {
             segment_size_bytes: 1 << 20,
             retention_size_bytes: 0,
@@ -84,7 +85,7 @@ fn declare(broker: &mut Broker, jobs: &HeldJobs, name: &str, partitions: u16) ->
     let d = Declare {
         topic: name.as_bytes(),
         partition_count: partitions,
-        flags: 0,
+        flags: DeclareFlags::empty(),
     };
     assert!(matches!(
         broker.declare(CONN, 0, &d, Now::default()),
@@ -110,7 +111,7 @@ fn publish(
         partition,
         producer_id: producer.0,
         producer_seq: producer.1,
-        flags: 2,
+        flags: PubFlags::requesting(Some(Durability::Fsynced)),
         value: b"v",
         ..Pub::default()
     };
@@ -259,10 +260,13 @@ fn a_duplicate_waits_for_its_original_to_be_durable() {
     let got = answers(&mut broker);
     assert_eq!(got.len(), 2);
     let (original, duplicate) = (pub_result(&got[0].1), pub_result(&got[1].1));
-    assert_eq!((original.sequence, original.result_flags), (1, 0));
+    assert_eq!(
+        (original.sequence, original.result_flags),
+        (1, PubResultFlags::empty())
+    );
     assert_eq!(
         (duplicate.sequence, duplicate.result_flags),
-        (1, PUB_RESULT_DEDUPLICATED)
+        (1, PubResultFlags::DEDUPLICATED)
     );
     assert_eq!(
         broker.partition(topic, 0).unwrap().log.next_sequence(),
@@ -278,7 +282,7 @@ fn a_failed_registry_write_fails_the_declare_and_is_retried_by_the_next_one() {
     let d = Declare {
         topic: b"a",
         partition_count: 1,
-        flags: 0,
+        flags: DeclareFlags::empty(),
     };
     broker.declare(CONN, 0, &d, Now::default());
     broker.end_pass(Now::default());
@@ -290,7 +294,7 @@ fn a_failed_registry_write_fails_the_declare_and_is_retried_by_the_next_one() {
     let d2 = Declare {
         topic: b"b",
         partition_count: 1,
-        flags: 0,
+        flags: DeclareFlags::empty(),
     };
     broker.declare(CONN, 1, &d2, Now::default());
     broker.end_pass(Now::default());

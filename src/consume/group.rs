@@ -24,9 +24,9 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::{
-    ConnId, CreditResult, Delivery, Effect, ErrorCode, GroupSnapshot, MemberSnapshot, Notice,
-    Origin, OwnershipState, PartitionSnapshot, PendingNotice, Records, Restored, Shared, Timer,
-    NOTICE_KIND_ASSIGN, NOTICE_KIND_REVOKE, START_POLICY_EARLIEST,
+    ConnId, CreditResult, Delivery, DeliveryRef, Effect, ErrorCode, GroupSnapshot, MemberSnapshot,
+    Notice, NoticeKind, OriginReason, OwnershipState, PartitionSnapshot, PendingNotice, Records,
+    Restored, Shared, StartPolicy, Timer,
 };
 
 fn ack_timer(group_id: u16, p: usize, seq: u64) -> Timer {
@@ -262,7 +262,7 @@ impl Group {
         name: Vec<u8>,
         topic_id: u16,
         partition_count: u16,
-        start_policy: u8,
+        start_policy: StartPolicy,
         mut restored: Restored,
         recs: &mut dyn Records,
     ) -> Self {
@@ -270,7 +270,7 @@ impl Group {
             .map(|p| {
                 let next_seq = match restored.committed.get(&p) {
                     Some(&committed) => committed + 1,
-                    None if start_policy == START_POLICY_EARLIEST => {
+                    None if start_policy == StartPolicy::Earliest => {
                         recs.first_sequence(topic_id, p)
                     }
                     None => recs.next_sequence(topic_id, p),
@@ -367,7 +367,7 @@ impl Group {
         }
     }
 
-    fn notice(&mut self, sh: &mut Shared, p: usize, member_id: u64, kind: u8) -> u64 {
+    fn notice(&mut self, sh: &mut Shared, p: usize, member_id: u64, kind: NoticeKind) -> u64 {
         let member = self
             .members
             .get_mut(&member_id)
@@ -391,7 +391,7 @@ impl Group {
             conn: member.conn,
             notice: Notice {
                 notice_id,
-                kind,
+                kind: kind.as_code(),
                 group_id: self.id,
                 membership_epoch: member.membership_epoch,
                 assignment_epoch: member.assignment_epoch,
@@ -406,7 +406,7 @@ impl Group {
 
     fn assign(&mut self, sh: &mut Shared, p: usize, member_id: u64) {
         self.partitions[p].ownership_epoch += 1;
-        let notice_id = self.notice(sh, p, member_id, NOTICE_KIND_ASSIGN);
+        let notice_id = self.notice(sh, p, member_id, NoticeKind::Assign);
         self.partitions[p].ownership = Ownership::Assigning {
             member_id,
             notice_id,
@@ -417,7 +417,7 @@ impl Group {
         let Some(member_id) = self.partitions[p].ownership.held_by() else {
             return;
         };
-        let notice_id = self.notice(sh, p, member_id, NOTICE_KIND_REVOKE);
+        let notice_id = self.notice(sh, p, member_id, NoticeKind::Revoke);
         let deadline_ms = now_ms.saturating_add(sh.config.revoke_timeout_ms);
         self.partitions[p].ownership = Ownership::Revoking {
             member_id,
@@ -512,7 +512,7 @@ impl Group {
         &mut self,
         sh: &mut Shared,
         notice_id: u64,
-        kind: u8,
+        kind: NoticeKind,
         partition: u16,
         ok: bool,
         now_ms: u64,
@@ -522,13 +522,13 @@ impl Group {
             return;
         };
         match (kind, part.ownership) {
-            (NOTICE_KIND_REVOKE, Ownership::Revoking { notice_id: n, .. }) if n == notice_id => {
+            (NoticeKind::Revoke, Ownership::Revoking { notice_id: n, .. }) if n == notice_id => {
                 // Any result releases: STALE/ERROR on a REVOKE means "not mine anyway".
                 self.release(sh, p, now_ms);
                 self.rebalance(sh, now_ms);
             }
             (
-                NOTICE_KIND_ASSIGN,
+                NoticeKind::Assign,
                 Ownership::Assigning {
                     notice_id: n,
                     member_id,
@@ -552,7 +552,7 @@ impl Group {
     pub(super) fn revoke_all_for_delete(&mut self, sh: &mut Shared) {
         for p in 0..self.partitions.len() {
             if let Some(member_id) = self.partitions[p].ownership.held_by() {
-                self.notice(sh, p, member_id, NOTICE_KIND_REVOKE);
+                self.notice(sh, p, member_id, NoticeKind::Revoke);
             }
         }
         for m in self.members.values() {
@@ -573,23 +573,22 @@ impl Group {
     pub(super) fn find_delivery(
         &self,
         member_id: u64,
-        topic_id: u16,
-        partition: u16,
-        seq: u64,
-        delivery_id: u64,
-        ownership_epoch: u64,
+        named: &DeliveryRef,
     ) -> Result<(usize, u64), ErrorCode> {
-        let p = usize::from(partition);
+        let p = usize::from(named.partition);
+        let seq = named.sequence;
         let part = self
             .partitions
             .get(p)
-            .filter(|_| topic_id == self.topic_id)
+            .filter(|_| named.topic_id == self.topic_id)
             .ok_or(ErrorCode::UnknownDelivery)?;
-        if ownership_epoch != part.ownership_epoch {
+        if named.ownership_epoch != part.ownership_epoch {
             return Err(ErrorCode::OwnershipFenced);
         }
         match part.outstanding.get(&seq) {
-            Some(o) if o.delivery_id == delivery_id && o.member_id == member_id => Ok((p, seq)),
+            Some(o) if o.delivery_id == named.delivery_id && o.member_id == member_id => {
+                Ok((p, seq))
+            }
             _ => Err(ErrorCode::UnknownDelivery),
         }
     }
@@ -643,7 +642,7 @@ impl Group {
         ready_at_ms: u64,
     ) {
         if attempt >= sh.config.max_attempts.max(1) {
-            self.dead_letter(sh, p, seq, attempt, Origin::REASON_MAX_ATTEMPTS);
+            self.dead_letter(sh, p, seq, attempt, OriginReason::MaxAttempts);
             return;
         }
         self.partitions[p].retries.insert(
@@ -668,7 +667,7 @@ impl Group {
         p: usize,
         seq: u64,
         attempts: u16,
-        reason: u8,
+        reason: OriginReason,
     ) {
         let part = &mut self.partitions[p];
         if part.dead_pending.contains_key(&seq) {
@@ -963,13 +962,15 @@ impl Group {
             member.outstanding_count += 1;
             member.outstanding_bytes += u64::from(c.bytes);
             out.push(Delivery {
-                subscription_id: member.subscription_id,
-                topic_id: self.topic_id,
-                partition: p as u16,
-                sequence: seq,
-                delivery_id,
+                reference: DeliveryRef {
+                    subscription_id: member.subscription_id,
+                    topic_id: self.topic_id,
+                    partition: p as u16,
+                    sequence: seq,
+                    delivery_id,
+                    ownership_epoch: part.ownership_epoch,
+                },
                 attempt,
-                ownership_epoch: part.ownership_epoch,
             });
         }
         out

@@ -34,9 +34,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::wire::limits::{MAX_GROUP_LEN_BYTES, SUB_PARTITION_ANY};
 use crate::wire::ops::{
-    Ack, ControlAck, Credit, CreditResult, Heartbeat, Nack, Notice, Origin, Pull, Sub, SubResult,
+    Ack, ControlAck, Credit, CreditResult, DeliveryRef, Heartbeat, Nack, Notice, Pull, Sub,
+    SubResult,
 };
-use crate::wire::ErrorCode;
+use crate::wire::{
+    AckFlags, ControlResult, CreditMode, ErrorCode, HeartbeatState, NackReason, NoticeKind,
+    OriginReason, StartPolicy, SubFlags,
+};
 
 use group::{Group, Member, Ownership, PendingPull};
 
@@ -47,30 +51,6 @@ pub type ConnId = u32;
 pub const DEFAULT_CREDIT_COUNT: u16 = 256;
 /// SUB `credit_bytes` 0 means this window: 2 MiB.
 pub const DEFAULT_CREDIT_BYTES: u32 = 2 * 1024 * 1024;
-
-/// SUB flags bit0: no pushed MSG, messages only through PULL.
-pub const SUB_FLAG_PULL_MODE: u16 = 0x0001;
-/// SUB start_policy values (apply only where the group has no committed position).
-pub const START_POLICY_EARLIEST: u8 = 0;
-pub const START_POLICY_LATEST: u8 = 1;
-/// ACK flags bit0: extend the delivery's deadline; does not settle it.
-pub const ACK_FLAG_PROGRESS: u16 = 0x0001;
-/// NACK reasons; 2 is reserved and 3 (SLOW) is not implemented → 0x0014.
-pub const NACK_REASON_RETRY: u8 = 0;
-pub const NACK_REASON_REJECT: u8 = 1;
-/// NOTICE kinds.
-pub const NOTICE_KIND_ASSIGN: u8 = 0;
-pub const NOTICE_KIND_REVOKE: u8 = 1;
-/// CONTROL_ACK results; STALE and ERROR both mean "refused".
-pub const CONTROL_RESULT_OK: u8 = 0;
-pub const CONTROL_RESULT_STALE: u8 = 1;
-pub const CONTROL_RESULT_ERROR: u8 = 2;
-/// HEARTBEAT states.
-pub const HEARTBEAT_STATE_ACTIVE: u8 = 0;
-pub const HEARTBEAT_STATE_LEAVE: u8 = 1;
-/// CREDIT modes.
-pub const CREDIT_MODE_SET: u8 = 0;
-pub const CREDIT_MODE_ADD: u8 = 1;
 
 /// Operator-tunable limits and timers of the consume plane. Defaults are the spec's
 /// where it names one (session 30 s, revoke 10 s, ack-wait 30 s, 5 attempts).
@@ -130,16 +110,12 @@ pub trait Records {
     fn record_bytes(&mut self, topic_id: u16, partition: u16, sequence: u64) -> Option<u32>;
 }
 
-/// One send of one record to one member (semantics §4).
+/// One send of one record to one member (semantics §4): what the MSG names, and which
+/// attempt it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Delivery {
-    pub subscription_id: u16,
-    pub topic_id: u16,
-    pub partition: u16,
-    pub sequence: u64,
-    pub delivery_id: u64,
+    pub reference: DeliveryRef,
     pub attempt: u16,
-    pub ownership_epoch: u64,
 }
 
 /// Work for the broker, queued by every call and drained with
@@ -164,8 +140,7 @@ pub enum Effect {
         partition: u16,
         sequence: u64,
         attempts: u16,
-        /// [`Origin::REASON_REJECTED`] or [`Origin::REASON_MAX_ATTEMPTS`].
-        reason: u8,
+        reason: OriginReason,
     },
 }
 
@@ -302,7 +277,7 @@ struct PendingNotice {
     subscription_id: u16,
     group_id: u16,
     member_id: u64,
-    kind: u8,
+    kind: NoticeKind,
     partition: u16,
 }
 
@@ -422,12 +397,12 @@ impl Coordinator {
         now_ms: u64,
         recs: &mut dyn Records,
     ) -> Result<SubResult, ErrorCode> {
-        if sub.partition != SUB_PARTITION_ANY
-            || sub.start_policy > START_POLICY_LATEST
-            || sub.group.is_empty()
-        {
+        let start_policy = StartPolicy::from_code(sub.start_policy);
+        let Some(start_policy) =
+            start_policy.filter(|_| sub.partition == SUB_PARTITION_ANY && !sub.group.is_empty())
+        else {
             return Err(ErrorCode::InvalidSubscription);
-        }
+        };
         if !group_name_valid(sub.group) {
             return Err(ErrorCode::InvalidGroupName);
         }
@@ -470,7 +445,7 @@ impl Coordinator {
                 {
                     return Err(ErrorCode::GroupLimitReached);
                 }
-                self.create_group(key, partition_count, sub.start_policy, recs)
+                self.create_group(key, partition_count, start_policy, recs)
             }
         };
 
@@ -511,7 +486,7 @@ impl Coordinator {
                 membership_epoch,
                 conn,
                 subscription_id,
-                sub.flags & SUB_FLAG_PULL_MODE != 0,
+                sub.flags.contains(SubFlags::PULL_MODE),
                 credit_count,
                 credit_bytes,
                 session_deadline_ms,
@@ -529,49 +504,27 @@ impl Coordinator {
     /// The group and the outstanding delivery an ACK or NACK names, after the checks
     /// both share: open subscription (0x0020), current ownership (0x0022), outstanding
     /// delivery (0x0023). Any op on the subscription keeps the session alive.
-    #[allow(clippy::too_many_arguments)]
     fn named_delivery(
         &mut self,
         conn: ConnId,
-        subscription_id: u16,
-        topic_id: u16,
-        partition: u16,
-        seq: u64,
-        delivery_id: u64,
-        ownership_epoch: u64,
+        named: &DeliveryRef,
         now_ms: u64,
     ) -> Result<(u16, (usize, u64)), ErrorCode> {
-        let entry = self.sub_entry(conn, subscription_id)?;
+        let entry = self.sub_entry(conn, named.subscription_id)?;
         self.touch(entry, now_ms);
         let group = self
             .groups
             .get(&entry.group_id)
             .ok_or(ErrorCode::UnknownSubscription)?;
-        let found = group.find_delivery(
-            entry.member_id,
-            topic_id,
-            partition,
-            seq,
-            delivery_id,
-            ownership_epoch,
-        )?;
+        let found = group.find_delivery(entry.member_id, named)?;
         Ok((entry.group_id, found))
     }
 
     /// ACK: settle a delivery, or with PROGRESS extend its deadline.
     pub fn ack(&mut self, conn: ConnId, ack: &Ack, now_ms: u64) -> Result<(), ErrorCode> {
-        let (group_id, found) = self.named_delivery(
-            conn,
-            ack.subscription_id,
-            ack.topic_id,
-            ack.partition,
-            ack.seq,
-            ack.delivery_id,
-            ack.ownership_epoch,
-            now_ms,
-        )?;
+        let (group_id, found) = self.named_delivery(conn, &ack.delivery_ref(), now_ms)?;
         let group = self.groups.get_mut(&group_id).expect("found above");
-        if ack.flags & ACK_FLAG_PROGRESS != 0 {
+        if ack.flags.contains(AckFlags::PROGRESS) {
             group.extend_deadline(&mut self.sh, found, now_ms);
         } else {
             group.settle(&mut self.sh, found);
@@ -581,32 +534,24 @@ impl Coordinator {
 
     /// NACK: RETRY redelivers after the nack delay; REJECT dead-letters now.
     pub fn nack(&mut self, conn: ConnId, nack: &Nack, now_ms: u64) -> Result<(), ErrorCode> {
-        if nack.reason > NACK_REASON_REJECT {
-            return Err(ErrorCode::InvalidArgument);
-        }
-        let (group_id, found) = self.named_delivery(
-            conn,
-            nack.subscription_id,
-            nack.topic_id,
-            nack.partition,
-            nack.seq,
-            nack.delivery_id,
-            nack.ownership_epoch,
-            now_ms,
-        )?;
+        let reason = NackReason::from_code(nack.reason).ok_or(ErrorCode::InvalidArgument)?;
+        let (group_id, found) = self.named_delivery(conn, &nack.delivery_ref(), now_ms)?;
         let group = self.groups.get_mut(&group_id).expect("found above");
         let attempt = group.settle(&mut self.sh, found);
-        if nack.reason == NACK_REASON_REJECT {
-            group.dead_letter(
-                &mut self.sh,
-                found.0,
-                found.1,
-                attempt,
-                Origin::REASON_REJECTED,
-            );
-        } else {
-            let ready_at_ms = now_ms.saturating_add(self.sh.config.nack_delay_ms);
-            group.fail(&mut self.sh, found.0, found.1, attempt, now_ms, ready_at_ms);
+        match reason {
+            NackReason::Reject => {
+                group.dead_letter(
+                    &mut self.sh,
+                    found.0,
+                    found.1,
+                    attempt,
+                    OriginReason::Rejected,
+                );
+            }
+            NackReason::Retry => {
+                let ready_at_ms = now_ms.saturating_add(self.sh.config.nack_delay_ms);
+                group.fail(&mut self.sh, found.0, found.1, attempt, now_ms, ready_at_ms);
+            }
         }
         Ok(())
     }
@@ -618,14 +563,12 @@ impl Coordinator {
         hb: &Heartbeat,
         now_ms: u64,
     ) -> Result<(), ErrorCode> {
-        if hb.state > HEARTBEAT_STATE_LEAVE {
-            return Err(ErrorCode::InvalidArgument);
-        }
+        let state = HeartbeatState::from_code(hb.state).ok_or(ErrorCode::InvalidArgument)?;
         let (entry, member) = self.live_member(conn, hb.subscription_id)?;
         if hb.member_id != member.member_id || hb.membership_epoch != member.membership_epoch {
             return Err(ErrorCode::UnknownMember);
         }
-        if hb.state == HEARTBEAT_STATE_LEAVE {
+        if state == HeartbeatState::Leave {
             self.member_leaves(entry.group_id, entry.member_id, now_ms, true);
         } else {
             self.touch(entry, now_ms);
@@ -640,9 +583,7 @@ impl Coordinator {
         ca: &ControlAck,
         now_ms: u64,
     ) -> Result<(), ErrorCode> {
-        if ca.result > CONTROL_RESULT_ERROR {
-            return Err(ErrorCode::InvalidArgument);
-        }
+        let result = ControlResult::from_code(ca.result).ok_or(ErrorCode::InvalidArgument)?;
         let notice = match self.sh.notices.get(&ca.notice_id) {
             Some(n) if n.conn == conn => *n,
             _ => return Err(ErrorCode::UnknownNotice),
@@ -660,7 +601,7 @@ impl Coordinator {
             ca.notice_id,
             notice.kind,
             notice.partition,
-            ca.result == CONTROL_RESULT_OK,
+            result == ControlResult::Ok,
             now_ms,
         );
         Ok(())
@@ -673,9 +614,7 @@ impl Coordinator {
         c: &Credit,
         now_ms: u64,
     ) -> Result<CreditResult, ErrorCode> {
-        if c.mode > CREDIT_MODE_ADD {
-            return Err(ErrorCode::InvalidArgument);
-        }
+        let mode = CreditMode::from_code(c.mode).ok_or(ErrorCode::InvalidArgument)?;
         let (entry, member) = self.live_member(conn, c.subscription_id)?;
         if c.membership_epoch != member.membership_epoch {
             return Err(ErrorCode::StaleEpoch);
@@ -690,7 +629,7 @@ impl Coordinator {
             .members
             .get_mut(&entry.member_id)
             .expect("live member");
-        let (count, bytes) = if c.mode == CREDIT_MODE_SET {
+        let (count, bytes) = if mode == CreditMode::Set {
             let count = if c.credit_count == 0 {
                 member.credit_count
             } else {
@@ -824,7 +763,7 @@ impl Coordinator {
             // (now closed) subscription and gets 0x0020; other notices are moot.
             self.sh
                 .notices
-                .retain(|_, n| n.group_id != gid || n.kind == NOTICE_KIND_REVOKE);
+                .retain(|_, n| n.group_id != gid || n.kind == NoticeKind::Revoke);
         }
         self.restored.retain(|(_, t), _| *t != topic_id);
     }
@@ -971,7 +910,7 @@ impl Coordinator {
         &mut self,
         key: (Vec<u8>, u16),
         partition_count: u16,
-        start_policy: u8,
+        start_policy: StartPolicy,
         recs: &mut dyn Records,
     ) -> u16 {
         let id = self.next_group_id as u16;

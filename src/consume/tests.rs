@@ -90,10 +90,10 @@ impl H {
             group,
             topic_id: TOPIC,
             partition: SUB_PARTITION_ANY,
-            start_policy: START_POLICY_EARLIEST,
+            start_policy: StartPolicy::Earliest.as_code(),
             credit_count: 0,
             credit_bytes: 0,
-            flags,
+            flags: SubFlags::from_bits_retain(flags),
         }
     }
 
@@ -125,13 +125,8 @@ impl H {
 
     fn control_ack(&mut self, conn: ConnId, n: &Notice, result: u8) -> Result<(), ErrorCode> {
         let ca = ControlAck {
-            notice_id: n.notice_id,
-            notice_kind: n.kind,
-            group_id: n.group_id,
-            membership_epoch: n.membership_epoch,
-            assignment_epoch: n.assignment_epoch,
-            ownership_epoch: n.ownership_epoch,
             result,
+            ..ControlAck::answering(n, ControlResult::Ok)
         };
         let r = self.c.control_ack(conn, &ca, self.now);
         self.c.check_invariants();
@@ -141,7 +136,8 @@ impl H {
     /// Acks every notice in `fx` with OK.
     fn accept(&mut self, fx: &[Effect]) {
         for (conn, n) in notices(fx) {
-            self.control_ack(conn, &n, CONTROL_RESULT_OK).unwrap();
+            self.control_ack(conn, &n, ControlResult::Ok.as_code())
+                .unwrap();
         }
     }
 
@@ -156,15 +152,7 @@ impl H {
     fn ack(&mut self, conn: ConnId, d: &Delivery, flags: u16) -> Result<(), ErrorCode> {
         let r = self.c.ack(
             conn,
-            &Ack {
-                subscription_id: d.subscription_id,
-                topic_id: d.topic_id,
-                partition: d.partition,
-                seq: d.sequence,
-                delivery_id: d.delivery_id,
-                ownership_epoch: d.ownership_epoch,
-                flags,
-            },
+            &d.reference.ack(AckFlags::from_bits_retain(flags)),
             self.now,
         );
         self.c.check_invariants();
@@ -175,14 +163,8 @@ impl H {
         let r = self.c.nack(
             conn,
             &Nack {
-                subscription_id: d.subscription_id,
-                topic_id: d.topic_id,
-                partition: d.partition,
-                seq: d.sequence,
-                delivery_id: d.delivery_id,
-                ownership_epoch: d.ownership_epoch,
                 reason,
-                flags: 0,
+                ..d.reference.nack(NackReason::Retry)
             },
             self.now,
         );
@@ -304,7 +286,10 @@ fn pushed(fx: &[Effect]) -> Vec<(ConnId, Delivery)> {
 }
 
 fn seqs(fx: &[Effect]) -> Vec<u64> {
-    pushed(fx).iter().map(|(_, d)| d.sequence).collect()
+    pushed(fx)
+        .iter()
+        .map(|(_, d)| d.reference.sequence)
+        .collect()
 }
 
 fn pull_answers(fx: &[Effect]) -> Vec<(ConnId, u64, Vec<Delivery>)> {
@@ -320,7 +305,7 @@ fn pull_answers(fx: &[Effect]) -> Vec<(ConnId, u64, Vec<Delivery>)> {
         .collect()
 }
 
-fn dead_letters(fx: &[Effect]) -> Vec<(u64, u16, u8)> {
+fn dead_letters(fx: &[Effect]) -> Vec<(u64, u16, OriginReason)> {
     fx.iter()
         .filter_map(|e| match e {
             Effect::DeadLetter {
@@ -359,7 +344,7 @@ fn first_member_gets_every_partition_with_rising_epochs() {
     for (i, (conn, n)) in ns.iter().enumerate() {
         assert_eq!(*conn, A);
         assert_eq!(n.notice_id, i as u64 + 1);
-        assert_eq!(n.kind, NOTICE_KIND_ASSIGN);
+        assert_eq!(n.kind, NoticeKind::Assign.as_code());
         assert_eq!(n.group_id, 1);
         assert_eq!(n.member_id, 1);
         assert_eq!(n.membership_epoch, 1);
@@ -390,10 +375,10 @@ fn msg_flows_only_after_the_assign_is_acked() {
     assert_eq!(conn, A);
     assert_eq!(
         (
-            d.delivery_id,
+            d.reference.delivery_id,
             d.attempt,
-            d.ownership_epoch,
-            d.subscription_id
+            d.reference.ownership_epoch,
+            d.reference.subscription_id
         ),
         (1, 1, 1, 1)
     );
@@ -408,7 +393,10 @@ fn second_member_gets_half_via_revoke_then_assign() {
     // Sticky: A keeps 0 and 1, gives up its highest partitions; B gets nothing yet.
     assert_eq!(
         kinds(&fx),
-        vec![(A, NOTICE_KIND_REVOKE, 3), (A, NOTICE_KIND_REVOKE, 2)]
+        vec![
+            (A, NoticeKind::Revoke.as_code(), 3),
+            (A, NoticeKind::Revoke.as_code(), 2)
+        ]
     );
     let revokes = notices(&fx);
     assert_eq!(
@@ -422,10 +410,11 @@ fn second_member_gets_half_via_revoke_then_assign() {
     );
     assert_eq!(h.partition(3).state, OwnershipState::Revoking);
 
-    h.control_ack(A, &revokes[0].1, CONTROL_RESULT_OK).unwrap();
+    h.control_ack(A, &revokes[0].1, ControlResult::Ok.as_code())
+        .unwrap();
     let fx = h.effects();
     let ns = notices(&fx);
-    assert_eq!(kinds(&fx), vec![(B, NOTICE_KIND_ASSIGN, 3)]);
+    assert_eq!(kinds(&fx), vec![(B, NoticeKind::Assign.as_code(), 3)]);
     assert_eq!(ns[0].1.member_id, b.member_id);
     assert_eq!(ns[0].1.assignment_epoch, 1);
     assert_eq!(
@@ -434,10 +423,10 @@ fn second_member_gets_half_via_revoke_then_assign() {
     );
 
     // STALE on a REVOKE still releases.
-    h.control_ack(A, &revokes[1].1, CONTROL_RESULT_STALE)
+    h.control_ack(A, &revokes[1].1, ControlResult::Stale.as_code())
         .unwrap();
     let fx = h.effects();
-    assert_eq!(kinds(&fx), vec![(B, NOTICE_KIND_ASSIGN, 2)]);
+    assert_eq!(kinds(&fx), vec![(B, NoticeKind::Assign.as_code(), 2)]);
     h.accept(&fx);
     assert_eq!(h.owners(), vec![Some(1), Some(1), Some(2), Some(2)]);
 }
@@ -461,13 +450,19 @@ fn third_member_moves_the_minimum_and_leaving_rebalances() {
     // 3+3 → 2+2+2: exactly one REVOKE each from A and B.
     assert_eq!(
         kinds(&fx),
-        vec![(A, NOTICE_KIND_REVOKE, 2), (B, NOTICE_KIND_REVOKE, 5)]
+        vec![
+            (A, NoticeKind::Revoke.as_code(), 2),
+            (B, NoticeKind::Revoke.as_code(), 5)
+        ]
     );
     h.accept(&fx);
     let fx = h.effects();
     assert_eq!(
         kinds(&fx),
-        vec![(C, NOTICE_KIND_ASSIGN, 2), (C, NOTICE_KIND_ASSIGN, 5)]
+        vec![
+            (C, NoticeKind::Assign.as_code(), 2),
+            (C, NoticeKind::Assign.as_code(), 5)
+        ]
     );
     h.accept(&fx);
     assert_eq!(
@@ -482,7 +477,7 @@ fn third_member_moves_the_minimum_and_leaving_rebalances() {
     assert_eq!(k.len(), 2);
     assert!(k
         .iter()
-        .all(|(c, kind, _)| *c != B && *kind == NOTICE_KIND_ASSIGN));
+        .all(|(c, kind, _)| *c != B && *kind == NoticeKind::Assign.as_code()));
     h.accept(&fx);
     let owners = h.owners();
     assert_eq!(owners.iter().filter(|o| **o == Some(1)).count(), 3);
@@ -516,10 +511,10 @@ fn revoke_timeout_releases_and_fences_the_old_owner() {
     h.append(1, 1);
     let fx = h.effects();
     let (_, d) = pushed(&fx)[0];
-    assert_eq!(d.partition, 1);
+    assert_eq!(d.reference.partition, 1);
     h.sub(B, 0);
     let fx = h.effects();
-    assert_eq!(kinds(&fx), vec![(A, NOTICE_KIND_REVOKE, 1)]);
+    assert_eq!(kinds(&fx), vec![(A, NoticeKind::Revoke.as_code(), 1)]);
     assert_eq!(
         h.c.next_deadline_ms(),
         Some(h.now + 5_000),
@@ -529,19 +524,25 @@ fn revoke_timeout_releases_and_fences_the_old_owner() {
     // A never answers the REVOKE (it keeps its session alive).
     h.advance(4_000);
     assert_eq!(
-        h.ack(A, &d, ACK_FLAG_PROGRESS),
+        h.ack(A, &d, AckFlags::PROGRESS.bits()),
         Ok(()),
         "old owner may work until release"
     );
     h.advance(6_000);
     let fx = h.c.take_effects();
     let ns = notices(&fx);
-    assert_eq!(kinds(&fx), vec![(B, NOTICE_KIND_ASSIGN, 1)]);
-    h.control_ack(B, &ns[0].1, CONTROL_RESULT_OK).unwrap();
+    assert_eq!(kinds(&fx), vec![(B, NoticeKind::Assign.as_code(), 1)]);
+    h.control_ack(B, &ns[0].1, ControlResult::Ok.as_code())
+        .unwrap();
     let fx = h.effects();
     let (conn, d2) = pushed(&fx)[0];
     assert_eq!(
-        (conn, d2.sequence, d2.attempt, d2.ownership_epoch),
+        (
+            conn,
+            d2.reference.sequence,
+            d2.attempt,
+            d2.reference.ownership_epoch
+        ),
         (B, 1, 2, 2)
     );
     // Zombie: A's ACK of the released delivery is fenced and changes nothing.
@@ -557,27 +558,29 @@ fn assign_refused_is_offered_again() {
     h.sub(A, 0);
     let fx = h.effects();
     let n = notices(&fx)[0].1.clone();
-    h.control_ack(A, &n, CONTROL_RESULT_ERROR).unwrap();
+    h.control_ack(A, &n, ControlResult::Error.as_code())
+        .unwrap();
     let fx = h.effects();
     let again = notices(&fx);
     assert_eq!(again.len(), 1);
-    assert_eq!(again[0].1.kind, NOTICE_KIND_ASSIGN);
+    assert_eq!(again[0].1.kind, NoticeKind::Assign.as_code());
     assert_eq!(again[0].1.ownership_epoch, 2);
     assert_eq!(again[0].1.assignment_epoch, 2);
     // A notice can be acked once; another connection cannot ack it.
     assert_eq!(
-        h.control_ack(A, &n, CONTROL_RESULT_OK),
+        h.control_ack(A, &n, ControlResult::Ok.as_code()),
         Err(ErrorCode::UnknownNotice)
     );
     assert_eq!(
-        h.control_ack(B, &again[0].1, CONTROL_RESULT_OK),
+        h.control_ack(B, &again[0].1, ControlResult::Ok.as_code()),
         Err(ErrorCode::UnknownNotice)
     );
     assert_eq!(
         h.control_ack(A, &again[0].1, 3),
         Err(ErrorCode::InvalidArgument)
     );
-    h.control_ack(A, &again[0].1, CONTROL_RESULT_OK).unwrap();
+    h.control_ack(A, &again[0].1, ControlResult::Ok.as_code())
+        .unwrap();
     assert_eq!(h.partition(0).state, OwnershipState::Owned);
 }
 
@@ -602,25 +605,25 @@ fn leave_frees_partitions_and_redelivers_outstanding() {
         membership_epoch: 2,
         assignment_epoch: 0,
     };
-    h.heartbeat(B, &b, HEARTBEAT_STATE_LEAVE).unwrap();
+    h.heartbeat(B, &b, HeartbeatState::Leave.as_code()).unwrap();
     let fx = h.effects();
     assert_eq!(
         kinds(&fx),
-        vec![(A, NOTICE_KIND_ASSIGN, 1)],
+        vec![(A, NoticeKind::Assign.as_code(), 1)],
         "no REVOKE to a gone member"
     );
     h.accept(&fx);
     let fx = h.effects();
     let (conn, d) = pushed(&fx)[0];
-    assert_eq!((conn, d.sequence, d.attempt), (A, 1, 2));
+    assert_eq!((conn, d.reference.sequence, d.attempt), (A, 1, 2));
     // The left member's subscription is still open but its member is unknown.
     assert_eq!(
-        h.heartbeat(B, &b, HEARTBEAT_STATE_ACTIVE),
+        h.heartbeat(B, &b, HeartbeatState::Active.as_code()),
         Err(ErrorCode::UnknownMember)
     );
     // CREDIT of a member that left: "SUB again" rather than a STALE_EPOCH loop.
     assert_eq!(
-        h.credit(B, &b, CREDIT_MODE_ADD, 1, 0),
+        h.credit(B, &b, CreditMode::Add.as_code(), 1, 0),
         Err(ErrorCode::UnknownMember)
     );
     // Its ACK of a delivery that moved is fenced.
@@ -654,14 +657,15 @@ fn session_expires_without_ops_and_any_op_keeps_it() {
     h.append(0, 1);
     let fx = h.effects();
     let (_, d) = pushed(&fx)[0];
-    assert_eq!(d.partition, 0);
+    assert_eq!(d.reference.partition, 0);
 
     h.advance(4_000);
     h.ack(A, &d, 0).unwrap();
     h.advance(16_000); // t0 + 20 s
-    h.heartbeat(B, &b, HEARTBEAT_STATE_ACTIVE).unwrap();
+    h.heartbeat(B, &b, HeartbeatState::Active.as_code())
+        .unwrap();
     h.advance(5_000); // t0 + 25 s
-    h.credit(A, &a, CREDIT_MODE_ADD, 0, 0).unwrap(); // any op on the subscription counts
+    h.credit(A, &a, CreditMode::Add.as_code(), 0, 0).unwrap(); // any op on the subscription counts
     h.advance(24_999);
     assert_eq!(h.c.snapshot().groups[0].members.len(), 2);
     h.advance(1); // t0 + 50 s
@@ -673,9 +677,9 @@ fn session_expires_without_ops_and_any_op_keeps_it() {
         .collect();
     assert_eq!(members, vec![a.member_id]);
     let fx = h.c.take_effects();
-    assert_eq!(kinds(&fx), vec![(A, NOTICE_KIND_ASSIGN, 1)]);
+    assert_eq!(kinds(&fx), vec![(A, NoticeKind::Assign.as_code(), 1)]);
     assert_eq!(
-        h.heartbeat(B, &b, HEARTBEAT_STATE_ACTIVE),
+        h.heartbeat(B, &b, HeartbeatState::Active.as_code()),
         Err(ErrorCode::UnknownMember)
     );
     // Rejoining gives a new member id and membership epoch.
@@ -689,7 +693,7 @@ fn session_expires_without_ops_and_any_op_keeps_it() {
 #[test]
 fn connection_close_drops_pulls_and_notices_silently() {
     let mut h = H::new(1);
-    let a = h.join(A, SUB_FLAG_PULL_MODE);
+    let a = h.join(A, SubFlags::PULL_MODE.bits());
     let p = h.pull_req(&a, 10, 5_000, 0);
     h.pull(A, 7, &p).unwrap();
     h.c.connection_closed(A, h.now);
@@ -720,7 +724,7 @@ fn zombie_epochs_are_fenced() {
     // A's ACK of the moved partition is fenced and nothing changes.
     assert_eq!(h.ack(A, &d, 0), Err(ErrorCode::OwnershipFenced));
     assert_eq!(
-        h.nack(A, &d, NACK_REASON_REJECT),
+        h.nack(A, &d, NackReason::Reject.as_code()),
         Err(ErrorCode::OwnershipFenced)
     );
     let fx = h.effects();
@@ -731,7 +735,7 @@ fn zombie_epochs_are_fenced() {
     hb.membership_epoch += 7;
     assert_eq!(h.heartbeat(A, &hb, 0), Err(ErrorCode::UnknownMember));
     assert_eq!(
-        h.credit(A, &hb, CREDIT_MODE_ADD, 1, 0),
+        h.credit(A, &hb, CreditMode::Add.as_code(), 1, 0),
         Err(ErrorCode::StaleEpoch)
     );
     let mut p = h.pull_req(&a, 1, 0, 0);
@@ -799,7 +803,7 @@ fn sub_validation_errors() {
 fn sub_default_credit_and_limits() {
     let mut h = H::new(1);
     let s = h.sub(A, 0);
-    let r = h.credit(A, &s, CREDIT_MODE_ADD, 0, 0).unwrap();
+    let r = h.credit(A, &s, CreditMode::Add.as_code(), 0, 0).unwrap();
     assert_eq!((r.granted_count, r.granted_bytes), (256, 2 * 1024 * 1024));
     // Per-connection limit (4).
     for _ in 0..3 {
@@ -852,7 +856,7 @@ fn credit_count_window_limits_pushes() {
     assert!(h.effects().is_empty());
     h.ack(A, &ds[0].1, 0).unwrap();
     assert_eq!(seqs(&h.effects()), vec![3]);
-    let r = h.credit(A, &s, CREDIT_MODE_ADD, 2, 0).unwrap();
+    let r = h.credit(A, &s, CreditMode::Add.as_code(), 2, 0).unwrap();
     assert_eq!((r.granted_count, r.outstanding_count), (4, 2));
     assert_eq!(r.outstanding_bytes, 2 * RECORD_BYTES);
     assert_eq!(seqs(&h.effects()), vec![4, 5]);
@@ -900,41 +904,41 @@ fn credit_set_add_limits_and_epochs() {
             },
         )
         .unwrap();
-    let r = h.credit(A, &s, CREDIT_MODE_SET, 0, 0).unwrap();
+    let r = h.credit(A, &s, CreditMode::Set.as_code(), 0, 0).unwrap();
     assert_eq!(
         (r.granted_count, r.granted_bytes, r.credit_epoch),
         (10, 1000, 0),
         "SET 0/0: no change"
     );
-    let r = h.credit(A, &s, CREDIT_MODE_SET, 5, 0).unwrap();
+    let r = h.credit(A, &s, CreditMode::Set.as_code(), 5, 0).unwrap();
     assert_eq!(
         (r.granted_count, r.granted_bytes, r.credit_epoch),
         (5, 1000, 1)
     );
-    let r = h.credit(A, &s, CREDIT_MODE_SET, 0, 2000).unwrap();
+    let r = h.credit(A, &s, CreditMode::Set.as_code(), 0, 2000).unwrap();
     assert_eq!(
         (r.granted_count, r.granted_bytes, r.credit_epoch),
         (5, 2000, 2)
     );
-    let r = h.credit(A, &s, CREDIT_MODE_ADD, 3, 10).unwrap();
+    let r = h.credit(A, &s, CreditMode::Add.as_code(), 3, 10).unwrap();
     assert_eq!(
         (r.granted_count, r.granted_bytes, r.credit_epoch),
         (8, 2010, 3)
     );
     assert_eq!(
-        h.credit(A, &s, CREDIT_MODE_ADD, 993, 0),
+        h.credit(A, &s, CreditMode::Add.as_code(), 993, 0),
         Err(ErrorCode::CreditLimit)
     );
     assert_eq!(
-        h.credit(A, &s, CREDIT_MODE_SET, 0, 4 * 1024 * 1024 + 1),
+        h.credit(A, &s, CreditMode::Set.as_code(), 0, 4 * 1024 * 1024 + 1),
         Err(ErrorCode::CreditLimit)
     );
     assert_eq!(
-        h.credit(A, &s, CREDIT_MODE_ADD, u16::MAX, 0),
+        h.credit(A, &s, CreditMode::Add.as_code(), u16::MAX, 0),
         Err(ErrorCode::CreditLimit)
     );
     assert_eq!(h.credit(A, &s, 2, 1, 1), Err(ErrorCode::InvalidArgument));
-    let r = h.credit(A, &s, CREDIT_MODE_ADD, 992, 0).unwrap();
+    let r = h.credit(A, &s, CreditMode::Add.as_code(), 992, 0).unwrap();
     assert_eq!(
         (r.granted_count, r.credit_epoch),
         (1000, 4),
@@ -945,7 +949,7 @@ fn credit_set_add_limits_and_epochs() {
         ..s
     };
     assert_eq!(
-        h.credit(A, &other, CREDIT_MODE_ADD, 1, 0),
+        h.credit(A, &other, CreditMode::Add.as_code(), 1, 0),
         Err(ErrorCode::UnknownSubscription)
     );
 }
@@ -963,7 +967,10 @@ fn ack_errors() {
         h.ack(
             A,
             &Delivery {
-                subscription_id: 5,
+                reference: DeliveryRef {
+                    subscription_id: 5,
+                    ..d.reference
+                },
                 ..d
             },
             0
@@ -975,7 +982,10 @@ fn ack_errors() {
         h.ack(
             A,
             &Delivery {
-                ownership_epoch: 9,
+                reference: DeliveryRef {
+                    ownership_epoch: 9,
+                    ..d.reference
+                },
                 ..d
             },
             0
@@ -986,7 +996,10 @@ fn ack_errors() {
         h.ack(
             A,
             &Delivery {
-                delivery_id: 9,
+                reference: DeliveryRef {
+                    delivery_id: 9,
+                    ..d.reference
+                },
                 ..d
             },
             0
@@ -994,11 +1007,31 @@ fn ack_errors() {
         Err(ErrorCode::UnknownDelivery)
     );
     assert_eq!(
-        h.ack(A, &Delivery { sequence: 2, ..d }, 0),
+        h.ack(
+            A,
+            &Delivery {
+                reference: DeliveryRef {
+                    sequence: 2,
+                    ..d.reference
+                },
+                ..d
+            },
+            0
+        ),
         Err(ErrorCode::UnknownDelivery)
     );
     assert_eq!(
-        h.ack(A, &Delivery { partition: 4, ..d }, 0),
+        h.ack(
+            A,
+            &Delivery {
+                reference: DeliveryRef {
+                    partition: 4,
+                    ..d.reference
+                },
+                ..d
+            },
+            0
+        ),
         Err(ErrorCode::UnknownDelivery)
     );
     assert_eq!(h.nack(A, &d, 2), Err(ErrorCode::InvalidArgument));
@@ -1025,8 +1058,8 @@ fn ack_wait_expiry_redelivers_with_attempt_plus_one() {
     h.advance(1);
     let fx = h.c.take_effects();
     let (_, d2) = pushed(&fx)[0];
-    assert_eq!((d2.sequence, d2.attempt), (1, 2));
-    assert_ne!(d2.delivery_id, d1.delivery_id);
+    assert_eq!((d2.reference.sequence, d2.attempt), (1, 2));
+    assert_ne!(d2.reference.delivery_id, d1.reference.delivery_id);
     assert_eq!(
         h.ack(A, &d1, 0),
         Err(ErrorCode::UnknownDelivery),
@@ -1044,7 +1077,7 @@ fn progress_resets_the_deadline_without_settling() {
     let fx = h.effects();
     let (_, d) = pushed(&fx)[0];
     h.advance(4_000);
-    h.ack(A, &d, ACK_FLAG_PROGRESS).unwrap();
+    h.ack(A, &d, AckFlags::PROGRESS.bits()).unwrap();
     assert_eq!(h.c.next_deadline_ms(), Some(h.now + 5_000));
     h.advance(4_000);
     assert!(h.c.take_effects().is_empty(), "not expired: deadline moved");
@@ -1061,7 +1094,7 @@ fn nack_retry_redelivers_after_the_delay() {
     h.append(0, 2);
     let fx = h.effects();
     let ds = pushed(&fx);
-    h.nack(A, &ds[0].1, NACK_REASON_RETRY).unwrap();
+    h.nack(A, &ds[0].1, NackReason::Retry.as_code()).unwrap();
     assert_eq!(h.member(1).outstanding_count, 1, "NACK returns credit");
     assert!(pushed(&h.effects()).is_empty());
     assert_eq!(h.c.next_deadline_ms(), Some(h.now + 1_000));
@@ -1070,7 +1103,7 @@ fn nack_retry_redelivers_after_the_delay() {
     h.advance(1);
     let fx = h.c.take_effects();
     let (_, d) = pushed(&fx)[0];
-    assert_eq!((d.sequence, d.attempt), (1, 2));
+    assert_eq!((d.reference.sequence, d.attempt), (1, 2));
     h.ack(A, &ds[1].1, 0).unwrap();
     assert_eq!(h.partition(0).committed, 0, "seq 1 is still unsettled");
     h.ack(A, &d, 0).unwrap();
@@ -1088,14 +1121,14 @@ fn max_attempts_dead_letters_exactly_once() {
         assert_eq!(d.attempt, attempt);
         assert!(dead_letters(&fx).is_empty());
         if attempt == 2 {
-            h.nack(A, &d, NACK_REASON_RETRY).unwrap();
+            h.nack(A, &d, NackReason::Retry.as_code()).unwrap();
             h.advance(1_000);
         } else {
             h.advance(5_000);
         }
         fx = h.c.take_effects();
     }
-    assert_eq!(dead_letters(&fx), vec![(1, 3, Origin::REASON_MAX_ATTEMPTS)]);
+    assert_eq!(dead_letters(&fx), vec![(1, 3, OriginReason::MaxAttempts)]);
     assert!(pushed(&fx).is_empty());
     assert_eq!(
         h.partition(0).committed,
@@ -1117,9 +1150,9 @@ fn reject_dead_letters_at_once() {
     h.append(0, 2);
     let fx = h.effects();
     let ds = pushed(&fx);
-    h.nack(A, &ds[0].1, NACK_REASON_REJECT).unwrap();
+    h.nack(A, &ds[0].1, NackReason::Reject.as_code()).unwrap();
     let fx = h.effects();
-    assert_eq!(dead_letters(&fx), vec![(1, 1, Origin::REASON_REJECTED)]);
+    assert_eq!(dead_letters(&fx), vec![(1, 1, OriginReason::Rejected)]);
     assert!(matches!(
         fx[0],
         Effect::DeadLetter {
@@ -1170,7 +1203,7 @@ fn latest_starts_at_the_log_end_and_earliest_at_the_first_retained() {
     h.try_sub(
         A,
         &Sub {
-            start_policy: START_POLICY_LATEST,
+            start_policy: StartPolicy::Latest.as_code(),
             ..H::sub_req(b"late", 0)
         },
     )
@@ -1182,12 +1215,12 @@ fn latest_starts_at_the_log_end_and_earliest_at_the_first_retained() {
     let a: Vec<u64> = pushed(&fx)
         .iter()
         .filter(|(c, _)| *c == A)
-        .map(|(_, d)| d.sequence)
+        .map(|(_, d)| d.reference.sequence)
         .collect();
     let b: Vec<u64> = pushed(&fx)
         .iter()
         .filter(|(c, _)| *c == B)
-        .map(|(_, d)| d.sequence)
+        .map(|(_, d)| d.reference.sequence)
         .collect();
     assert!(a.is_empty());
     assert_eq!(b, vec![3, 4, 5, 6, 7]);
@@ -1205,7 +1238,7 @@ fn latest_starts_at_the_log_end_and_earliest_at_the_first_retained() {
     assert_eq!(
         pushed(&fx)
             .iter()
-            .map(|(c, d)| (*c, d.sequence))
+            .map(|(c, d)| (*c, d.reference.sequence))
             .collect::<Vec<_>>(),
         vec![(A, 8), (B, 8)]
     );
@@ -1254,7 +1287,7 @@ fn retention_skips_records_that_are_gone() {
 #[test]
 fn pull_mode_gets_no_push_and_pull_answers_at_once() {
     let mut h = H::new(2);
-    let a = h.join(A, SUB_FLAG_PULL_MODE);
+    let a = h.join(A, SubFlags::PULL_MODE.bits());
     h.append(0, 3);
     h.append(1, 3);
     assert!(pushed(&h.effects()).is_empty(), "PULL_MODE: no pushed MSG");
@@ -1265,7 +1298,10 @@ fn pull_mode_gets_no_push_and_pull_answers_at_once() {
     assert_eq!(answers.len(), 1);
     let (conn, id, ds) = &answers[0];
     assert_eq!((*conn, *id, ds.len()), (A, 77, 4));
-    let mut by_part: Vec<(u16, u64)> = ds.iter().map(|d| (d.partition, d.sequence)).collect();
+    let mut by_part: Vec<(u16, u64)> = ds
+        .iter()
+        .map(|d| (d.reference.partition, d.reference.sequence))
+        .collect();
     by_part.sort();
     assert_eq!(
         by_part,
@@ -1296,13 +1332,15 @@ fn pull_mode_gets_no_push_and_pull_answers_at_once() {
 #[test]
 fn pull_filters_by_ownership_epoch_and_limits_bytes() {
     let mut h = H::new(2);
-    let a = h.sub(A, SUB_FLAG_PULL_MODE);
+    let a = h.sub(A, SubFlags::PULL_MODE.bits());
     // Refuse partition 1's first ASSIGN so that its ownership epoch (2) differs
     // from partition 0's (1): epochs are per partition.
     let fx = h.effects();
     let ns = notices(&fx);
-    h.control_ack(A, &ns[0].1, CONTROL_RESULT_OK).unwrap();
-    h.control_ack(A, &ns[1].1, CONTROL_RESULT_STALE).unwrap();
+    h.control_ack(A, &ns[0].1, ControlResult::Ok.as_code())
+        .unwrap();
+    h.control_ack(A, &ns[1].1, ControlResult::Stale.as_code())
+        .unwrap();
     let fx = h.effects();
     h.accept(&fx);
     h.append(0, 3);
@@ -1317,7 +1355,7 @@ fn pull_filters_by_ownership_epoch_and_limits_bytes() {
     let ds = &answers[0].2;
     assert_eq!(
         ds.iter()
-            .map(|d| (d.partition, d.sequence))
+            .map(|d| (d.reference.partition, d.reference.sequence))
             .collect::<Vec<_>>(),
         vec![(1, 1), (1, 2)]
     );
@@ -1333,7 +1371,7 @@ fn pull_filters_by_ownership_epoch_and_limits_bytes() {
 #[test]
 fn pull_waits_then_answers_when_records_arrive() {
     let mut h = H::new(1);
-    let a = h.join(A, SUB_FLAG_PULL_MODE);
+    let a = h.join(A, SubFlags::PULL_MODE.bits());
     let p = h.pull_req(&a, 10, 2_000, 0);
     h.pull(A, 5, &p).unwrap();
     assert!(h.effects().is_empty());
@@ -1343,7 +1381,11 @@ fn pull_waits_then_answers_when_records_arrive() {
     let answers = pull_answers(&h.effects());
     assert_eq!(answers.len(), 1);
     assert_eq!(
-        answers[0].2.iter().map(|d| d.sequence).collect::<Vec<_>>(),
+        answers[0]
+            .2
+            .iter()
+            .map(|d| d.reference.sequence)
+            .collect::<Vec<_>>(),
         vec![1, 2]
     );
     // Ack-wait applies to pulled deliveries.
@@ -1358,7 +1400,7 @@ fn pull_waits_then_answers_when_records_arrive() {
 #[test]
 fn pull_wait_timeout_answers_empty_and_queues_in_order() {
     let mut h = H::new(1);
-    let a = h.join(A, SUB_FLAG_PULL_MODE);
+    let a = h.join(A, SubFlags::PULL_MODE.bits());
     h.pull(A, 1, &h.pull_req(&a, 10, 1_000, 0)).unwrap();
     h.pull(A, 2, &h.pull_req(&a, 10, 0, 0)).unwrap();
     assert!(
@@ -1380,7 +1422,7 @@ fn pull_wait_timeout_answers_empty_and_queues_in_order() {
 #[test]
 fn pull_min_bytes_waits_for_enough_data() {
     let mut h = H::new(1);
-    let a = h.join(A, SUB_FLAG_PULL_MODE);
+    let a = h.join(A, SubFlags::PULL_MODE.bits());
     h.append(0, 1);
     h.pull(A, 1, &h.pull_req(&a, 100, 3_000, 35)).unwrap();
     assert!(h.effects().is_empty(), "10 of 35 bytes");
@@ -1403,9 +1445,9 @@ fn pull_min_bytes_waits_for_enough_data() {
 #[test]
 fn leave_answers_waiting_pulls_empty() {
     let mut h = H::new(1);
-    let a = h.join(A, SUB_FLAG_PULL_MODE);
+    let a = h.join(A, SubFlags::PULL_MODE.bits());
     h.pull(A, 4, &h.pull_req(&a, 10, 5_000, 0)).unwrap();
-    h.heartbeat(A, &a, HEARTBEAT_STATE_LEAVE).unwrap();
+    h.heartbeat(A, &a, HeartbeatState::Leave.as_code()).unwrap();
     assert_eq!(pull_answers(&h.effects()), vec![(A, 4, vec![])]);
     assert_eq!(h.heartbeat(A, &a, 2), Err(ErrorCode::InvalidArgument));
 }
@@ -1415,7 +1457,7 @@ fn leave_answers_waiting_pulls_empty() {
 #[test]
 fn topic_deleted_revokes_and_closes_subscriptions() {
     let mut h = H::new(2);
-    let a = h.join(A, SUB_FLAG_PULL_MODE);
+    let a = h.join(A, SubFlags::PULL_MODE.bits());
     h.append(0, 1);
     h.pull(A, 1, &h.pull_req(&a, 1, 0, 0)).unwrap();
     let d = pull_answers(&h.c.take_effects())[0].2[0];
@@ -1425,18 +1467,21 @@ fn topic_deleted_revokes_and_closes_subscriptions() {
     let fx = h.effects();
     assert_eq!(
         kinds(&fx),
-        vec![(A, NOTICE_KIND_REVOKE, 0), (A, NOTICE_KIND_REVOKE, 1)]
+        vec![
+            (A, NoticeKind::Revoke.as_code(), 0),
+            (A, NoticeKind::Revoke.as_code(), 1)
+        ]
     );
     assert_eq!(pull_answers(&fx), vec![(A, 2, vec![])]);
     let revoke = notices(&fx)[0].1.clone();
     assert_eq!(
-        h.control_ack(A, &revoke, CONTROL_RESULT_OK),
+        h.control_ack(A, &revoke, ControlResult::Ok.as_code()),
         Err(ErrorCode::UnknownSubscription)
     );
     assert_eq!(h.ack(A, &d, 0), Err(ErrorCode::UnknownSubscription));
     assert_eq!(h.heartbeat(A, &a, 0), Err(ErrorCode::UnknownSubscription));
     assert_eq!(
-        h.credit(A, &a, CREDIT_MODE_ADD, 1, 0),
+        h.credit(A, &a, CreditMode::Add.as_code(), 1, 0),
         Err(ErrorCode::UnknownSubscription)
     );
     assert!(h.c.positions().is_empty());
@@ -1485,15 +1530,15 @@ fn churn_settles_everything() {
             2 => h.append(rand(5) as u16, 1 + rand(3)),
             4 => {
                 for (conn, s) in &live {
-                    let _ = h.heartbeat(*conn, s, HEARTBEAT_STATE_ACTIVE);
+                    let _ = h.heartbeat(*conn, s, HeartbeatState::Active.as_code());
                 }
             }
             3 => h.advance(rand(3_000)),
             _ if !outstanding.is_empty() => {
                 let (conn, d) = outstanding.swap_remove(rand(outstanding.len() as u64) as usize);
                 let _ = match rand(8) {
-                    0 => h.nack(conn, &d, NACK_REASON_RETRY),
-                    1 => h.nack(conn, &d, NACK_REASON_REJECT),
+                    0 => h.nack(conn, &d, NackReason::Retry.as_code()),
+                    1 => h.nack(conn, &d, NackReason::Reject.as_code()),
                     _ => h.ack(conn, &d, 0),
                 };
             }
@@ -1505,7 +1550,7 @@ fn churn_settles_everything() {
                 Effect::Notice { conn, notice } => {
                     if rand(5) != 0 {
                         // A member may have expired later in the same pump.
-                        let r = h.control_ack(*conn, notice, CONTROL_RESULT_OK);
+                        let r = h.control_ack(*conn, notice, ControlResult::Ok.as_code());
                         assert!(matches!(r, Ok(()) | Err(ErrorCode::UnknownNotice)), "{r:?}");
                     }
                 }
@@ -1530,11 +1575,13 @@ fn churn_settles_everything() {
     let last = h.sub(1, 0);
     for _ in 0..200 {
         h.advance(1_000);
-        h.heartbeat(1, &last, HEARTBEAT_STATE_ACTIVE).unwrap();
+        h.heartbeat(1, &last, HeartbeatState::Active.as_code())
+            .unwrap();
         let fx = h.c.take_effects();
         for (conn, n) in notices(&fx) {
             assert_eq!(conn, 1);
-            h.control_ack(conn, &n, CONTROL_RESULT_OK).unwrap();
+            h.control_ack(conn, &n, ControlResult::Ok.as_code())
+                .unwrap();
         }
         for (conn, d) in pushed(&fx) {
             h.ack(conn, &d, 0).unwrap();

@@ -57,6 +57,9 @@ impl<'a> Reader<'a> {
     pub fn u64(&mut self) -> Result<u64, Short> {
         Ok(u64::from_be_bytes(self.array()?))
     }
+    pub fn bits<T: WireBits>(&mut self) -> Result<T, Short> {
+        T::read(self)
+    }
 }
 
 /// Appends big-endian fields to a buffer the caller owns (so hot paths reuse it).
@@ -84,4 +87,40 @@ impl Put for Vec<u8> {
     fn put_bytes(&mut self, v: &[u8]) {
         self.extend_from_slice(v);
     }
+}
+
+/// A typed flag set carried in a fixed-width field (the `vocab` bitflags types).
+pub trait WireBits: Sized {
+    fn read(r: &mut Reader<'_>) -> Result<Self, Short>;
+    fn write(&self, out: &mut Vec<u8>);
+}
+
+macro_rules! wire_bits {
+    ($($ty:ty: $bits:ident, $put:ident;)*) => {$(
+        impl WireBits for $ty {
+            fn read(r: &mut Reader<'_>) -> Result<Self, Short> {
+                Ok(<$ty>::from_bits_retain(r.$bits()?))
+            }
+            fn write(&self, out: &mut Vec<u8>) {
+                out.$put(self.bits())
+            }
+        }
+
+        impl From<$ty> for u64 {
+            fn from(flags: $ty) -> u64 {
+                u64::from(flags.bits())
+            }
+        }
+    )*};
+}
+
+use super::vocab::{AckFlags, DeclareFlags, MsgFlags, PubFlags, PubResultFlags, SubFlags};
+
+wire_bits! {
+    DeclareFlags: u16, put_u16;
+    PubFlags: u16, put_u16;
+    PubResultFlags: u8, put_u8;
+    SubFlags: u16, put_u16;
+    AckFlags: u16, put_u16;
+    MsgFlags: u16, put_u16;
 }

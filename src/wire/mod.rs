@@ -9,13 +9,20 @@
 //! - [`frame`]: the incremental splitter that yields only complete frames.
 //! - [`ops`]: the 15 ops as typed messages and the typed OK results.
 //! - [`errors`]: the 51-code registry with each code's "after" and retry class.
+//! - [`vocab`]: every flag set, kind, reason and durability level, typed.
 
 pub mod codec;
 pub mod errors;
 pub mod frame;
 pub mod limits;
 pub mod ops;
+pub mod vocab;
 
 pub use errors::ErrorCode;
 pub use frame::{split_frame, FrameError, RawFrame};
-pub use ops::{DecodeError, Frame, Op};
+pub use ops::{DecodeError, DeliveryRef, Frame, Op};
+pub use vocab::{
+    AckFlags, ControlResult, CreditMode, DeclareCreated, DeclareFlags, Durability, HeartbeatState,
+    MsgFlags, NackReason, NoticeKind, OriginReason, PubFlags, PubResultFlags, StartPolicy,
+    SubFlags,
+};

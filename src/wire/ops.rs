@@ -12,8 +12,12 @@
 //! [`Frame::fields`] lists the decoded fields by their spec names; the golden tests
 //! compare it with the comments of the hand-written vectors.
 
-use super::codec::{Put, Reader, Short};
+use super::codec::{Put, Reader, Short, WireBits};
 use super::limits::{FRAME_HEADER_BYTES, MAX_ERR_MESSAGE_BYTES};
+use super::vocab::{
+    AckFlags, ControlResult, DeclareFlags, MsgFlags, NackReason, OriginReason, PubFlags,
+    PubResultFlags, SubFlags,
+};
 
 /// Op codes. 0x01–0x09 are the core ops, 0x0A–0x0F the extension ops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -162,6 +166,7 @@ macro_rules! field_ty {
     (bytes16) => { &'a [u8] };
     (bytes32) => { &'a [u8] };
     (list16) => { Vec<u64> };
+    ($flags:ident) => { $flags };
 }
 
 macro_rules! field_read {
@@ -194,6 +199,9 @@ macro_rules! field_read {
             .map(|c| u64::from_be_bytes(c.try_into().unwrap()))
             .collect()
     }};
+    ($r:ident, $flags:ident) => {
+        $r.bits::<$flags>()?
+    };
 }
 
 macro_rules! field_write {
@@ -223,6 +231,9 @@ macro_rules! field_write {
             $out.put_u64(*e)
         }
     }};
+    ($out:ident, $v:expr, $flags:ident) => {
+        WireBits::write(&$v, $out)
+    };
 }
 
 macro_rules! field_push {
@@ -294,8 +305,7 @@ message! {
     Declare<'a> = Declare {
         topic: bytes16,
         partition_count: u16,
-        /// bit0 DELETE, bit1 IF_UNUSED, bit2 PASSIVE.
-        flags: u16,
+        flags: DeclareFlags,
     }
 }
 
@@ -306,8 +316,8 @@ message! {
         partition: u16,
         producer_id: u64,
         producer_seq: u64,
-        /// bits 0–1: requested durability (0 DEFAULT, 1 WRITTEN, 2 FSYNC, 3 REPLICATED).
-        flags: u16,
+        /// Bits 0–1: the requested durability (0 = the broker's default).
+        flags: PubFlags,
         key: bytes16,
         value: bytes32,
     }
@@ -319,12 +329,11 @@ message! {
         group: bytes16,
         topic_id: u16,
         partition: u16,
-        /// 0 EARLIEST, 1 LATEST.
+        /// [`StartPolicy`](super::vocab::StartPolicy) code.
         start_policy: u8,
         credit_count: u16,
         credit_bytes: u32,
-        /// bit0 PULL_MODE.
-        flags: u16,
+        flags: SubFlags,
     }
 }
 
@@ -337,12 +346,12 @@ message! {
         seq: u64,
         delivery_id: u64,
         ownership_epoch: u64,
-        flags: u16,
+        flags: AckFlags,
     }
 }
 
 message! {
-    /// NACK 0x06, C→S: refuse a delivery. reason 0 RETRY, 1 REJECT.
+    /// NACK 0x06, C→S: refuse a delivery.
     Nack = Nack {
         subscription_id: u16,
         topic_id: u16,
@@ -350,7 +359,9 @@ message! {
         seq: u64,
         delivery_id: u64,
         ownership_epoch: u64,
+        /// [`NackReason`] code.
         reason: u8,
+        /// Reserved.
         flags: u16,
     }
 }
@@ -393,20 +404,22 @@ message! {
 }
 
 message! {
-    /// HEARTBEAT 0x0C, C→S: state 0 ACTIVE, 1 LEAVE.
+    /// HEARTBEAT 0x0C, C→S.
     Heartbeat = Heartbeat {
         subscription_id: u16,
         member_id: u64,
         membership_epoch: u32,
         assignment_epoch: u32,
+        /// [`HeartbeatState`](super::vocab::HeartbeatState) code.
         state: u8,
     }
 }
 
 message! {
-    /// NOTICE 0x0D, S→C push: kind 0 ASSIGN, 1 REVOKE of one partition.
+    /// NOTICE 0x0D, S→C push: ASSIGN or REVOKE of one partition.
     Notice = Notice {
         notice_id: u64,
+        /// [`NoticeKind`](super::vocab::NoticeKind) code.
         kind: u8,
         group_id: u16,
         membership_epoch: u32,
@@ -419,7 +432,7 @@ message! {
 }
 
 message! {
-    /// CONTROL_ACK 0x0E, C→S: answers a NOTICE; result 0 OK, 1 STALE, 2 ERROR.
+    /// CONTROL_ACK 0x0E, C→S: answers a NOTICE.
     ControlAck = ControlAck {
         notice_id: u64,
         notice_kind: u8,
@@ -427,14 +440,15 @@ message! {
         membership_epoch: u32,
         assignment_epoch: u32,
         ownership_epoch: u64,
+        /// [`ControlResult`] code.
         result: u8,
     }
 }
 
 impl ControlAck {
-    /// The CONTROL_ACK that answers `notice` with `result` (0 OK, 1 STALE, 2 ERROR),
-    /// echoing its id, kind and epochs.
-    pub fn answering(notice: &Notice, result: u8) -> ControlAck {
+    /// The CONTROL_ACK that answers `notice` with `result`, echoing its id, kind and
+    /// epochs.
+    pub fn answering(notice: &Notice, result: ControlResult) -> ControlAck {
         ControlAck {
             notice_id: notice.notice_id,
             notice_kind: notice.kind,
@@ -442,26 +456,24 @@ impl ControlAck {
             membership_epoch: notice.membership_epoch,
             assignment_epoch: notice.assignment_epoch,
             ownership_epoch: notice.ownership_epoch,
-            result,
+            result: result.as_code(),
         }
     }
 }
 
 message! {
-    /// CREDIT 0x0F, C→S: mode 0 SET, 1 ADD the subscription's credit window.
+    /// CREDIT 0x0F, C→S: SET or ADD to the subscription's credit window.
     Credit = Credit {
         subscription_id: u16,
         membership_epoch: u32,
         ownership_epoch: u64,
+        /// [`CreditMode`](super::vocab::CreditMode) code.
         mode: u8,
         credit_count: u16,
         credit_bytes: u32,
         reserved: u32,
     }
 }
-
-/// MSG flags bit0: the origin trailer follows `value` (semantics §4).
-pub const MSG_FLAG_ORIGIN: u16 = 0x0001;
 
 /// The origin trailer of a dead-lettered record (semantics §4), after MSG's `value`.
 ///
@@ -475,14 +487,12 @@ pub struct Origin {
     pub origin_sequence: u64,
     /// Deliveries made before dead-lettering.
     pub attempts: u16,
-    /// 0 REJECTED, 1 MAX_ATTEMPTS.
+    /// [`OriginReason`] code.
     pub reason: u8,
 }
 
 impl Origin {
     pub const ENCODED_BYTES: usize = 2 + 2 + 8 + 2 + 1;
-    pub const REASON_REJECTED: u8 = 0;
-    pub const REASON_MAX_ATTEMPTS: u8 = 1;
 
     fn read(r: &mut Reader<'_>) -> Result<Self, Short> {
         Ok(Origin {
@@ -510,7 +520,7 @@ impl Origin {
 
 /// MSG 0x0A, S→C push: one delivery of one record. `key`/`value` borrow their source
 /// (the frame buffer when decoding, the log's mapping when the broker encodes).
-/// When `flags` has [`MSG_FLAG_ORIGIN`], `origin` is `Some` and follows `value`.
+/// When `flags` has [`MsgFlags::ORIGIN`], `origin` is `Some` and follows `value`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Msg<'a> {
     pub subscription_id: u16,
@@ -522,7 +532,7 @@ pub struct Msg<'a> {
     pub ownership_epoch: u64,
     pub producer_id: u64,
     pub producer_seq: u64,
-    pub flags: u16,
+    pub flags: MsgFlags,
     pub key: &'a [u8],
     pub value: &'a [u8],
     pub origin: Option<Origin>,
@@ -542,12 +552,12 @@ impl<'a> Message<'a> for Msg<'a> {
             ownership_epoch: r.u64()?,
             producer_id: r.u64()?,
             producer_seq: r.u64()?,
-            flags: r.u16()?,
+            flags: field_read!(r, MsgFlags),
             key: field_read!(r, bytes16),
             value: field_read!(r, bytes32),
             origin: None,
         };
-        if m.flags & MSG_FLAG_ORIGIN != 0 {
+        if m.flags.contains(MsgFlags::ORIGIN) {
             m.origin = Some(Origin::read(r)?);
         }
         Ok(m)
@@ -565,11 +575,9 @@ impl<'a> Message<'a> for Msg<'a> {
         out.put_u64(self.producer_seq);
         // The flag is derived from `origin` so an encoded MSG can never promise a
         // trailer it lacks.
-        let flags = match self.origin {
-            Some(_) => self.flags | MSG_FLAG_ORIGIN,
-            None => self.flags & !MSG_FLAG_ORIGIN,
-        };
-        out.put_u16(flags);
+        let mut flags = self.flags;
+        flags.set(MsgFlags::ORIGIN, self.origin.is_some());
+        field_write!(out, flags, MsgFlags);
         field_write!(out, self.key, bytes16);
         field_write!(out, self.value, bytes32);
         if let Some(origin) = &self.origin {
@@ -587,7 +595,7 @@ impl<'a> Message<'a> for Msg<'a> {
         field_push!(f, ownership_epoch, self.ownership_epoch, u64);
         field_push!(f, producer_id, self.producer_id, u64);
         field_push!(f, producer_seq, self.producer_seq, u64);
-        field_push!(f, flags, self.flags, u16);
+        field_push!(f, flags, self.flags, MsgFlags);
         field_push!(f, key, self.key, bytes16);
         field_push!(f, value, self.value, bytes32);
         if let Some(o) = &self.origin {
@@ -597,6 +605,122 @@ impl<'a> Message<'a> for Msg<'a> {
             field_push!(f, attempts, o.attempts, u16);
             field_push!(f, reason, o.reason, u8);
         }
+    }
+}
+
+/// Names one delivery (one send of one record to one member): the fields MSG carries
+/// and ACK and NACK echo. The coordinator finds deliveries by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct DeliveryRef {
+    pub subscription_id: u16,
+    pub topic_id: u16,
+    pub partition: u16,
+    pub sequence: u64,
+    pub delivery_id: u64,
+    pub ownership_epoch: u64,
+}
+
+impl DeliveryRef {
+    /// The ACK that settles this delivery (with PROGRESS it only extends the deadline).
+    pub fn ack(&self, flags: AckFlags) -> Ack {
+        Ack {
+            subscription_id: self.subscription_id,
+            topic_id: self.topic_id,
+            partition: self.partition,
+            seq: self.sequence,
+            delivery_id: self.delivery_id,
+            ownership_epoch: self.ownership_epoch,
+            flags,
+        }
+    }
+
+    /// The NACK of this delivery.
+    pub fn nack(&self, reason: NackReason) -> Nack {
+        Nack {
+            subscription_id: self.subscription_id,
+            topic_id: self.topic_id,
+            partition: self.partition,
+            seq: self.sequence,
+            delivery_id: self.delivery_id,
+            ownership_epoch: self.ownership_epoch,
+            reason: reason.as_code(),
+            flags: 0,
+        }
+    }
+}
+
+impl Ack {
+    pub fn delivery_ref(&self) -> DeliveryRef {
+        DeliveryRef {
+            subscription_id: self.subscription_id,
+            topic_id: self.topic_id,
+            partition: self.partition,
+            sequence: self.seq,
+            delivery_id: self.delivery_id,
+            ownership_epoch: self.ownership_epoch,
+        }
+    }
+}
+
+impl Nack {
+    pub fn delivery_ref(&self) -> DeliveryRef {
+        DeliveryRef {
+            subscription_id: self.subscription_id,
+            topic_id: self.topic_id,
+            partition: self.partition,
+            sequence: self.seq,
+            delivery_id: self.delivery_id,
+            ownership_epoch: self.ownership_epoch,
+        }
+    }
+}
+
+impl<'a> Msg<'a> {
+    /// The MSG of `delivery`'s `attempt` for a record with these producer fields, key,
+    /// value and origin.
+    pub fn of(delivery: &DeliveryRef, attempt: u16, record: MsgRecord<'a>) -> Msg<'a> {
+        Msg {
+            subscription_id: delivery.subscription_id,
+            topic_id: delivery.topic_id,
+            partition: delivery.partition,
+            sequence: delivery.sequence,
+            delivery_id: delivery.delivery_id,
+            attempt,
+            ownership_epoch: delivery.ownership_epoch,
+            producer_id: record.producer_id,
+            producer_seq: record.producer_seq,
+            flags: MsgFlags::empty(),
+            key: record.key,
+            value: record.value,
+            origin: record.origin,
+        }
+    }
+
+    pub fn delivery_ref(&self) -> DeliveryRef {
+        DeliveryRef {
+            subscription_id: self.subscription_id,
+            topic_id: self.topic_id,
+            partition: self.partition,
+            sequence: self.sequence,
+            delivery_id: self.delivery_id,
+            ownership_epoch: self.ownership_epoch,
+        }
+    }
+}
+
+/// The record half of a MSG: what the log supplies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MsgRecord<'a> {
+    pub producer_id: u64,
+    pub producer_seq: u64,
+    pub key: &'a [u8],
+    pub value: &'a [u8],
+    pub origin: Option<Origin>,
+}
+
+impl Origin {
+    pub fn reason(&self) -> Option<OriginReason> {
+        OriginReason::from_code(self.reason)
     }
 }
 
@@ -655,7 +779,7 @@ ok_result! {
     DeclareResult for Declare, 5 {
         topic_id: u16,
         partition_count: u16,
-        /// 0 CREATED, 1 IDEMPOTENT_OK, 2 DELETED.
+        /// [`DeclareCreated`](super::vocab::DeclareCreated) code.
         created: u8,
     }
 }
@@ -664,12 +788,11 @@ ok_result! {
     /// OK result of PUB: 26 bytes.
     PubResult for Pub, 26 {
         sequence: u64,
-        /// 1 WRITTEN, 2 FSYNCED, 3 REPLICATED.
+        /// [`Durability`](super::vocab::Durability) code reached.
         durability: u8,
         leader_epoch: u64,
         commit_seq: u64,
-        /// bit0 deduplicated.
-        result_flags: u8,
+        result_flags: PubResultFlags,
     }
 }
 
@@ -881,7 +1004,7 @@ mod tests {
             ..Default::default()
         };
         let msg = Frame::Msg(Msg {
-            flags: MSG_FLAG_ORIGIN,
+            flags: MsgFlags::ORIGIN,
             value: b"v",
             origin: Some(origin),
             ..Default::default()
