@@ -11,6 +11,8 @@
 //! slot the reactor reserved for it.
 
 pub mod answer;
+mod config;
+mod counters;
 pub mod deliver;
 pub mod idhash;
 pub mod publish;
@@ -25,14 +27,16 @@ use idhash::IdMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::consume::{self, ConsumeConfig, Coordinator, GroupPosition};
+use crate::consume::{self, Coordinator, GroupPosition};
 use crate::fsync::{Completion, Job};
-use crate::log::{meta, AppendRecord, LogConfig, PartitionLog, StorageError};
+use crate::log::{meta, AppendRecord, PartitionLog, StorageError};
 use crate::wire::limits::{MAX_KEY_LEN_BYTES, MAX_VALUE_LEN_BYTES};
 use crate::wire::ops::{Declare, DeclareResult, Op, Pub, PubResult};
 use crate::wire::{DeclareCreated, DeclareFlags, Durability, ErrorCode, PubResultFlags};
 
 pub use answer::Answer;
+pub use config::BrokerConfig;
+pub use counters::{bucket_of, BrokerCounters, FSYNC_BATCH_BUCKETS, FSYNC_LATENCY_BUCKETS_US};
 use publish::{Idempotence, Partition, Waiter};
 use topics::{Registry, TopicPair, DLQ_SUFFIX};
 
@@ -63,21 +67,6 @@ pub struct ConnRef {
 pub struct Now {
     pub mono_ms: u64,
     pub wall_ms: u64,
-}
-
-#[derive(Debug, Clone)]
-pub struct BrokerConfig {
-    pub data_dir: PathBuf,
-    /// What a PUB asking for the default durability waits for (`--durability`).
-    pub durability: Durability,
-    pub log: LogConfig,
-    pub max_partitions: u16,
-    pub producer_ttl_ms: u64,
-    /// Cap on the bytes of all segments (0 = none): above it PUB gets STORAGE_FULL.
-    pub max_data_bytes: u64,
-    pub consume: ConsumeConfig,
-    /// Committed positions are persisted at least this often (`--commit-interval`).
-    pub commit_interval_ms: u64,
 }
 
 /// Where the broker sends durable I/O: the fsync worker pool, or a fake in tests.
@@ -137,44 +126,6 @@ struct RegistryWaiter {
     slot: u64,
     version: u64,
     answer: Answer,
-}
-
-/// Upper bounds (µs) of the fsync latency histogram buckets; a last bucket is +Inf.
-pub const FSYNC_LATENCY_BUCKETS_US: [u64; 12] = [
-    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
-];
-/// Upper bounds of the records-per-fsync histogram buckets; a last bucket is +Inf.
-pub const FSYNC_BATCH_BUCKETS: [u64; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
-
-/// Index of the histogram bucket `value` falls in (the last index is +Inf).
-pub fn bucket_of(bounds: &[u64], value: u64) -> usize {
-    bounds
-        .iter()
-        .position(|&b| value <= b)
-        .unwrap_or(bounds.len())
-}
-
-/// Counters the broker keeps; the admin room reads copies of them.
-#[derive(Debug, Default, Clone)]
-pub struct BrokerCounters {
-    pub pubs: u64,
-    pub pubs_deduplicated: u64,
-    pub pubs_non_idempotent: u64,
-    pub records_appended: u64,
-    pub fsyncs: u64,
-    pub fsync_records: u64,
-    pub fsync_failures: u64,
-    pub fsync_micros_total: u64,
-    /// fdatasync latency histogram: counts per bucket of [`FSYNC_LATENCY_BUCKETS_US`].
-    pub fsync_latency: [u64; FSYNC_LATENCY_BUCKETS_US.len() + 1],
-    /// Records covered per fdatasync: counts per bucket of [`FSYNC_BATCH_BUCKETS`].
-    pub fsync_batch: [u64; FSYNC_BATCH_BUCKETS.len() + 1],
-    pub recovery_truncations: u64,
-    pub recovery_truncated_bytes: u64,
-    pub producers_expired: u64,
-    pub dead_letters_appended: u64,
-    /// Corrupt records met (start-up scans and reads).
-    pub corrupt_records_found: u64,
 }
 
 /// What start-up found, for the log and /stats.

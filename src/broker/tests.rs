@@ -9,7 +9,9 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use super::*;
+use crate::consume::ConsumeConfig;
 use crate::fsync::Completion;
+use crate::log::LogConfig;
 use crate::wire::ops::{Declare, Pub};
 use crate::wire::PubFlags;
 

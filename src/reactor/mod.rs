@@ -19,7 +19,10 @@
 //!
 //! Depends on every room below it: `wire`, `session`, `broker`, `fsync`.
 
+mod config;
 pub mod conn;
+
+pub use config::ReactorConfig;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -77,20 +80,6 @@ const EVENTS_CAPACITY: usize = 1024;
 
 const _: () = assert!(OUTPUT_LOW_WATER_BYTES < OUTPUT_HIGH_WATER_BYTES);
 const _: () = assert!(CONN_TOKEN_BASE > SIGNAL_TOKEN.0);
-
-pub struct ReactorConfig {
-    pub listen: SocketAddr,
-    pub max_connections: usize,
-    pub idle_timeout_ms: u64,
-    pub half_frame_timeout_ms: u64,
-    pub max_output_bytes: usize,
-    pub max_pending_requests: usize,
-    /// `--max-memory`: above this many bytes in connection buffers, PUB, SUB and PULL
-    /// get MEMORY_LIMIT (0x4004) and are not applied.
-    pub max_memory_bytes: usize,
-    /// `None`: every token is accepted.
-    pub tokens: Option<Vec<Vec<u8>>>,
-}
 
 /// Counters the reactor keeps (read by the admin room through snapshots).
 #[derive(Debug, Default, Clone)]
