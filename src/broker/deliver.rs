@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 
 use crate::consume::{self, Records};
-use crate::log::{meta, AppendRecord, PartitionLog};
+use crate::log::{meta, PartitionLog, RecordView};
 use crate::wire::ops::{begin_frame, encode_ok_empty, end_frame, Message, Msg, MsgRecord, Origin};
 use crate::wire::{ErrorCode, Frame, Op};
 
@@ -326,7 +326,8 @@ impl Broker {
         // Group names are at most 255 bytes (MAX_GROUP_LEN_BYTES): the length fits a u8.
         value.extend_from_slice(group);
         value.push(group.len() as u8);
-        let record = AppendRecord {
+        let record = RecordView {
+            sequence: 0,
             timestamp_ms: now.wall_ms,
             producer_id: dlq_producer_id(group),
             producer_seq: origin.origin_sequence,
@@ -336,6 +337,10 @@ impl Broker {
         };
         let Some(twin_part) = self.partitions.get_mut(&twin) else {
             return settle_now(self, "no twin");
+        };
+        let record = RecordView {
+            sequence: twin_part.log.next_sequence(),
+            ..record
         };
         match twin_part.log.append(&record) {
             Ok(twin_sequence) => {

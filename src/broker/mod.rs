@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 
 use crate::consume::{self, Coordinator, GroupPosition};
 use crate::fsync::{Completion, Job};
-use crate::log::{meta, AppendRecord, PartitionLog, StorageError};
+use crate::log::{meta, PartitionLog, RecordView, StorageError};
 use crate::wire::limits::{MAX_KEY_LEN_BYTES, MAX_VALUE_LEN_BYTES};
 use crate::wire::ops::{Declare, DeclareResult, Op, Pub, PubResult};
 use crate::wire::{DeclareCreated, DeclareFlags, Durability, ErrorCode, PubResultFlags};
@@ -680,7 +680,8 @@ impl Broker {
                 "the disk is behind: too many unsynced bytes".into(),
             );
         }
-        let record = AppendRecord {
+        let record = RecordView {
+            sequence: part.log.next_sequence(),
             timestamp_ms: now.wall_ms,
             producer_id: p.producer_id,
             producer_seq: p.producer_seq,

@@ -61,7 +61,6 @@ pub use segment::{
     INDEX_ENTRY_BYTES, SEGMENT_BYTES_MAX, SEGMENT_FORMAT_VERSION, SEGMENT_HEADER_BYTES,
 };
 
-use record::Decoded;
 use recovery::VerifyMode;
 use segment::{encode_header, Segment, Writer};
 use std::fs::{self, File, OpenOptions};
@@ -120,31 +119,6 @@ impl LogConfig {
             });
         }
         Ok(())
-    }
-}
-
-/// A record to append. The log assigns the sequence.
-#[derive(Debug, Clone, Copy)]
-pub struct AppendRecord<'a> {
-    pub timestamp_ms: u64,
-    pub producer_id: u64,
-    pub producer_seq: u64,
-    pub flags: u16,
-    pub key: &'a [u8],
-    pub value: &'a [u8],
-}
-
-impl<'a> From<Decoded<'a>> for RecordView<'a> {
-    fn from(d: Decoded<'a>) -> Self {
-        RecordView {
-            sequence: d.sequence,
-            timestamp_ms: d.timestamp_ms,
-            producer_id: d.producer_id,
-            producer_seq: d.producer_seq,
-            flags: d.flags,
-            key: d.key,
-            value: d.value,
-        }
     }
 }
 
@@ -274,7 +248,7 @@ fn decode_mapped<'m>(
     position: u64,
     sequence: u64,
     path: &Path,
-) -> Result<Decoded<'m>, StorageError> {
+) -> Result<(RecordView<'m>, usize), StorageError> {
     let tail = bytes.get(position as usize..).unwrap_or(&[]);
     record::decode(tail, Some(sequence)).map_err(|e| {
         log::error!(
@@ -441,8 +415,10 @@ impl PartitionLog {
     }
 
     /// Buffers one record and returns its sequence. Encodes into memory only; the record
-    /// is not readable and not on disk until [`flush`](Self::flush).
-    pub fn append(&mut self, rec: &AppendRecord<'_>) -> Result<u64, StorageError> {
+    /// is not readable and not on disk until [`flush`](Self::flush). The log assigns the
+    /// sequence: `rec.sequence` must be [`next_sequence`](Self::next_sequence) (checked in
+    /// debug builds; the log's own value is written either way).
+    pub fn append(&mut self, rec: &RecordView<'_>) -> Result<u64, StorageError> {
         self.check_poisoned()?;
         if rec.key.len() > RECORD_KEY_BYTES_MAX || rec.value.len() > RECORD_VALUE_BYTES_MAX {
             return Err(StorageError::RecordTooLarge {
@@ -451,19 +427,9 @@ impl PartitionLog {
             });
         }
         let sequence = self.next_sequence();
+        debug_assert_eq!(rec.sequence, sequence, "append out of sequence");
         let start = self.write_buf.len();
-        record::encode(
-            &mut self.write_buf,
-            &RecordView {
-                sequence,
-                timestamp_ms: rec.timestamp_ms,
-                producer_id: rec.producer_id,
-                producer_seq: rec.producer_seq,
-                flags: rec.flags,
-                key: rec.key,
-                value: rec.value,
-            },
-        );
+        record::encode(&mut self.write_buf, &RecordView { sequence, ..*rec });
         let len = (self.write_buf.len() - start) as u32;
         self.pending.push(PendingRecord {
             len,
@@ -783,13 +749,13 @@ impl PartitionLog {
             // The index finds the first record; the rest follow by length, so a read
             // touches the index once per segment.
             while sequence < seg_end && out.records < max_records {
-                let d = decode_mapped(bytes, position, sequence, &seg.log_path)?;
+                let (d, total_len) = decode_mapped(bytes, position, sequence, &seg.log_path)?;
                 let payload = d.key.len() + d.value.len();
                 if out.records > 0 && out.bytes + payload > max_bytes {
                     break 'segments;
                 }
-                position += d.total_len as u64;
-                f(d.into());
+                position += total_len as u64;
+                f(d);
                 out.records += 1;
                 out.bytes += payload;
                 sequence += 1;
@@ -810,7 +776,7 @@ impl PartitionLog {
         let position = index_position(seg, sequence)?;
         let bytes = seg.log_map.as_deref().unwrap_or(&[]);
         Ok(Some(
-            decode_mapped(bytes, position, sequence, &seg.log_path)?.into(),
+            decode_mapped(bytes, position, sequence, &seg.log_path)?.0,
         ))
     }
 

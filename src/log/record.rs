@@ -54,8 +54,8 @@ pub const RECORD_LENGTH_FIELD_MIN: usize = RECORD_OVERHEAD_BYTES - RECORD_LENGTH
 const _: () = assert!(RECORD_HEADER_BYTES == 4 + 4 + 8 * 4 + 2 + 2);
 const _: () = assert!(RECORD_BYTES_MAX <= u32::MAX as usize);
 
-/// One record's fields: what [`encode`] writes, and what reads hand out (then `key` and
-/// `value` borrow from the segment's memory map).
+/// One record's fields: what appends take and [`encode`] writes, and what reads hand out
+/// (then `key` and `value` borrow from the segment's memory map).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecordView<'a> {
     pub sequence: u64,
@@ -94,20 +94,6 @@ pub fn encode(buf: &mut Vec<u8>, f: &RecordView<'_>) {
     let crc_at = start + RECORD_LENGTH_BYTES;
     let crc = crc32fast::hash(&buf[crc_at + RECORD_CRC_BYTES..]);
     buf[crc_at..crc_at + RECORD_CRC_BYTES].copy_from_slice(&crc.to_be_bytes());
-}
-
-/// A decoded record borrowing its key and value from the bytes it was decoded from.
-#[derive(Debug, Clone, Copy)]
-pub struct Decoded<'a> {
-    pub sequence: u64,
-    pub timestamp_ms: u64,
-    pub producer_id: u64,
-    pub producer_seq: u64,
-    pub flags: u16,
-    pub key: &'a [u8],
-    pub value: &'a [u8],
-    /// Encoded size, i.e. where the next record starts relative to this one.
-    pub total_len: usize,
 }
 
 /// Why bytes do not hold a good record. `Torn` means the bytes end before the record
@@ -165,8 +151,13 @@ pub fn total_len_from_prefix(prefix: [u8; RECORD_LENGTH_BYTES]) -> Result<usize,
 }
 
 /// Decodes the record at the start of `bytes` (which may continue past it) and checks its
-/// length, CRC, inner lengths and, when given, its sequence. Never panics on any input.
-pub fn decode(bytes: &[u8], expected_sequence: Option<u64>) -> Result<Decoded<'_>, DecodeError> {
+/// length, CRC, inner lengths and, when given, its sequence. Returns the record, its key
+/// and value borrowed from `bytes`, and its encoded size (where the next record starts).
+/// Never panics on any input.
+pub fn decode(
+    bytes: &[u8],
+    expected_sequence: Option<u64>,
+) -> Result<(RecordView<'_>, usize), DecodeError> {
     if bytes.len() < RECORD_LENGTH_BYTES {
         return Err(DecodeError::Torn {
             needed: RECORD_LENGTH_BYTES,
@@ -210,7 +201,7 @@ pub fn decode(bytes: &[u8], expected_sequence: Option<u64>) -> Result<Decoded<'_
             )));
         }
     }
-    Ok(Decoded {
+    let view = RecordView {
         sequence,
         timestamp_ms: be_u64(rec, 16),
         producer_id: be_u64(rec, 24),
@@ -218,8 +209,8 @@ pub fn decode(bytes: &[u8], expected_sequence: Option<u64>) -> Result<Decoded<'_
         flags: be_u16(rec, 40),
         key: &rec[RECORD_HEADER_BYTES..value_len_at],
         value: &rec[value_len_at + 4..],
-        total_len: total,
-    })
+    };
+    Ok((view, total))
 }
 
 #[cfg(test)]
@@ -261,9 +252,9 @@ mod tests {
     fn round_trip_and_every_truncation_and_flip() {
         let mut buf = Vec::new();
         sample(&mut buf, b"key", b"value");
-        let d = decode(&buf, Some(7)).unwrap();
+        let (d, total_len) = decode(&buf, Some(7)).unwrap();
         assert_eq!(
-            (d.key, d.value, d.total_len),
+            (d.key, d.value, total_len),
             (&b"key"[..], &b"value"[..], buf.len())
         );
         assert!(decode(&buf, Some(8)).is_err());

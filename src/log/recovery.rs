@@ -177,7 +177,7 @@ pub(crate) fn scan_records(
             .read_exact(&mut buf[RECORD_LENGTH_BYTES..])
             .map_err(|e| io_err(path, Some(pos), e))?;
         match record::decode(&buf, Some(first_sequence + end.records)) {
-            Ok(d) => {
+            Ok((d, _)) => {
                 visit(pos);
                 end.last_timestamp_ms = Some(d.timestamp_ms);
                 end.end_pos = pos + total as u64;

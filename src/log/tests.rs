@@ -25,7 +25,8 @@ fn value_for(sequence: u64) -> Vec<u8> {
 }
 
 fn append_value(log: &mut PartitionLog, ts: u64, value: &[u8]) -> u64 {
-    let rec = AppendRecord {
+    let rec = RecordView {
+        sequence: log.next_sequence(),
         timestamp_ms: ts,
         producer_id: 42,
         producer_seq: ts,
@@ -578,7 +579,8 @@ fn sync_jobs_cover_written_files_and_failures_poison() {
     let _job = log.take_sync_job().unwrap();
     log.sync_failed(&io::Error::from_raw_os_error(EIO));
     assert!(log.is_poisoned());
-    let rec = AppendRecord {
+    let rec = RecordView {
+        sequence: 0,
         timestamp_ms: 0,
         producer_id: 0,
         producer_seq: 0,
@@ -656,7 +658,8 @@ fn scan_headers_walks_every_record_from_a_start() {
     let tmp = TempDir::new().unwrap();
     let (mut log, _) = open(tmp.path(), cfg(500));
     for s in 1..=2500u64 {
-        let rec = AppendRecord {
+        let rec = RecordView {
+            sequence: s,
             timestamp_ms: s,
             producer_id: s % 3,
             producer_seq: s / 3,
@@ -688,7 +691,8 @@ fn oversized_records_and_bad_config_are_refused() {
     assert!(PartitionLog::open(tmp.path(), cfg(SEGMENT_BYTES_MAX + 1)).is_err());
     let (mut log, _) = open(tmp.path(), cfg(1024));
     let key = vec![0u8; RECORD_KEY_BYTES_MAX + 1];
-    let rec = AppendRecord {
+    let rec = RecordView {
+        sequence: 0,
         timestamp_ms: 0,
         producer_id: 0,
         producer_seq: 0,
