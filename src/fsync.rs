@@ -4,9 +4,10 @@
 //! segments, or an atomic metadata write) to one of `--fsync-threads` workers; the
 //! worker runs it and sends a [`Completion`] back on a channel, then calls the wake
 //! callback (the reactor passes a `mio::Waker`; this room does not depend on mio).
-//! Group commit is the caller's business: the broker keeps at most one sync in
-//! flight per partition, so every PUB that arrives while one runs is covered by the
-//! next.
+//! Jobs are data (after Redis's `bio.c`): the caller's own enum, implementing [`Job`],
+//! that comes back whole in its completion, so nothing is looked up by id.
+//! Group commit is the caller's business: the broker keeps few syncs in flight per
+//! partition, so every PUB that arrives while one runs is covered by the next.
 //!
 //! Depends on nothing else in the crate.
 
@@ -16,41 +17,49 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Work for a worker: must be self-contained (own its files and bytes).
-pub type Job = Box<dyn FnOnce() -> io::Result<()> + Send>;
+/// Work for a worker: self-contained (it owns its files and bytes) and returned whole in
+/// its [`Completion`].
+pub trait Job: Send + 'static {
+    fn run(&mut self) -> io::Result<()>;
+}
 
-/// The result of one job, matched to its submitter by `id`.
+/// One finished job, given back with its result.
 #[derive(Debug)]
-pub struct Completion {
-    pub id: u64,
+pub struct Completion<J> {
+    pub job: J,
     pub result: io::Result<()>,
     /// Wall time the job took on the worker (fsync latency).
     pub elapsed: Duration,
 }
 
-pub struct FsyncPool {
-    jobs: Sender<Option<(u64, Job)>>,
-    done: Receiver<Completion>,
+pub struct FsyncPool<J: Job> {
+    jobs: Sender<Option<J>>,
+    done: Receiver<Completion<J>>,
     workers: Vec<JoinHandle<()>>,
 }
 
 /// A cloneable handle that submits jobs to the pool (held by the broker).
-#[derive(Clone)]
-pub struct Submitter(Sender<Option<(u64, Job)>>);
+pub struct Submitter<J>(Sender<Option<J>>);
 
-impl Submitter {
-    pub fn submit(&self, id: u64, job: Job) {
+impl<J> Clone for Submitter<J> {
+    fn clone(&self) -> Self {
+        Submitter(self.0.clone())
+    }
+}
+
+impl<J: Job> Submitter<J> {
+    pub fn submit(&self, job: J) {
         // Send fails only once the pool has shut down; the job's waiters are then
         // answered by the final synchronous sync at shutdown.
-        if self.0.send(Some((id, job))).is_err() {
-            log::error!("fsync pool is shut down; job {id} dropped");
+        if self.0.send(Some(job)).is_err() {
+            log::error!("fsync pool is shut down; a job was dropped");
         }
     }
 }
 
-impl FsyncPool {
-    pub fn new(threads: usize, wake: Arc<dyn Fn() + Send + Sync>) -> io::Result<FsyncPool> {
-        let (jobs_tx, jobs_rx) = mpsc::channel::<Option<(u64, Job)>>();
+impl<J: Job> FsyncPool<J> {
+    pub fn new(threads: usize, wake: Arc<dyn Fn() + Send + Sync>) -> io::Result<FsyncPool<J>> {
+        let (jobs_tx, jobs_rx) = mpsc::channel::<Option<J>>();
         let (done_tx, done_rx) = mpsc::channel();
         let jobs_rx = Arc::new(Mutex::new(jobs_rx));
         let mut workers = Vec::with_capacity(threads);
@@ -70,21 +79,21 @@ impl FsyncPool {
         })
     }
 
-    pub fn submitter(&self) -> Submitter {
+    pub fn submitter(&self) -> Submitter<J> {
         Submitter(self.jobs.clone())
     }
 
-    pub fn submit(&self, id: u64, job: Job) {
-        self.submitter().submit(id, job)
+    pub fn submit(&self, job: J) {
+        self.submitter().submit(job)
     }
 
     /// Moves every finished job's completion into `out` without blocking.
-    pub fn drain_completions(&self, out: &mut Vec<Completion>) {
+    pub fn drain_completions(&self, out: &mut Vec<Completion<J>>) {
         out.extend(self.done.try_iter());
     }
 
     /// Waits for every submitted job to finish, then stops the workers.
-    pub fn shutdown(mut self) -> Vec<Completion> {
+    pub fn shutdown(mut self) -> Vec<Completion<J>> {
         // One stop marker per worker, queued behind every job already submitted;
         // submitters may still hold the channel, so closing it would not stop them.
         for _ in 0..self.workers.len() {
@@ -97,9 +106,9 @@ impl FsyncPool {
     }
 }
 
-fn worker_loop(
-    jobs: &Mutex<Receiver<Option<(u64, Job)>>>,
-    done: &Sender<Completion>,
+fn worker_loop<J: Job>(
+    jobs: &Mutex<Receiver<Option<J>>>,
+    done: &Sender<Completion<J>>,
     wake: &dyn Fn(),
 ) {
     loop {
@@ -108,11 +117,11 @@ fn worker_loop(
             Ok(rx) => rx.recv(),
             Err(_) => return,
         };
-        let Ok(Some((id, job))) = next else { return };
+        let Ok(Some(mut job)) = next else { return };
         let started = Instant::now();
-        let result = job();
+        let result = job.run();
         let completion = Completion {
-            id,
+            job,
             result,
             elapsed: started.elapsed(),
         };
@@ -128,6 +137,18 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    struct Numbered(u64);
+
+    impl Job for Numbered {
+        fn run(&mut self) -> io::Result<()> {
+            if self.0 == 3 {
+                Err(io::Error::other("boom"))
+            } else {
+                Ok(())
+            }
+        }
+    }
+
     #[test]
     fn jobs_complete_and_wake_the_submitter() {
         let wakes = Arc::new(AtomicUsize::new(0));
@@ -140,16 +161,7 @@ mod tests {
         )
         .unwrap();
         for id in 0..10 {
-            pool.submit(
-                id,
-                Box::new(move || {
-                    if id == 3 {
-                        Err(io::Error::other("boom"))
-                    } else {
-                        Ok(())
-                    }
-                }),
-            );
+            pool.submit(Numbered(id));
         }
         let done = pool.shutdown();
         assert_eq!(done.len(), 10);
@@ -157,7 +169,7 @@ mod tests {
         let failed: Vec<u64> = done
             .iter()
             .filter(|c| c.result.is_err())
-            .map(|c| c.id)
+            .map(|c| c.job.0)
             .collect();
         assert_eq!(failed, vec![3]);
     }

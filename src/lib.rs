@@ -6,12 +6,12 @@
 //!
 //! | room | what it is for | may depend on |
 //! |---|---|---|
-//! | [`wire`] | frames, the 15 ops, limits, the 51-code registry (sans-IO) | nothing |
+//! | [`wire`] | frames, ops, requests, responses, every protocol value, limits, codes | nothing |
 //! | [`log`] | segments, index, recovery, retention, atomic metadata files | nothing (files only) |
 //! | [`fsync`] | the worker pool that runs durable I/O off the reactor thread | nothing |
 //! | [`consume`] | consumer groups, credit, delivery, redelivery: a pure state machine | `wire` |
-//! | [`broker`] | topics, durable publish; drives `consume` over `log` | those four |
-//! | [`session`] | CONNECT gate, response slots in request order | `wire`, `broker` |
+//! | [`broker`] | registry, publish path, consume driver; blocking I/O as jobs | those four |
+//! | [`session`] | CONNECT, the one dispatch, response slots in order | `wire`, `broker` |
 //! | [`reactor`] | the mio loop: sockets, buffers, timers, backpressure | all above |
 //! | [`admin`] | tiny_http thread rendering reactor snapshots | `broker`, `consume` |
 //! | [`config`] | getopts flags, durations and sizes with units | nothing |

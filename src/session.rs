@@ -1,38 +1,56 @@
-//! Per-connection protocol state: the CONNECT gate and the response slots.
+//! Per-connection protocol state: the CONNECT gate, the one dispatch of requests, and
+//! the response slots.
 //!
-//! A client may pipeline; every request gets exactly one answer, in request order
-//! (semantics §1). An answer that is ready while nothing older waits is encoded
-//! straight into the output buffer; otherwise it takes a slot in [`Slots`] and goes out
-//! when every older slot has been answered. Pushes (MSG, NOTICE) never take a slot.
+//! A frame is admitted by the check order of `man/mortarmq.7` (before CONNECT only
+//! CONNECT, PING and ERR; reserved ops; server-only ops; the payload), decoded into a
+//! [`Request`], and [`dispatch`]ed: one `match`, each arm one handler.
 //!
-//! Depends on `wire` and on `broker::Answer` (what an answer is before it is bytes).
+//! A client may pipeline; every request gets exactly one response, in request order. A
+//! response that is ready while nothing older waits is encoded straight into the output
+//! buffer; otherwise it takes a slot in [`Slots`] and goes out when every older slot has
+//! been answered. Pushes (MSG, NOTICE) never take a slot.
+//!
+//! Depends on `wire` and on `broker` (the handlers the dispatch calls).
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 
-use crate::broker::Answer;
+use crate::broker::{Broker, ConnRef, Handled, Now};
 use crate::wire::frame::{classify_op, OpClass};
-use crate::wire::limits::{MAX_FRAME_LEN_BYTES, PREAUTH_FRAME_LEN_MAX_BYTES};
-use crate::wire::ops::Op;
-use crate::wire::ErrorCode;
+use crate::wire::limits::{MAX_FRAME_LEN_BYTES, PREAUTH_FRAME_LEN_MAX_BYTES, WIRE_VERSION};
+use crate::wire::ops::{Connect, ErrFrame};
+use crate::wire::{ErrorCode, NotARequest, Op, Request, Response};
 
-/// What to do with a complete frame, by the check order of semantics §1 (length and
-/// op 0x00/0xFF were already checked by the splitter).
+/// What to do with a complete frame (length and op 0x00/0xFF were already checked by
+/// the splitter).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Admit {
-    /// Decode and handle it.
-    Handle(Op),
+pub enum Admit<'a> {
+    /// Dispatch it.
+    Request(Request<'a>),
     /// A client's ERR: log it, never answer it.
-    Ignore,
+    Ignore(ErrFrame<'a>),
     /// Answer with this error (keep or close per the registry's After column).
-    Refuse(ErrorCode, &'static str),
+    Refuse(ErrorCode, String),
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Session {
-    pub connected: bool,
+    pub peer: SocketAddr,
+    connected: bool,
 }
 
 impl Session {
+    pub fn new(peer: SocketAddr) -> Session {
+        Session {
+            peer,
+            connected: false,
+        }
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.connected
+    }
+
     /// The cap on `length` in force: small until CONNECT succeeds.
     pub fn frame_len_max(&self) -> u32 {
         if self.connected {
@@ -42,21 +60,106 @@ impl Session {
         }
     }
 
-    pub fn admit(&self, op_byte: u8) -> Admit {
+    pub fn admit<'a>(&self, op_byte: u8, payload: &'a [u8]) -> Admit<'a> {
+        let refuse = |code, why: &str| Admit::Refuse(code, why.to_string());
         let class = classify_op(op_byte);
         if !self.connected && !matches!(class, OpClass::Known(Op::Connect | Op::Ping | Op::Err)) {
-            return Admit::Refuse(ErrorCode::NotConnected, "send CONNECT first");
+            return refuse(ErrorCode::NotConnected, "send CONNECT first");
         }
-        match class {
-            OpClass::Illegal => Admit::Refuse(ErrorCode::IllegalOp, "op 0x00 and 0xFF are illegal"),
-            OpClass::Reserved => Admit::Refuse(ErrorCode::UnknownOp, "op is reserved in wire v1"),
-            OpClass::Known(op) if op.is_server_only() => Admit::Refuse(
+        let op = match class {
+            OpClass::Illegal => {
+                return refuse(ErrorCode::IllegalOp, "op 0x00 and 0xFF are illegal")
+            }
+            OpClass::Reserved => return refuse(ErrorCode::UnknownOp, "op is reserved in wire v1"),
+            OpClass::Known(op) => op,
+        };
+        match Request::decode(op, payload) {
+            Ok(request) => Admit::Request(request),
+            Err(NotARequest::ClientErr(err)) => Admit::Ignore(err),
+            Err(NotARequest::ServerOnly(_)) => refuse(
                 ErrorCode::UnexpectedOp,
                 "OK, MSG and NOTICE are sent by the server only",
             ),
-            OpClass::Known(Op::Err) => Admit::Ignore,
-            OpClass::Known(op) => Admit::Handle(op),
+            Err(NotARequest::Malformed(e)) => {
+                Admit::Refuse(ErrorCode::MalformedPayload, e.to_string())
+            }
         }
+    }
+
+    /// CONNECT: the protocol version, then the token (`None`: every token is accepted).
+    pub fn connect(
+        &mut self,
+        c: &Connect<'_>,
+        tokens: Option<&[Vec<u8>]>,
+        conn: ConnRef,
+    ) -> Response {
+        let op = Op::Connect as u8;
+        if self.connected {
+            return Response::err(
+                ErrorCode::AlreadyConnected,
+                op,
+                "this session is already connected",
+            );
+        }
+        if c.protocol_version != WIRE_VERSION {
+            return Response::err(
+                ErrorCode::UnsupportedVersion,
+                op,
+                format!(
+                    "protocol_version {} is not {WIRE_VERSION}",
+                    c.protocol_version
+                ),
+            );
+        }
+        if tokens.is_some_and(|tokens| !token_matches(tokens, c.token)) {
+            // The token itself is never logged.
+            log::warn!(
+                "conn {} from {}: token not accepted",
+                conn.serial,
+                self.peer
+            );
+            return Response::err(ErrorCode::AuthFailed, op, "token not accepted");
+        }
+        self.connected = true;
+        Response::ok(Op::Connect)
+    }
+}
+
+/// What a dispatched request needs besides itself.
+pub struct Call<'b> {
+    pub conn: ConnRef,
+    /// The slot its response takes if it has to wait.
+    pub slot: u64,
+    pub now: Now,
+    /// CONNECT tokens (`--token-file`); `None`: every token is accepted.
+    pub tokens: Option<&'b [Vec<u8>]>,
+}
+
+/// The one dispatch of client requests: each op to its handler.
+pub fn dispatch(
+    session: &mut Session,
+    broker: &mut Broker,
+    call: Call<'_>,
+    r: Request<'_>,
+) -> Handled {
+    let Call {
+        conn,
+        slot,
+        now,
+        tokens,
+    } = call;
+    match r {
+        Request::Connect(c) => Handled::Answer(session.connect(&c, tokens, conn)),
+        Request::Ping => Handled::Answer(Response::ok(Op::Ping)),
+        Request::Declare(d) => broker.declare(conn, slot, &d, now),
+        Request::Pub(p) => broker.publish(conn, slot, &p, now),
+        Request::Sub(s) => broker.subscribe(conn, &s, now),
+        Request::Ack(a) => broker.ack(conn, &a, now),
+        Request::Nack(n) => broker.nack(conn, &n, now),
+        Request::Pull(p) => broker.pull(conn, slot, &p, now),
+        Request::Heartbeat(h) => broker.heartbeat(conn, &h, now),
+        Request::ControlAck(c) => broker.control_ack(conn, &c, now),
+        Request::Credit(c) => broker.credit(conn, &c, now),
     }
 }
 
@@ -84,7 +187,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 enum Slot {
     Waiting,
-    Ready(Answer),
+    Ready(Response),
 }
 
 /// The response slots of one connection, oldest first. Slot ids count queued slots
@@ -111,11 +214,11 @@ impl Slots {
     }
 
     /// Answers the newest request now: straight to `out` unless an older one waits.
-    pub fn answer_now(&mut self, answer: Answer, out: &mut Vec<u8>) {
+    pub fn answer_now(&mut self, response: Response, out: &mut Vec<u8>) {
         if self.queue.is_empty() {
-            answer.encode(out);
+            response.encode(out);
         } else {
-            self.queue.push_back(Slot::Ready(answer));
+            self.queue.push_back(Slot::Ready(response));
         }
     }
 
@@ -127,17 +230,17 @@ impl Slots {
 
     /// Fills a waiting slot, then writes every answer that is now at the head.
     /// Returns false if the slot is unknown (already answered: a broker bug).
-    pub fn fill(&mut self, id: u64, answer: Answer, out: &mut Vec<u8>) -> bool {
+    pub fn fill(&mut self, id: u64, response: Response, out: &mut Vec<u8>) -> bool {
         let Some(index) = id.checked_sub(self.head_id) else {
             return false;
         };
         match self.queue.get_mut(index as usize) {
-            Some(slot @ Slot::Waiting) => *slot = Slot::Ready(answer),
+            Some(slot @ Slot::Waiting) => *slot = Slot::Ready(response),
             _ => return false,
         }
         while let Some(Slot::Ready(_)) = self.queue.front() {
-            if let Some(Slot::Ready(answer)) = self.queue.pop_front() {
-                answer.encode(out);
+            if let Some(Slot::Ready(response)) = self.queue.pop_front() {
+                response.encode(out);
             }
             self.head_id += 1;
         }
@@ -147,11 +250,19 @@ impl Slots {
         true
     }
 
-    /// Answers every waiting slot with `answer` (shutdown, close), in order.
-    pub fn fill_all(&mut self, answer: &Answer, out: &mut Vec<u8>) {
+    /// Answers every waiting slot with `response` (shutdown, close), in order.
+    pub fn fill_all(&mut self, response: &Response, out: &mut Vec<u8>) {
         for id in self.head_id..self.next_id() {
-            self.fill(id, answer.clone(), out);
+            self.fill(id, response.clone(), out);
         }
+    }
+
+    /// Slots are answered in order: the oldest is never one already answered.
+    pub fn check_invariants(&self) {
+        assert!(
+            !matches!(self.queue.front(), Some(Slot::Ready(_))),
+            "a ready response waits at the head of the slots"
+        );
     }
 }
 
@@ -163,11 +274,11 @@ const SLOTS_IDLE_CAPACITY_MAX: usize = 16;
 mod tests {
     use super::*;
 
-    fn ok(op: u8) -> Answer {
-        Answer::Ok { request_op: op }
+    fn ok(op: u8) -> Response {
+        Response::Ok { request_op: op }
     }
 
-    fn encoded(answers: &[Answer]) -> Vec<u8> {
+    fn encoded(answers: &[Response]) -> Vec<u8> {
         let mut out = Vec::new();
         for a in answers {
             a.encode(&mut out);
@@ -193,37 +304,91 @@ mod tests {
         assert_eq!(out, encoded(&[ok(2), ok(7), ok(3), ok(1)]));
     }
 
+    fn session() -> Session {
+        Session::new(SocketAddr::from(([127, 0, 0, 1], 1)))
+    }
+
+    const CONN: ConnRef = ConnRef { id: 0, serial: 1 };
+
+    fn connect_frame(version: u8, token: &[u8]) -> Connect<'_> {
+        Connect {
+            protocol_version: version,
+            token,
+            ..Connect::default()
+        }
+    }
+
     #[test]
     fn the_gate_follows_the_check_order() {
-        let fresh = Session::default();
-        assert_eq!(fresh.admit(0x07), Admit::Handle(Op::Ping));
-        assert_eq!(fresh.admit(0x01), Admit::Handle(Op::Connect));
-        assert_eq!(fresh.admit(0x08), Admit::Ignore);
+        let fresh = session();
+        let zeros = [0u8; 64];
+        assert_eq!(fresh.admit(0x07, &[]), Admit::Request(Request::Ping));
+        assert!(matches!(
+            fresh.admit(0x01, &zeros),
+            Admit::Request(Request::Connect(_))
+        ));
+        assert!(matches!(fresh.admit(0x08, &zeros), Admit::Ignore(_)));
         // Before CONNECT, even a reserved op is NOT_CONNECTED (checked first).
         assert!(matches!(
-            fresh.admit(0x10),
+            fresh.admit(0x10, &[]),
             Admit::Refuse(ErrorCode::NotConnected, _)
         ));
         assert!(matches!(
-            fresh.admit(0x03),
+            fresh.admit(0x03, &zeros),
             Admit::Refuse(ErrorCode::NotConnected, _)
         ));
-        let on = Session { connected: true };
+        let mut on = session();
+        assert_eq!(
+            on.connect(&connect_frame(1, b""), None, CONN),
+            Response::ok(Op::Connect)
+        );
         assert!(matches!(
-            on.admit(0x10),
+            on.admit(0x10, &[]),
             Admit::Refuse(ErrorCode::UnknownOp, _)
         ));
         assert!(matches!(
-            on.admit(0x09),
+            on.admit(0x09, &[]),
             Admit::Refuse(ErrorCode::UnexpectedOp, _)
         ));
         assert!(matches!(
-            on.admit(0x0A),
+            on.admit(0x0A, &[]),
             Admit::Refuse(ErrorCode::UnexpectedOp, _)
         ));
-        assert_eq!(on.admit(0x03), Admit::Handle(Op::Pub));
+        assert!(matches!(
+            on.admit(0x03, &[0, 1]),
+            Admit::Refuse(ErrorCode::MalformedPayload, _)
+        ));
+        assert!(matches!(
+            on.admit(0x03, &zeros),
+            Admit::Request(Request::Pub(_))
+        ));
         assert_eq!(fresh.frame_len_max(), PREAUTH_FRAME_LEN_MAX_BYTES);
         assert_eq!(on.frame_len_max(), MAX_FRAME_LEN_BYTES);
+    }
+
+    #[test]
+    fn connect_checks_version_then_token_once() {
+        let tokens = [b"s3cret".to_vec()];
+        let mut s = session();
+        let code = |r: Response| r.error_code();
+        assert_eq!(
+            code(s.connect(&connect_frame(2, b"s3cret"), Some(&tokens), CONN)),
+            Some(ErrorCode::UnsupportedVersion)
+        );
+        assert_eq!(
+            code(s.connect(&connect_frame(1, b"guess"), Some(&tokens), CONN)),
+            Some(ErrorCode::AuthFailed)
+        );
+        assert!(!s.is_connected());
+        assert_eq!(
+            code(s.connect(&connect_frame(1, b"s3cret"), Some(&tokens), CONN)),
+            None
+        );
+        assert!(s.is_connected());
+        assert_eq!(
+            code(s.connect(&connect_frame(1, b"s3cret"), Some(&tokens), CONN)),
+            Some(ErrorCode::AlreadyConnected)
+        );
     }
 
     #[test]

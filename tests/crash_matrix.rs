@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::mortard::Mortard;
 use common::rng::Rng;
-use mortarmq::broker::deliver::{dlq_producer_id, split_origin};
+use mortarmq::broker::dlq::{dlq_producer_id, split_origin};
 use mortarmq::client::{Client, ClientError, Push};
 use mortarmq::log::{LogConfig, PartitionLog};
 use mortarmq::wire::ops::*;

@@ -1,357 +1,644 @@
-//! One partition's publish state: its log, idempotent producers, and the PUBs waiting
-//! for the durability they asked for.
+//! The publish path: every partition's log and producers, PUB with the durability it
+//! asks for, and group commit.
+//!
+//! A PUB is appended to its partition's write buffer at once; at the end of the reactor
+//! pass each dirty partition is written with one write ([`Partitions::flush_dirty`]) and
+//! gets an fdatasync job ([`Partitions::take_sync_jobs`]) when fewer than
+//! [`SYNCS_IN_FLIGHT_PER_PARTITION_MAX`] run. Every PUB written before a sync job was
+//! taken is covered by it, so many records share one fdatasync. A PUB is answered when
+//! its record reached what it asked for (`docs/STORAGE.md`, `man/mortarmq.7` PUB).
 
-use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
 
-use crate::log::PartitionLog;
-use crate::wire::limits::DEDUP_WINDOW_SEQS;
-use crate::wire::Durability;
+use crate::log::{meta, LogConfig, PartitionLog, RecordView, StorageError};
+use crate::wire::limits::{MAX_KEY_LEN_BYTES, MAX_VALUE_LEN_BYTES};
+use crate::wire::ops::Pub;
+use crate::wire::{Durability, ErrorCode, Op, Response};
 
-use super::ConnRef;
+use super::counters::{bucket_of, BrokerCounters, FSYNC_BATCH_BUCKETS, FSYNC_LATENCY_BUCKETS_US};
+use super::idhash::IdMap;
+use super::jobs::DurableJob;
+use super::partition::{Partition, Waiter};
+use super::producers::{self, Idempotence, Producers};
+use super::topics::{partition_dir, TopicPair};
+use super::{ConnRef, Effect, Handled, Now, PartitionKey};
 
-/// A PUB whose answer waits for its record (or, for a duplicate, the original's).
-#[derive(Debug, Clone, Copy)]
-pub struct Waiter {
-    pub conn: ConnRef,
-    pub slot: u64,
-    pub sequence: u64,
-    pub need: Durability,
-    pub deduplicated: bool,
+/// fdatasyncs one partition may have running at once. Two, so that records arriving
+/// while one sync runs start their own at once instead of waiting for it (a pipelining
+/// client's burst often straddles two reactor passes). A sync covers everything written
+/// before it started, whichever finishes first, so completions may come in any order.
+pub const SYNCS_IN_FLIGHT_PER_PARTITION_MAX: u8 = 2;
+/// A partition with more written-but-unsynced bytes than this refuses PUBs with
+/// BACKPRESSURE until the disk catches up: a producer faster than the disk must not
+/// fill the page cache (and block the reactor in `write`).
+pub const UNSYNCED_BYTES_MAX: u64 = 64 * 1024 * 1024;
+
+/// What a publish-path operation failed with, before it becomes an ERR.
+fn storage_code(e: &StorageError) -> ErrorCode {
+    match e {
+        StorageError::NoSpace { .. } => ErrorCode::StorageFull,
+        _ => ErrorCode::InternalError,
+    }
 }
 
-/// What the idempotence check says about a PUB (semantics §2 PUB).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Idempotence {
-    /// Append it.
-    Fresh,
-    /// Seen: answer with the original record's sequence.
-    Duplicate { sequence: u64 },
-    /// Older than the window, or skipping ahead: 0x0012 with this text.
-    OutOfOrder { expected: u64, too_old: bool },
+fn fail(code: ErrorCode, message: String) -> Handled {
+    Handled::Answer(Response::err(code, Op::Pub as u8, message))
 }
 
-/// One producer's recent history on one partition.
-#[derive(Debug, Default)]
-pub struct Producer {
-    pub last_seq: u64,
-    /// (producer_seq, sequence) of its latest records, oldest first, at most
-    /// DEDUP_WINDOW_SEQS of them.
-    window: VecDeque<(u64, u64)>,
-    pub last_active_ms: u64,
+/// A finished [`DurableJob::SyncPartition`], as the publish path needs it.
+pub(super) struct SyncDone<'a> {
+    pub key: PartitionKey,
+    pub upto: u64,
+    pub records: u64,
+    pub bytes: u64,
+    pub result: &'a std::io::Result<()>,
+    pub elapsed: std::time::Duration,
 }
 
-#[derive(Default)]
-pub struct Producers {
-    by_id: HashMap<u64, Producer>,
+/// Every open partition, source and `.dlq` twin alike.
+pub struct Partitions {
+    map: IdMap<PartitionKey, Partition>,
+    /// Partitions with buffered records this pass, and partitions owed a sync job.
+    flush_list: Vec<PartitionKey>,
+    sync_list: Vec<PartitionKey>,
+    /// Bytes of every segment (kept current by flushes, recounted in housekeeping).
+    data_bytes: u64,
+    topics_dir: PathBuf,
+    log_config: LogConfig,
+    producer_ttl_ms: u64,
+    /// `--max-data-size` (0 = none).
+    max_data_bytes: u64,
+    leader_epoch: u64,
+    next_producer_snapshot_ms: u64,
+    /// Reused between passes: waiters answered in one go.
+    ready: Vec<Waiter>,
 }
 
-/// The producer-state snapshot file in each partition directory. Start-up loads it and
-/// scans only the records after the sequence it covers, so start-up time does not grow
-/// with the log. Written every [`PRODUCER_SNAPSHOT_INTERVAL_MS`] when it changed, and at
-/// clean shutdown:
-///
-/// ```text
-/// mortar-producers 1
-/// covered <sequence>
-/// p <producer_id> <last_active_wall_ms> <first_producer_seq> <sequence> <sequence> ...
-/// ```
-///
-/// (the window's producer_seqs are contiguous from `first_producer_seq`).
-pub const PRODUCERS_FILE: &str = "producers";
-/// How often changed producer snapshots are rewritten.
-pub const PRODUCER_SNAPSHOT_INTERVAL_MS: u64 = 60_000;
-const PRODUCERS_MAGIC: &str = "mortar-producers 1";
-
-impl Producers {
-    /// The snapshot text; `covered` is the last sequence the state includes.
-    pub fn encode(&self, covered: u64, mono_ms: u64, wall_ms: u64) -> Vec<u8> {
-        use std::fmt::Write;
-        let mut out = format!("{PRODUCERS_MAGIC}\ncovered {covered}\n");
-        let mut ids: Vec<_> = self.by_id.keys().copied().collect();
-        ids.sort_unstable();
-        for id in ids {
-            let p = &self.by_id[&id];
-            let Some(&(first, _)) = p.window.front() else {
-                continue;
-            };
-            let wall = wall_ms.saturating_sub(mono_ms.saturating_sub(p.last_active_ms));
-            let _ = write!(out, "p {id} {wall} {first}");
-            for &(_, sequence) in &p.window {
-                let _ = write!(out, " {sequence}");
-            }
-            out.push('\n');
+impl Partitions {
+    pub(super) fn new(topics_dir: PathBuf, config: &super::BrokerConfig, epoch: u64) -> Self {
+        Partitions {
+            map: IdMap::default(),
+            flush_list: Vec::new(),
+            sync_list: Vec::new(),
+            data_bytes: 0,
+            topics_dir,
+            log_config: config.log,
+            producer_ttl_ms: config.producer_ttl_ms,
+            max_data_bytes: config.max_data_bytes,
+            leader_epoch: epoch,
+            next_producer_snapshot_ms: producers::PRODUCER_SNAPSHOT_INTERVAL_MS,
+            ready: Vec::new(),
         }
-        out.into_bytes()
     }
 
-    /// Loads a snapshot, dropping producers idle past `ttl_ms`; returns the covered
-    /// sequence.
-    pub fn decode(
-        bytes: &[u8],
-        mono_ms: u64,
-        wall_ms: u64,
-        ttl_ms: u64,
-    ) -> Result<(Producers, u64), String> {
-        let text = std::str::from_utf8(bytes).map_err(|e| e.to_string())?;
-        let mut lines = text.lines();
-        if lines.next() != Some(PRODUCERS_MAGIC) {
-            return Err("unknown header".into());
-        }
-        let covered = lines
-            .next()
-            .and_then(|l| l.strip_prefix("covered "))
-            .and_then(|n| n.parse().ok())
-            .ok_or("no covered line")?;
-        let mut producers = Producers::default();
-        for line in lines {
-            let nums: Vec<u64> = line
-                .strip_prefix("p ")
-                .ok_or_else(|| format!("bad line: {line}"))?
-                .split(' ')
-                .map(|n| n.parse().map_err(|_| format!("bad line: {line}")))
-                .collect::<Result<_, _>>()?;
-            let [id, wall, first, sequences @ ..] = nums.as_slice() else {
-                return Err(format!("bad line: {line}"));
-            };
-            if wall_ms.saturating_sub(*wall) > ttl_ms {
-                continue;
-            }
-            let active_mono = mono_ms.saturating_sub(wall_ms.saturating_sub(*wall));
-            for (i, &sequence) in sequences.iter().enumerate() {
-                producers.record(*id, first + i as u64, sequence, active_mono);
-            }
-        }
-        Ok((producers, covered))
+    pub fn get(&self, key: PartitionKey) -> Option<&Partition> {
+        self.map.get(&key)
     }
 
-    pub fn check(&self, producer_id: u64, producer_seq: u64) -> Idempotence {
-        let Some(p) = self.by_id.get(&producer_id) else {
-            return Idempotence::Fresh;
+    pub(super) fn get_mut(&mut self, key: PartitionKey) -> Option<&mut Partition> {
+        self.map.get_mut(&key)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Partition> {
+        self.map.values()
+    }
+
+    pub(super) fn keys(&self) -> impl Iterator<Item = PartitionKey> + '_ {
+        self.map.keys().copied()
+    }
+
+    /// Opens (creating if needed) one partition's directory, recovers its log and
+    /// rebuilds its producers: from the snapshot, then the records after it.
+    pub(super) fn open(
+        &mut self,
+        key: PartitionKey,
+        name: &str,
+        now: Now,
+        counters: &mut BrokerCounters,
+    ) -> Result<(), StorageError> {
+        let dir = partition_dir(&self.topics_dir, key.0, name, key.1);
+        let (mut log, recovery) = PartitionLog::open(&dir, self.log_config)?;
+        if recovery.truncated_bytes > 0 {
+            log::warn!(
+                "recovery truncated {} bytes of topic {} partition {} at {:?}",
+                recovery.truncated_bytes,
+                key.0,
+                key.1,
+                recovery.truncated_at
+            );
+            counters.recovery_truncations += 1;
+            counters.recovery_truncated_bytes += recovery.truncated_bytes;
+        }
+        let (producers, covered) = self.rebuild_producers(key, &dir, &mut log, now, counters);
+        self.data_bytes += log.stats().bytes;
+        let mut partition = Partition::new(key.0, key.1, log);
+        partition.producers = producers;
+        partition.producers_snapshot_covered = covered;
+        self.map.insert(key, partition);
+        Ok(())
+    }
+
+    /// The producer state of a partition at start; returns it and the last sequence the
+    /// snapshot on disk covers.
+    fn rebuild_producers(
+        &self,
+        key: PartitionKey,
+        dir: &Path,
+        log: &mut PartitionLog,
+        now: Now,
+        counters: &mut BrokerCounters,
+    ) -> (Producers, u64) {
+        let ttl_ms = self.producer_ttl_ms;
+        let written = log.written_sequence();
+        let snapshot = meta::read_checked(&dir.join(producers::PRODUCERS_FILE))
+            .ok()
+            .flatten()
+            .and_then(|bytes| {
+                Producers::decode(&bytes, now.mono_ms, now.wall_ms, ttl_ms)
+                    .map_err(|e| log::warn!("{}: producer snapshot ignored: {e}", dir.display()))
+                    .ok()
+            });
+        let (mut producers, first) = match snapshot {
+            Some((mut producers, covered)) => {
+                // The log may have lost an unsynced tail the snapshot saw (power loss).
+                producers.roll_back_above(written);
+                (producers, covered.min(written) + 1)
+            }
+            None => (Producers::default(), log.first_sequence()),
         };
-        if producer_seq == p.last_seq + 1 {
-            return Idempotence::Fresh;
-        }
-        if producer_seq > p.last_seq {
-            return Idempotence::OutOfOrder {
-                expected: p.last_seq + 1,
-                too_old: false,
-            };
-        }
-        let oldest_remembered = p.window.front().map_or(p.last_seq, |&(s, _)| s);
-        if p.last_seq - producer_seq < DEDUP_WINDOW_SEQS && producer_seq >= oldest_remembered {
-            // The window is contiguous in producer_seq, so the offset finds the entry.
-            let (seen, sequence) = p.window[(producer_seq - oldest_remembered) as usize];
-            debug_assert_eq!(seen, producer_seq);
-            return Idempotence::Duplicate { sequence };
-        }
-        Idempotence::OutOfOrder {
-            expected: p.last_seq + 1,
-            too_old: true,
-        }
-    }
-
-    pub fn record(&mut self, producer_id: u64, producer_seq: u64, sequence: u64, now_ms: u64) {
-        let p = self.by_id.entry(producer_id).or_default();
-        if p.window.back().is_some_and(|&(s, _)| s + 1 != producer_seq) {
-            // A producer restarting at a new seq (after expiry) starts a new window.
-            p.window.clear();
-        }
-        p.last_seq = producer_seq;
-        p.window.push_back((producer_seq, sequence));
-        if p.window.len() as u64 > DEDUP_WINDOW_SEQS {
-            p.window.pop_front();
-        }
-        p.last_active_ms = now_ms;
-    }
-
-    /// Forgets records above `written` (a flush that failed never happened).
-    pub fn roll_back_above(&mut self, written: u64) {
-        self.by_id.retain(|_, p| {
-            while p.window.back().is_some_and(|&(_, seq)| seq > written) {
-                p.window.pop_back();
-            }
-            match p.window.back() {
-                Some(&(s, _)) => {
-                    p.last_seq = s;
-                    true
-                }
-                None => false,
+        let first = first.max(log.first_sequence());
+        let scanned = log.scan_headers(first, |sequence, timestamp_ms, producer_id, seq| {
+            if producer_id != 0 && now.wall_ms.saturating_sub(timestamp_ms) <= ttl_ms {
+                // Idleness is measured on the monotonic clock from start-up on.
+                producers.record(producer_id, seq, sequence, now.mono_ms);
             }
         });
-    }
-
-    /// Drops producers idle for longer than `ttl_ms` (`--producer-ttl`).
-    pub fn expire(&mut self, now_ms: u64, ttl_ms: u64) -> usize {
-        let before = self.by_id.len();
-        self.by_id
-            .retain(|_, p| now_ms.saturating_sub(p.last_active_ms) <= ttl_ms);
-        before - self.by_id.len()
-    }
-
-    pub fn len(&self) -> usize {
-        self.by_id.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_id.is_empty()
-    }
-}
-
-pub struct Partition {
-    pub topic_id: u16,
-    pub index: u16,
-    pub log: PartitionLog,
-    pub producers: Producers,
-    pub waiters: Vec<Waiter>,
-    /// fdatasync jobs running now (at most SYNCS_IN_FLIGHT_PER_PARTITION_MAX).
-    pub syncs_in_flight: u8,
-    /// The `upto_sequence` of the latest sync job started.
-    pub sync_taken_sequence: u64,
-    /// Last sequence the producer snapshot on disk covers; one write at a time.
-    pub producers_snapshot_covered: u64,
-    pub producers_snapshot_in_flight: bool,
-    /// Bytes flushed to the segment since start, and of those covered by a completed
-    /// sync; the difference is what BACKPRESSURE watches.
-    pub flushed_bytes: u64,
-    pub synced_bytes: u64,
-    /// Queued in the broker's flush list this pass.
-    pub dirty: bool,
-}
-
-impl Partition {
-    pub fn new(topic_id: u16, index: u16, log: PartitionLog) -> Partition {
-        Partition {
-            sync_taken_sequence: log.synced_sequence(),
-            topic_id,
-            index,
-            log,
-            producers: Producers::default(),
-            waiters: Vec::new(),
-            syncs_in_flight: 0,
-            producers_snapshot_covered: 0,
-            producers_snapshot_in_flight: false,
-            flushed_bytes: 0,
-            synced_bytes: 0,
-            dirty: false,
+        if let Err(e) = scanned {
+            // A damaged record in a closed segment must not keep every topic down: the
+            // partition starts with the producer state found before it, reads of that
+            // record report the corruption, and the count shows in /stats.
+            log::error!(
+                "topic {} partition {}: producer state rebuild stopped: {e}",
+                key.0,
+                key.1
+            );
+            counters.corrupt_records_found += 1;
         }
+        (producers, first - 1)
     }
 
-    pub fn unsynced_bytes(&self) -> u64 {
-        self.flushed_bytes - self.synced_bytes
-    }
-
-    /// Whether a record at `sequence` has reached `need`.
-    pub fn reached(&self, sequence: u64, need: Durability) -> bool {
-        sequence <= self.reached_sequence(need)
-    }
-
-    /// The highest sequence that has reached `level` (a single node never replicates).
-    fn reached_sequence(&self, level: Durability) -> u64 {
-        match level {
-            Durability::Written => self.log.written_sequence(),
-            Durability::Fsynced => self.log.synced_sequence(),
-            Durability::Replicated => 0,
-        }
-    }
-
-    /// The level a record at `sequence` has reached now (for the PUB result).
-    pub fn level_of(&self, sequence: u64) -> Durability {
-        if sequence <= self.log.synced_sequence() {
-            Durability::Fsynced
-        } else {
-            Durability::Written
-        }
-    }
-
-    /// Removes and returns the waiters whose records reached what they asked for.
-    pub fn take_ready(&mut self, out: &mut Vec<Waiter>) {
-        let (written, synced) = (self.log.written_sequence(), self.log.synced_sequence());
-        self.waiters.retain(|w| {
-            let ready = w.sequence
-                <= match w.need {
-                    Durability::Written => written,
-                    Durability::Fsynced => synced,
-                    Durability::Replicated => 0,
+    /// Forgets a pair's partitions; PUBs still waiting on them are answered now.
+    pub(super) fn remove_pair(&mut self, pair: &TopicPair, effects: &mut Vec<Effect>) {
+        for topic_id in [pair.source_id(), pair.twin_id()] {
+            for index in 0..pair.partition_count {
+                let Some(p) = self.map.remove(&(topic_id, index)) else {
+                    continue;
                 };
-            if ready {
-                out.push(*w);
+                self.data_bytes = self.data_bytes.saturating_sub(p.log.stats().bytes);
+                for w in p.waiters {
+                    effects.push(Effect::Answer {
+                        conn: w.conn,
+                        slot: w.slot,
+                        response: Response::err(
+                            ErrorCode::UnknownTopic,
+                            Op::Pub as u8,
+                            "topic deleted",
+                        ),
+                    });
+                }
             }
-            !ready
+        }
+        let gone = |&(t, _): &PartitionKey| t != pair.source_id() && t != pair.twin_id();
+        self.flush_list.retain(gone);
+        self.sync_list.retain(gone);
+    }
+
+    /// PUB to a partition that exists (the caller checked the topic and the index):
+    /// limits, idempotence, storage caps, then the append. Answered now (an error or an
+    /// already-durable duplicate) or when the record reaches `need`.
+    pub(super) fn publish(
+        &mut self,
+        conn: ConnRef,
+        slot: u64,
+        p: &Pub<'_>,
+        need: Durability,
+        now: Now,
+        counters: &mut BrokerCounters,
+    ) -> Handled {
+        if let Some(refused) = refuse_fields(p) {
+            return refused;
+        }
+        let (data_bytes, max_data_bytes) = (self.data_bytes, self.max_data_bytes);
+        let key = (p.topic_id, p.partition);
+        let Some(part) = self.map.get_mut(&key) else {
+            return fail(ErrorCode::InternalError, "partition not open".into());
+        };
+        if part.log.is_poisoned() {
+            return fail(
+                ErrorCode::InternalError,
+                "a previous fsync of this partition failed; it refuses writes until a restart"
+                    .into(),
+            );
+        }
+        counters.pubs += 1;
+        let waiter = Waiter {
+            conn,
+            slot,
+            sequence: 0,
+            need,
+            deduplicated: false,
+        };
+        if p.producer_id == 0 {
+            counters.pubs_non_idempotent += 1;
+        } else {
+            match part.producers.check(p.producer_id, p.producer_seq) {
+                Idempotence::Fresh => {}
+                Idempotence::Duplicate { sequence } => {
+                    counters.pubs_deduplicated += 1;
+                    let waiter = Waiter {
+                        sequence,
+                        deduplicated: true,
+                        ..waiter
+                    };
+                    return answer_or_wait(part, waiter, self.leader_epoch);
+                }
+                Idempotence::OutOfOrder { expected, too_old } => {
+                    let why = if too_old {
+                        "older than the dedup window"
+                    } else {
+                        "skips ahead"
+                    };
+                    return fail(
+                        ErrorCode::SequenceOutOfOrder,
+                        format!("producer_seq {} {why}; expected {expected}", p.producer_seq),
+                    );
+                }
+            }
+        }
+        let record_bytes = (p.key.len() + p.value.len()) as u64;
+        if max_data_bytes > 0 && data_bytes + record_bytes > max_data_bytes {
+            return fail(
+                ErrorCode::StorageFull,
+                format!("data directory cap of {max_data_bytes} bytes reached"),
+            );
+        }
+        if part.unsynced_bytes() > UNSYNCED_BYTES_MAX {
+            return fail(
+                ErrorCode::Backpressure,
+                "the disk is behind: too many unsynced bytes".into(),
+            );
+        }
+        let record = RecordView {
+            sequence: part.log.next_sequence(),
+            timestamp_ms: now.wall_ms,
+            producer_id: p.producer_id,
+            producer_seq: p.producer_seq,
+            flags: 0,
+            key: p.key,
+            value: p.value,
+        };
+        let sequence = match self.append(key, &record) {
+            Ok(sequence) => sequence,
+            Err(e) => return fail(storage_code(&e), e.to_string()),
+        };
+        let part = self.map.get_mut(&key).expect("appended above");
+        if p.producer_id != 0 {
+            part.producers
+                .record(p.producer_id, p.producer_seq, sequence, now.mono_ms);
+        }
+        part.waiters.push(Waiter { sequence, ..waiter });
+        Handled::Wait
+    }
+
+    /// Buffers a record in a partition and queues the partition for this pass's flush.
+    pub(super) fn append(
+        &mut self,
+        key: PartitionKey,
+        record: &RecordView<'_>,
+    ) -> Result<u64, StorageError> {
+        let part = self
+            .map
+            .get_mut(&key)
+            .expect("the caller found the partition");
+        let sequence = part.log.append(record)?;
+        if !part.dirty {
+            part.dirty = true;
+            self.flush_list.push(key);
+        }
+        Ok(sequence)
+    }
+
+    /// Writes each dirty partition's buffered records with one write and answers the
+    /// PUBs that needed only WRITTEN. Calls `flushed` for every partition flushed, so the
+    /// caller can wake its consumers.
+    pub(super) fn flush_dirty(
+        &mut self,
+        effects: &mut Vec<Effect>,
+        counters: &mut BrokerCounters,
+        mut flushed: impl FnMut(PartitionKey),
+    ) {
+        let mut flush_list = std::mem::take(&mut self.flush_list);
+        for key in flush_list.drain(..) {
+            let Some(part) = self.map.get_mut(&key) else {
+                continue;
+            };
+            part.dirty = false;
+            let before = part.log.written_sequence();
+            let pending = part.log.pending_bytes() as u64;
+            match part.log.flush() {
+                Ok(()) => {
+                    counters.records_appended += part.log.written_sequence() - before;
+                    self.data_bytes += pending;
+                    part.flushed_bytes += pending;
+                    if part.syncs_in_flight < SYNCS_IN_FLIGHT_PER_PARTITION_MAX {
+                        self.sync_list.push(key);
+                    }
+                }
+                Err(e) => fail_unwritten(part, &e, effects),
+            }
+            self.answer_ready(key, effects);
+            flushed(key);
+        }
+        self.flush_list = flush_list;
+    }
+
+    /// Group commit: one fdatasync job for each partition owed one, unless it already
+    /// has [`SYNCS_IN_FLIGHT_PER_PARTITION_MAX`] running.
+    pub(super) fn take_sync_jobs(&mut self, out: &mut Vec<DurableJob>) {
+        for key in self.sync_list.drain(..) {
+            let Some(part) = self.map.get_mut(&key) else {
+                continue;
+            };
+            if part.syncs_in_flight >= SYNCS_IN_FLIGHT_PER_PARTITION_MAX {
+                continue;
+            }
+            let Some(sync) = part.log.take_sync_job() else {
+                continue;
+            };
+            part.syncs_in_flight += 1;
+            // Records and bytes this job adds to what the jobs before it cover.
+            let records = sync.upto_sequence.saturating_sub(part.sync_taken_sequence);
+            part.sync_taken_sequence = sync.upto_sequence;
+            out.push(DurableJob::SyncPartition {
+                key,
+                sync,
+                records,
+                bytes: part.flushed_bytes,
+            });
+        }
+    }
+
+    /// A partition's sync job finished on a worker.
+    pub(super) fn sync_done(
+        &mut self,
+        done: SyncDone<'_>,
+        effects: &mut Vec<Effect>,
+        counters: &mut BrokerCounters,
+    ) {
+        let SyncDone {
+            key,
+            upto,
+            records,
+            bytes,
+            result,
+            elapsed,
+        } = done;
+        let Some(part) = self.map.get_mut(&key) else {
+            return;
+        };
+        part.syncs_in_flight -= 1;
+        match result {
+            // An earlier sync failed: this one's success may hide lost pages (the kernel
+            // reports a writeback error once), so it acknowledges nothing.
+            Ok(()) if part.log.is_poisoned() => {}
+            Ok(()) => {
+                part.log.sync_done(upto);
+                part.synced_bytes = part.synced_bytes.max(bytes);
+                count_sync(counters, records, elapsed);
+                if part.log.written_sequence() > upto {
+                    self.sync_list.push(key);
+                }
+                self.answer_ready(key, effects);
+            }
+            Err(e) => {
+                counters.fsync_failures += 1;
+                fail_unsynced(part, e, self.leader_epoch, effects);
+            }
+        }
+    }
+
+    fn answer_ready(&mut self, key: PartitionKey, effects: &mut Vec<Effect>) {
+        let Some(part) = self.map.get_mut(&key) else {
+            return;
+        };
+        part.take_ready(&mut self.ready);
+        for w in self.ready.drain(..) {
+            effects.push(Effect::Answer {
+                conn: w.conn,
+                slot: w.slot,
+                response: part.pub_response(&w, self.leader_epoch),
+            });
+        }
+    }
+
+    /// Retention, producer expiry, the exact data size and changed producer snapshots
+    /// (about once a second).
+    pub(super) fn housekeeping(
+        &mut self,
+        now: Now,
+        counters: &mut BrokerCounters,
+        jobs: &mut Vec<DurableJob>,
+    ) {
+        // `data_bytes` follows every flush; this exact count (segment headers, retention)
+        // visits every partition, so it runs here and not on every pass.
+        self.data_bytes = self.map.values().map(|p| p.log.stats().bytes).sum();
+        for part in self.map.values_mut() {
+            match part.log.enforce_retention(now.wall_ms) {
+                Ok(report) if report.segments_deleted > 0 => log::info!(
+                    "retention deleted {} segments of topic {} partition {}",
+                    report.segments_deleted,
+                    part.topic_id,
+                    part.index
+                ),
+                Ok(_) => {}
+                Err(e) => log::warn!(
+                    "retention on topic {} partition {}: {e}",
+                    part.topic_id,
+                    part.index
+                ),
+            }
+            counters.producers_expired +=
+                part.producers.expire(now.mono_ms, self.producer_ttl_ms) as u64;
+        }
+        if now.mono_ms >= self.next_producer_snapshot_ms {
+            self.next_producer_snapshot_ms = now.mono_ms + producers::PRODUCER_SNAPSHOT_INTERVAL_MS;
+            for part in self.map.values_mut() {
+                jobs.extend(snapshot_job(part, now));
+            }
+        }
+    }
+
+    pub(super) fn snapshot_written(&mut self, key: PartitionKey, result: &std::io::Result<()>) {
+        if let Some(part) = self.map.get_mut(&key) {
+            part.producers_snapshot_in_flight = false;
+        }
+        if let Err(e) = result {
+            // Harmless: start-up then scans from the previous snapshot.
+            log::warn!(
+                "producer snapshot of topic {} partition {}: {e}",
+                key.0,
+                key.1
+            );
+        }
+    }
+
+    /// At shutdown, after the worker pool stopped: writes and syncs everything still
+    /// buffered on the calling thread and saves every producer snapshot.
+    pub(super) fn shutdown_sync(&mut self, now: Now, failed: &mut Vec<String>) {
+        for part in self.map.values_mut() {
+            if let Err(e) = part.log.flush() {
+                failed.push(e.to_string());
+                continue;
+            }
+            if let Some(job) = part.log.take_sync_job() {
+                match job.run() {
+                    Ok(()) => part.log.sync_done(job.upto_sequence),
+                    Err(e) => failed.push(e.to_string()),
+                }
+            }
+            let covered = part.log.written_sequence();
+            let bytes = part.producers.encode(covered, now.mono_ms, now.wall_ms);
+            let path = part.log.dir().join(producers::PRODUCERS_FILE);
+            if let Err(e) = meta::write_atomic(&path, &bytes) {
+                failed.push(format!("producer snapshot: {e}"));
+            }
+        }
+    }
+
+    pub(super) fn check_invariants(&self) {
+        for part in self.map.values() {
+            part.check_invariants(SYNCS_IN_FLIGHT_PER_PARTITION_MAX);
+        }
+        for key in &self.flush_list {
+            assert!(self.map[key].dirty, "flush list holds a clean partition");
+        }
+        assert_eq!(
+            self.flush_list.len(),
+            self.map.values().filter(|p| p.dirty).count(),
+            "every dirty partition is on the flush list once"
+        );
+    }
+}
+
+/// The PUB checks that need no partition state (`man/mortarmq.7`, PUB).
+fn refuse_fields(p: &Pub<'_>) -> Option<Handled> {
+    if p.key.len() > MAX_KEY_LEN_BYTES {
+        return Some(fail(
+            ErrorCode::KeyTooLarge,
+            format!("key_len {} > {MAX_KEY_LEN_BYTES}", p.key.len()),
+        ));
+    }
+    if p.value.len() > MAX_VALUE_LEN_BYTES as usize {
+        return Some(fail(
+            ErrorCode::ValueTooLarge,
+            format!("value_len {} > {MAX_VALUE_LEN_BYTES}", p.value.len()),
+        ));
+    }
+    if (p.producer_id == 0) != (p.producer_seq == 0) {
+        return Some(fail(
+            ErrorCode::InvalidProducer,
+            "producer_id and producer_seq must both be 0 or both be non-zero".into(),
+        ));
+    }
+    None
+}
+
+/// A duplicate PUB: answered now if its original already reached `need`, else it waits.
+fn answer_or_wait(part: &mut Partition, waiter: Waiter, leader_epoch: u64) -> Handled {
+    if part.reached(waiter.sequence, waiter.need) {
+        return Handled::Answer(part.pub_response(&waiter, leader_epoch));
+    }
+    part.waiters.push(waiter);
+    Handled::Wait
+}
+
+/// A flush failed: the records since the last flush were never written; their PUBs fail
+/// and their producers forget them.
+fn fail_unwritten(part: &mut Partition, e: &StorageError, effects: &mut Vec<Effect>) {
+    log::error!(
+        "append to topic {} partition {} failed: {e}",
+        part.topic_id,
+        part.index
+    );
+    let written = part.log.written_sequence();
+    part.producers.roll_back_above(written);
+    let code = storage_code(e);
+    let message = e.to_string();
+    part.waiters.retain(|w| {
+        if w.sequence <= written {
+            return true;
+        }
+        effects.push(Effect::Answer {
+            conn: w.conn,
+            slot: w.slot,
+            response: Response::err(code, Op::Pub as u8, message.clone()),
+        });
+        false
+    });
+}
+
+/// A sync failed. Sticky: what was not synced is never acknowledged, and the partition
+/// refuses writes until a restart re-verifies it.
+fn fail_unsynced(
+    part: &mut Partition,
+    e: &std::io::Error,
+    leader_epoch: u64,
+    effects: &mut Vec<Effect>,
+) {
+    log::error!(
+        "fdatasync of topic {} partition {} failed: {e}; partition is poisoned",
+        part.topic_id,
+        part.index
+    );
+    part.log.sync_failed(e);
+    for w in std::mem::take(&mut part.waiters) {
+        let response = if part.reached(w.sequence, w.need) {
+            part.pub_response(&w, leader_epoch)
+        } else {
+            Response::err(
+                ErrorCode::InternalError,
+                Op::Pub as u8,
+                format!("fdatasync failed: {e}"),
+            )
+        };
+        effects.push(Effect::Answer {
+            conn: w.conn,
+            slot: w.slot,
+            response,
         });
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+fn count_sync(counters: &mut BrokerCounters, records: u64, elapsed: std::time::Duration) {
+    let micros = elapsed.as_micros() as u64;
+    counters.fsyncs += 1;
+    counters.fsync_records += records;
+    counters.fsync_micros_total += micros;
+    counters.fsync_latency[bucket_of(&FSYNC_LATENCY_BUCKETS_US, micros)] += 1;
+    counters.fsync_batch[bucket_of(&FSYNC_BATCH_BUCKETS, records)] += 1;
+}
 
-    #[test]
-    fn producer_seq_must_be_last_plus_one() {
-        let mut p = Producers::default();
-        assert_eq!(p.check(9, 5), Idempotence::Fresh);
-        p.record(9, 5, 100, 0);
-        assert_eq!(p.check(9, 6), Idempotence::Fresh);
-        assert_eq!(p.check(9, 5), Idempotence::Duplicate { sequence: 100 });
-        assert_eq!(
-            p.check(9, 8),
-            Idempotence::OutOfOrder {
-                expected: 6,
-                too_old: false
-            }
-        );
+/// A write of a partition's producer snapshot, when it changed and none is in flight.
+fn snapshot_job(part: &mut Partition, now: Now) -> Option<DurableJob> {
+    let covered = part.log.next_sequence() - 1;
+    if part.producers_snapshot_in_flight || covered == part.producers_snapshot_covered {
+        return None;
     }
-
-    #[test]
-    fn duplicates_are_found_within_the_window_only() {
-        let mut p = Producers::default();
-        for s in 1..=2000u64 {
-            p.record(1, s, s + 10, 0);
-        }
-        assert_eq!(p.check(1, 2000), Idempotence::Duplicate { sequence: 2010 });
-        assert_eq!(
-            p.check(1, 2000 - 1023),
-            Idempotence::Duplicate { sequence: 987 }
-        );
-        assert_eq!(
-            p.check(1, 2000 - 1024),
-            Idempotence::OutOfOrder {
-                expected: 2001,
-                too_old: true
-            }
-        );
-    }
-
-    #[test]
-    fn snapshots_round_trip_and_drop_expired_producers() {
-        let mut p = Producers::default();
-        for s in 1..=5 {
-            p.record(7, s + 10, s, 1_000);
-        }
-        p.record(8, 1, 6, 0);
-        // At mono 1_000 / wall 50_000: producer 7 active just now, producer 8 1 s ago.
-        let bytes = p.encode(6, 1_000, 50_000);
-        let (back, covered) = Producers::decode(&bytes, 0, 50_000, 500).unwrap();
-        assert_eq!(covered, 6);
-        assert_eq!(back.check(7, 13), Idempotence::Duplicate { sequence: 3 });
-        assert_eq!(back.check(7, 16), Idempotence::Fresh);
-        assert_eq!(back.check(8, 1), Idempotence::Fresh, "expired by the ttl");
-        assert!(Producers::decode(b"junk", 0, 0, 1).is_err());
-    }
-
-    #[test]
-    fn roll_back_forgets_unwritten_records_and_ttl_expires() {
-        let mut p = Producers::default();
-        p.record(1, 1, 1, 0);
-        p.record(1, 2, 2, 0);
-        p.record(2, 1, 3, 50);
-        p.roll_back_above(2);
-        assert_eq!(p.check(1, 3), Idempotence::Fresh);
-        assert_eq!(
-            p.check(2, 1),
-            Idempotence::Fresh,
-            "producer 2 forgotten entirely"
-        );
-        assert_eq!(p.expire(1_000, 500), 1);
-        assert!(p.is_empty());
-    }
+    part.producers_snapshot_in_flight = true;
+    part.producers_snapshot_covered = covered;
+    Some(DurableJob::WriteProducerSnapshot {
+        key: (part.topic_id, part.index),
+        path: part.log.dir().join(producers::PRODUCERS_FILE),
+        bytes: part.producers.encode(covered, now.mono_ms, now.wall_ms),
+    })
 }

@@ -10,18 +10,18 @@ use std::time::Duration;
 
 use super::*;
 use crate::consume::ConsumeConfig;
-use crate::fsync::Completion;
+use crate::fsync::{Completion, Job as _};
 use crate::log::LogConfig;
-use crate::wire::ops::{Declare, Pub};
-use crate::wire::PubFlags;
+use crate::wire::ops::{Declare, Pub, PubResult};
+use crate::wire::{DeclareFlags, PubFlags, PubResultFlags};
 
 /// Holds submitted jobs until the test runs them.
 #[derive(Clone, Default)]
-struct HeldJobs(Rc<RefCell<Vec<(u64, Job)>>>);
+struct HeldJobs(Rc<RefCell<Vec<DurableJob>>>);
 
 impl JobSink for HeldJobs {
-    fn submit(&self, id: u64, job: Job) {
-        self.0.borrow_mut().push((id, job));
+    fn submit(&self, job: DurableJob) {
+        self.0.borrow_mut().push(job);
     }
 }
 
@@ -33,17 +33,18 @@ impl HeldJobs {
     /// Runs every held job; the ones `fail` picks report an I/O error instead.
     fn run(&self, broker: &mut Broker, fail: impl Fn(usize) -> bool) {
         let jobs: Vec<_> = self.0.borrow_mut().drain(..).collect();
-        for (i, (id, job)) in jobs.into_iter().enumerate() {
+        for (i, mut job) in jobs.into_iter().enumerate() {
             let result = if fail(i) {
                 Err(io::Error::other("injected EIO"))
             } else {
-                job()
+                job.run()
             };
             broker.job_done(Completion {
-                id,
+                job,
                 result,
                 elapsed: Duration::from_micros(50),
             });
+            broker.check_invariants();
         }
     }
 }
@@ -70,13 +71,14 @@ fn open(dir: &std::path::Path) -> (Broker, HeldJobs) {
     (broker, jobs)
 }
 
-fn answers(broker: &mut Broker) -> Vec<(u64, Answer)> {
+fn answers(broker: &mut Broker) -> Vec<(u64, Response)> {
+    broker.check_invariants();
     let mut effects = Vec::new();
     broker.drain_effects(&mut effects);
     effects
         .into_iter()
         .filter_map(|e| match e {
-            Effect::Answer { slot, answer, .. } => Some((slot, answer)),
+            Effect::Answer { slot, response, .. } => Some((slot, response)),
             _ => None,
         })
         .collect()
@@ -96,7 +98,7 @@ fn declare(broker: &mut Broker, jobs: &HeldJobs, name: &str, partitions: u16) ->
     broker.end_pass(Now::default());
     jobs.run(broker, |_| false);
     match answers(broker).pop() {
-        Some((_, Answer::Declare(r))) => r.topic_id,
+        Some((_, Response::Declare(r))) => r.topic_id,
         other => panic!("declare answered {other:?}"),
     }
 }
@@ -120,9 +122,9 @@ fn publish(
     broker.publish(CONN, slot, &p, Now::default())
 }
 
-fn pub_result(a: &Answer) -> PubResult {
+fn pub_result(a: &Response) -> PubResult {
     match a {
-        Answer::Pub(r) => *r,
+        Response::Pub(r) => *r,
         other => panic!("expected a PUB result, got {other:?}"),
     }
 }
@@ -236,7 +238,7 @@ fn a_failed_fdatasync_poisons_only_its_partition_and_acknowledges_nothing_unsync
     }
     assert_eq!(broker.counters.fsync_failures, 1);
     // Reads of what was synced still work.
-    let part = broker.partitions.get_mut(&(topic, 0)).unwrap();
+    let part = broker.partitions.get_mut((topic, 0)).unwrap();
     assert_eq!(part.log.read_one(1).unwrap().unwrap().value, b"v");
     assert!(matches!(
         publish(&mut broker, 4, topic, 1, (0, 0)),
@@ -301,8 +303,8 @@ fn a_failed_registry_write_fails_the_declare_and_is_retried_by_the_next_one() {
     broker.declare(CONN, 1, &d2, Now::default());
     broker.end_pass(Now::default());
     jobs.run(&mut broker, |_| false);
-    assert!(matches!(answers(&mut broker)[0].1, Answer::Declare(_)));
-    let on_disk = meta::read_checked(&dir.path().join(REGISTRY_FILE))
+    assert!(matches!(answers(&mut broker)[0].1, Response::Declare(_)));
+    let on_disk = meta::read_checked(&dir.path().join(registry::REGISTRY_FILE))
         .unwrap()
         .unwrap();
     let registry = Registry::decode(&on_disk).unwrap();

@@ -14,6 +14,7 @@
 //! ```
 
 use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
 
 use crate::wire::limits::{MAX_TOPIC_LEN_BYTES, TOPIC_PAIRS_MAX};
 use crate::wire::ErrorCode;
@@ -40,6 +41,28 @@ impl TopicPair {
     pub fn twin_name(&self) -> String {
         format!("{}{DLQ_SUFFIX}", self.name)
     }
+
+    /// The source and the twin: (topic id, name).
+    pub fn topics(&self) -> [(u16, String); 2] {
+        [
+            (self.source_id(), self.name.clone()),
+            (self.twin_id(), self.twin_name()),
+        ]
+    }
+}
+
+/// A topic's directory under `<data-dir>/topics`: `<topic_id>-<crc32 of its name, 8 hex
+/// digits>`. Not the name itself: a 255-byte name (plus `.dlq`) does not fit a file name
+/// (NAME_MAX).
+pub fn topic_dir(topics_dir: &Path, topic_id: u16, name: &str) -> PathBuf {
+    topics_dir.join(format!(
+        "{topic_id}-{:08x}",
+        crc32fast::hash(name.as_bytes())
+    ))
+}
+
+pub fn partition_dir(topics_dir: &Path, topic_id: u16, name: &str, index: u16) -> PathBuf {
+    topic_dir(topics_dir, topic_id, name).join(index.to_string())
 }
 
 pub fn source_id(pair: u16) -> u16 {

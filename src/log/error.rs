@@ -57,7 +57,7 @@ impl StorageError {
 }
 
 /// ENOSPC. EDQUOT is left as `Io`: its ErrorKind is newer than the toolchain we target.
-pub(crate) fn is_no_space_io(e: &io::Error) -> bool {
+pub fn is_no_space_io(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::StorageFull
 }
 

@@ -51,7 +51,7 @@ mod segment;
 #[cfg(test)]
 mod tests;
 
-pub use error::StorageError;
+pub use error::{is_no_space_io, StorageError};
 pub use record::{
     RecordView, RECORD_BYTES_MAX, RECORD_KEY_BYTES_MAX, RECORD_OVERHEAD_BYTES,
     RECORD_VALUE_BYTES_MAX,
@@ -680,6 +680,44 @@ impl PartitionLog {
 
     pub fn is_poisoned(&self) -> bool {
         self.poisoned.is_some()
+    }
+
+    /// The partition's bookkeeping holds together: segments contiguous and in order, the
+    /// last one ending at `written_sequence`, nothing synced that was not written, the
+    /// buffered bytes those of the pending records, and at most
+    /// [`MAPPED_SEGMENTS_MAX`] maps. The broker runs it after every step in tests.
+    pub fn check_invariants(&self) {
+        assert!(
+            !self.segments.is_empty(),
+            "a partition always has a segment"
+        );
+        for pair in self.segments.windows(2) {
+            assert_eq!(
+                pair[0].end_sequence(),
+                pair[1].first_sequence,
+                "segments contiguous"
+            );
+        }
+        let last = self.segments.last().expect("not empty");
+        assert_eq!(
+            last.end_sequence(),
+            self.written_sequence + 1,
+            "last segment ends at written"
+        );
+        assert!(
+            self.synced_sequence <= self.written_sequence,
+            "synced beyond written"
+        );
+        assert!(self.sync_taken_sequence <= self.written_sequence);
+        let pending: u64 = self.pending.iter().map(|r| u64::from(r.len)).sum();
+        assert_eq!(
+            pending,
+            self.write_buf.len() as u64,
+            "write buffer holds the pending records"
+        );
+        let mapped = self.segments.iter().filter(|s| s.is_mapped()).count();
+        assert_eq!(mapped, self.mapped_segments);
+        assert!(self.mapped_segments <= MAPPED_SEGMENTS_MAX);
     }
 
     /// Index of the segment holding `sequence` (which is >= first_sequence).

@@ -42,11 +42,14 @@ fn append_range(log: &mut PartitionLog, n: u64, batch: u64) {
     for k in 0..n {
         let seq = log.next_sequence();
         assert_eq!(append_value(log, seq * 1000, &value_for(seq)), seq);
+        log.check_invariants();
         if (k + 1) % batch == 0 {
             log.flush().unwrap();
+            log.check_invariants();
         }
     }
     log.flush().unwrap();
+    log.check_invariants();
 }
 
 fn collect(

@@ -56,7 +56,6 @@ pub enum ConnState {
 
 pub struct Conn {
     pub stream: TcpStream,
-    pub peer: SocketAddr,
     /// Never reused; told apart from a later connection in the same slab slot.
     pub serial: u64,
     pub state: ConnState,
@@ -88,10 +87,9 @@ impl Conn {
     pub fn new(stream: TcpStream, peer: SocketAddr, serial: u64, now_ms: u64) -> Conn {
         Conn {
             stream,
-            peer,
             serial,
             state: ConnState::Open,
-            session: Session::default(),
+            session: Session::new(peer),
             slots: Slots::default(),
             input: Vec::new(),
             output: Vec::new(),

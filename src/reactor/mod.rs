@@ -40,13 +40,12 @@ use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
 use crate::admin::{AdminRequest, PartitionFigures, Snapshot, TopicFigures};
-use crate::broker::{Answer, Broker, ConnRef, Effect, Handled, Now};
-use crate::fsync::{Completion, FsyncPool};
-use crate::session::{token_matches, Admit};
+use crate::broker::{Broker, ConnRef, DurableJob, Effect, Handled, JobDone, Now};
+use crate::fsync::{FsyncPool, Submitter};
+use crate::session::{dispatch, Admit, Call};
 use crate::wire::frame::split_frame;
-use crate::wire::limits::WIRE_VERSION;
-use crate::wire::ops::{Connect, Frame, Message as _, Op};
-use crate::wire::ErrorCode;
+use crate::wire::ops::{Message as _, Op};
+use crate::wire::{ErrorCode, Request, Response};
 use conn::{CloseReason, Conn, ConnState};
 
 pub const LISTENER_TOKEN: Token = Token(0);
@@ -104,7 +103,7 @@ pub struct Reactor {
     listener: Option<TcpListener>,
     signals: Signals,
     waker: Arc<Waker>,
-    pool: Option<FsyncPool>,
+    pool: Option<FsyncPool<DurableJob>>,
     conns: Slab<Conn>,
     next_serial: u64,
     timers: BinaryHeap<Reverse<(u64, usize, u64)>>,
@@ -113,7 +112,7 @@ pub struct Reactor {
     close_list: Vec<usize>,
     scratch: Vec<u8>,
     effects: Vec<Effect>,
-    completions: Vec<Completion>,
+    completions: Vec<JobDone>,
     broker: Broker,
     config: ReactorConfig,
     started: Instant,
@@ -147,7 +146,7 @@ impl Reactor {
     pub fn bind(
         config: ReactorConfig,
         fsync_threads: usize,
-        open_broker: impl FnOnce(crate::fsync::Submitter) -> Result<Broker, String>,
+        open_broker: impl FnOnce(Submitter<DurableJob>) -> Result<Broker, String>,
     ) -> Result<Reactor, String> {
         let poll = Poll::new().map_err(|e| format!("cannot create poll: {e}"))?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER_TOKEN).map_err(|e| e.to_string())?);
@@ -517,104 +516,49 @@ impl Reactor {
     }
 
     fn handle_frame(&mut self, key: usize, op_byte: u8, payload: &[u8], now: Now) {
-        let op = match self.conns[key].session.admit(op_byte) {
-            Admit::Handle(op) => op,
-            Admit::Ignore => {
-                log::info!(
-                    "conn {} sent ERR: {:?}",
-                    self.conns[key].serial,
-                    Frame::decode(Op::Err, payload)
-                );
+        let request = match self.conns[key].session.admit(op_byte, payload) {
+            Admit::Request(request) => request,
+            Admit::Ignore(err) => {
+                log::info!("conn {} sent ERR: {err:?}", self.conns[key].serial);
                 return;
             }
-            Admit::Refuse(code, why) => return self.refuse(key, code, op_byte, why),
+            Admit::Refuse(code, why) => return self.refuse(key, code, op_byte, &why),
         };
-        let frame = match Frame::decode(op, payload) {
-            Ok(frame) => frame,
-            Err(e) => {
-                return self.refuse(key, ErrorCode::MalformedPayload, op_byte, &e.to_string())
-            }
-        };
-        let answer = match &frame {
-            Frame::Connect(c) => self.connect(key, c),
-            Frame::Ping(_) => Answer::Ok {
-                request_op: op_byte,
-            },
-            Frame::Pub(_) | Frame::Sub(_) | Frame::Pull(_)
-                if self.buffered_bytes > self.config.max_memory_bytes =>
-            {
-                Answer::err(
-                    ErrorCode::MemoryLimit,
-                    op_byte,
-                    "the broker's --max-memory budget for buffers is used up",
-                )
-            }
-            _ => {
-                let conn = &self.conns[key];
-                let cref = ConnRef {
-                    id: key as u32,
-                    serial: conn.serial,
-                };
-                match self.broker.handle(cref, conn.slots.next_id(), &frame, now) {
-                    Handled::Answer(answer) => answer,
-                    Handled::Wait => {
-                        self.conns[key].slots.wait();
-                        return;
-                    }
-                }
-            }
-        };
-        self.answer(key, answer);
-    }
-
-    fn connect(&mut self, key: usize, c: &Connect<'_>) -> Answer {
-        let op = Op::Connect as u8;
+        if self.buffered_bytes > self.config.max_memory_bytes && holds_memory(&request) {
+            let why = "the broker's --max-memory budget for buffers is used up";
+            return self.refuse(key, ErrorCode::MemoryLimit, op_byte, why);
+        }
         let conn = &mut self.conns[key];
-        if conn.session.connected {
-            return Answer::err(
-                ErrorCode::AlreadyConnected,
-                op,
-                "this session is already connected",
-            );
-        }
-        if c.protocol_version != WIRE_VERSION {
-            return Answer::err(
-                ErrorCode::UnsupportedVersion,
-                op,
-                format!(
-                    "protocol_version {} is not {WIRE_VERSION}",
-                    c.protocol_version
-                ),
-            );
-        }
-        if let Some(tokens) = &self.config.tokens {
-            if !token_matches(tokens, c.token) {
-                // The token itself is never logged.
-                log::warn!(
-                    "conn {} from {}: token not accepted",
-                    conn.serial,
-                    conn.peer
-                );
-                return Answer::err(ErrorCode::AuthFailed, op, "token not accepted");
+        let call = Call {
+            conn: ConnRef {
+                id: key as u32,
+                serial: conn.serial,
+            },
+            slot: conn.slots.next_id(),
+            now,
+            tokens: self.config.tokens.as_deref(),
+        };
+        match dispatch(&mut conn.session, &mut self.broker, call, request) {
+            Handled::Answer(response) => self.answer(key, response),
+            Handled::Wait => {
+                conn.slots.wait();
             }
         }
-        conn.session.connected = true;
-        Answer::Ok { request_op: op }
     }
 
     /// Sends an error for the current frame; closes after it when the registry says so.
     fn refuse(&mut self, key: usize, code: ErrorCode, request_op: u8, why: &str) {
-        self.answer(key, Answer::err(code, request_op, why));
+        self.answer(key, Response::err(code, request_op, why));
     }
 
-    fn answer(&mut self, key: usize, answer: Answer) {
-        let closes = answer.error_code().filter(|c| c.closes_connection());
-        if let Some(code) = answer.error_code() {
+    fn answer(&mut self, key: usize, response: Response) {
+        let closes = response.error_code().filter(|c| c.closes_connection());
+        if let Some(code) = response.error_code() {
             *self.counters.errors_sent.entry(code.code()).or_default() += 1;
         }
         self.counters.frames_out_answers += 1;
         let conn = &mut self.conns[key];
-        conn.slots.answer_now(answer, &mut conn.output);
+        conn.slots.answer_now(response, &mut conn.output);
         self.queue_flush(key);
         if let Some(code) = closes {
             self.begin_close(key, CloseReason::ProtocolError, code);
@@ -680,6 +624,10 @@ impl Reactor {
         for key in list.drain(..) {
             let mut conn = self.conns.remove(key);
             self.buffered_bytes -= conn.accounted_bytes;
+            if conn.read_queued {
+                // Else a later connection in the same slab slot would inherit the entry.
+                self.read_list.retain(|&k| k != key);
+            }
             let _ = self.poll.registry().deregister(&mut conn.stream);
             let reason = match conn.state {
                 ConnState::Closed(r) => r,
@@ -692,7 +640,7 @@ impl Reactor {
             log::info!(
                 "conn {} from {} closed: {}",
                 conn.serial,
-                conn.peer,
+                conn.session.peer,
                 reason.name()
             );
             self.broker.connection_closed(
@@ -781,6 +729,48 @@ impl Reactor {
         self.free_closed();
         self.last_turn_ms.store(now.mono_ms, Ordering::Relaxed);
         self.answer_admin(now);
+        if cfg!(debug_assertions) {
+            self.check_invariants();
+            self.broker.check_invariants();
+        }
+    }
+
+    /// The reactor's bookkeeping holds together at the end of a pass. Debug builds run it
+    /// on every pass, so every integration test (which runs a debug `mortard`) checks it.
+    fn check_invariants(&self) {
+        assert!(self.conns.len() <= self.config.max_connections);
+        assert!(self.flush_list.is_empty() && self.close_list.is_empty());
+        let mut accounted = 0;
+        let mut read_queued = 0;
+        for (key, c) in self.conns.iter() {
+            assert!(
+                !matches!(c.state, ConnState::Closed(_)),
+                "conn {key} closed but not freed"
+            );
+            assert_eq!(
+                c.accounted_bytes,
+                c.input.capacity() + c.output.capacity(),
+                "conn {key}: buffers changed without being accounted"
+            );
+            assert!(c.output_sent <= c.output.len());
+            assert!(!c.flush_queued);
+            assert!(
+                c.timer_at_ms <= self.deadline_of(c),
+                "conn {key} has no live timer"
+            );
+            c.slots.check_invariants();
+            accounted += c.accounted_bytes;
+            read_queued += usize::from(c.read_queued);
+        }
+        assert_eq!(
+            self.buffered_bytes, accounted,
+            "buffered bytes equal the sum"
+        );
+        assert_eq!(
+            read_queued,
+            self.read_list.len(),
+            "each queued read is listed once"
+        );
     }
 
     fn answer_admin(&mut self, now: Now) {
@@ -871,7 +861,11 @@ impl Reactor {
         let mut effects = std::mem::take(&mut self.effects);
         for effect in effects.drain(..) {
             match effect {
-                Effect::Answer { conn, slot, answer } => {
+                Effect::Answer {
+                    conn,
+                    slot,
+                    response,
+                } => {
                     let key = conn.id as usize;
                     let Some(c) = self.conns.get_mut(key) else {
                         continue;
@@ -879,11 +873,11 @@ impl Reactor {
                     if c.serial != conn.serial || matches!(c.state, ConnState::Closed(_)) {
                         continue;
                     }
-                    if let Some(code) = answer.error_code() {
+                    if let Some(code) = response.error_code() {
                         *self.counters.errors_sent.entry(code.code()).or_default() += 1;
                     }
                     self.counters.frames_out_answers += 1;
-                    if !c.slots.fill(slot, answer, &mut c.output) {
+                    if !c.slots.fill(slot, response, &mut c.output) {
                         log::error!("conn {}: answer for unknown slot {slot}", c.serial);
                     }
                     self.queue_flush(key);
@@ -1016,7 +1010,7 @@ impl Reactor {
         for key in ready {
             self.answer(
                 key,
-                Answer::err(ErrorCode::ShuttingDown, 0, "the broker is shutting down"),
+                Response::err(ErrorCode::ShuttingDown, 0, "the broker is shutting down"),
             );
         }
     }
@@ -1042,6 +1036,15 @@ enum Source<'a> {
     FromInput(&'a [u8]),
 }
 use Source::{FromInput, FromScratch};
+
+/// PUB, SUB and PULL make the broker hold bytes for the connection (records, deliveries,
+/// answers); over `--max-memory` they are refused with MEMORY_LIMIT.
+fn holds_memory(request: &Request<'_>) -> bool {
+    matches!(
+        request,
+        Request::Pub(_) | Request::Sub(_) | Request::Pull(_)
+    )
+}
 
 /// Reads into a connection's own input buffer. Once a frame's length is known (and
 /// was checked against the cap in force), room for exactly the rest of it is reserved

@@ -10,17 +10,22 @@
 //! - [`ops`]: the 15 ops as typed messages and the typed OK results.
 //! - [`errors`]: the 51-code registry with each code's "after" and retry class.
 //! - [`vocab`]: every flag set, kind, reason and durability level, typed.
+//! - [`request`] / [`response`]: what a client asks, and the one answer it gets.
 
 pub mod codec;
 pub mod errors;
 pub mod frame;
 pub mod limits;
 pub mod ops;
+pub mod request;
+pub mod response;
 pub mod vocab;
 
 pub use errors::ErrorCode;
 pub use frame::{split_frame, FrameError, RawFrame};
 pub use ops::{DecodeError, DeliveryRef, Frame, Op};
+pub use request::{NotARequest, Request};
+pub use response::Response;
 pub use vocab::{
     AckFlags, ControlResult, CreditMode, DeclareCreated, DeclareFlags, Durability, HeartbeatState,
     MsgFlags, NackReason, NoticeKind, OriginReason, PubFlags, PubResultFlags, StartPolicy,

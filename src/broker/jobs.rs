@@ -1,0 +1,76 @@
+//! The broker's durable I/O as data: each job is a variant that carries what its worker
+//! needs and what its completion needs, and comes back whole from the fsync pool
+//! (`fsync::Completion`). No closure, no table of jobs looked up by id.
+
+use std::io;
+use std::path::PathBuf;
+
+use crate::log::{meta, SyncJob};
+
+use super::PartitionKey;
+
+/// One piece of blocking I/O for an fsync worker.
+#[derive(Debug)]
+pub enum DurableJob {
+    /// fdatasync of what a partition wrote before the job was taken (group commit).
+    SyncPartition {
+        key: PartitionKey,
+        sync: SyncJob,
+        /// Records and bytes this job covers beyond the jobs taken before it.
+        records: u64,
+        bytes: u64,
+    },
+    /// The topic registry, replaced atomically; answers DECLAREs up to `version`.
+    WriteRegistry {
+        version: u64,
+        path: PathBuf,
+        bytes: Vec<u8>,
+    },
+    /// Directories of deleted pairs, removed once the registry `version` without them is
+    /// durable (a crash in between leaves orphans that start-up removes).
+    RemoveDirectories { version: u64, dirs: Vec<PathBuf> },
+    /// The committed group positions.
+    WritePositions { path: PathBuf, bytes: Vec<u8> },
+    /// A partition's producer-state snapshot.
+    WriteProducerSnapshot {
+        key: PartitionKey,
+        path: PathBuf,
+        bytes: Vec<u8>,
+    },
+}
+
+impl crate::fsync::Job for DurableJob {
+    fn run(&mut self) -> io::Result<()> {
+        match self {
+            DurableJob::SyncPartition { sync, .. } => sync.run(),
+            DurableJob::WriteRegistry { path, bytes, .. }
+            | DurableJob::WritePositions { path, bytes }
+            | DurableJob::WriteProducerSnapshot { path, bytes, .. } => {
+                meta::write_atomic(path, bytes)
+            }
+            DurableJob::RemoveDirectories { dirs, .. } => {
+                for dir in dirs.iter() {
+                    if let Err(e) = std::fs::remove_dir_all(dir) {
+                        log::warn!("cannot remove {}: {e}", dir.display());
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Where the broker sends durable I/O: the fsync worker pool, or a fake in tests that
+/// completes jobs in whatever order the test chooses.
+pub trait JobSink {
+    fn submit(&self, job: DurableJob);
+}
+
+impl JobSink for crate::fsync::Submitter<DurableJob> {
+    fn submit(&self, job: DurableJob) {
+        crate::fsync::Submitter::submit(self, job)
+    }
+}
+
+/// The completion the reactor hands back to [`Broker::job_done`](super::Broker::job_done).
+pub type JobDone = crate::fsync::Completion<DurableJob>;

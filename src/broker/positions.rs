@@ -1,0 +1,160 @@
+//! Committed group positions on disk: the `groups` file, written atomically at least every
+//! `--commit-interval` when they changed, and at clean shutdown.
+//!
+//! ```text
+//! mortar-groups 1
+//! <topic_id> <partition> <committed> <group name>
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use crate::consume::GroupPosition;
+use crate::log::meta;
+
+use super::jobs::DurableJob;
+
+/// The committed-positions file in the data directory.
+pub const GROUPS_FILE: &str = "groups";
+const GROUPS_MAGIC: &str = "mortar-groups 1";
+
+/// What is on disk and when to write next.
+pub struct Positions {
+    path: PathBuf,
+    interval_ms: u64,
+    /// What the last write (or start-up) put on disk.
+    persisted: Vec<GroupPosition>,
+    in_flight: bool,
+    next_write_ms: u64,
+}
+
+impl Positions {
+    pub fn new(data_dir: &Path, interval_ms: u64) -> Positions {
+        Positions {
+            path: data_dir.join(GROUPS_FILE),
+            interval_ms,
+            persisted: Vec::new(),
+            in_flight: false,
+            next_write_ms: 0,
+        }
+    }
+
+    /// The positions file at start-up (none yet: empty).
+    pub fn read(&mut self) -> Result<&[GroupPosition], String> {
+        let shown = self.path.display();
+        self.persisted = match meta::read_checked(&self.path) {
+            Ok(Some(bytes)) => decode_positions(&bytes).map_err(|e| format!("{shown}: {e}"))?,
+            Ok(None) => Vec::new(),
+            Err(e) => return Err(format!("{shown}: {e}")),
+        };
+        Ok(&self.persisted)
+    }
+
+    pub fn next_write_ms(&self) -> u64 {
+        self.next_write_ms
+    }
+
+    /// A write of `current` when the interval passed (or `force`), it changed, and no
+    /// write runs.
+    pub fn write_job(
+        &mut self,
+        now_ms: u64,
+        force: bool,
+        current: impl FnOnce() -> Vec<GroupPosition>,
+    ) -> Option<DurableJob> {
+        if self.in_flight || (!force && now_ms < self.next_write_ms) {
+            return None;
+        }
+        self.next_write_ms = now_ms + self.interval_ms;
+        let positions = current();
+        if positions == self.persisted {
+            return None;
+        }
+        let bytes = encode_positions(&positions);
+        self.in_flight = true;
+        self.persisted = positions;
+        Some(DurableJob::WritePositions {
+            path: self.path.clone(),
+            bytes,
+        })
+    }
+
+    pub fn written(&mut self, result: &std::io::Result<()>) {
+        self.in_flight = false;
+        if let Err(e) = result {
+            log::error!("persisting group positions failed: {e}");
+            // Forget what we thought was on disk so the next turn rewrites it.
+            self.persisted.clear();
+        }
+    }
+
+    /// Writes `positions` on the calling thread (shutdown).
+    pub fn write_now(&mut self, positions: &[GroupPosition]) -> std::io::Result<()> {
+        meta::write_atomic(&self.path, &encode_positions(positions))
+    }
+}
+
+/// The positions file: one `topic_id partition committed group` line per position.
+fn encode_positions(positions: &[GroupPosition]) -> Vec<u8> {
+    let mut out = format!("{GROUPS_MAGIC}\n");
+    for p in positions {
+        out.push_str(&format!(
+            "{} {} {} {}\n",
+            p.topic_id,
+            p.partition,
+            p.committed,
+            String::from_utf8_lossy(&p.group)
+        ));
+    }
+    out.into_bytes()
+}
+
+fn decode_positions(bytes: &[u8]) -> Result<Vec<GroupPosition>, String> {
+    let text = std::str::from_utf8(bytes).map_err(|e| e.to_string())?;
+    let mut lines = text.lines();
+    if lines.next() != Some(GROUPS_MAGIC) {
+        return Err("unknown header".into());
+    }
+    lines
+        .map(|line| {
+            let w: Vec<&str> = line.splitn(4, ' ').collect();
+            let bad = || format!("bad line: {line}");
+            if w.len() != 4 {
+                return Err(bad());
+            }
+            Ok(GroupPosition {
+                topic_id: w[0].parse().map_err(|_| bad())?,
+                partition: w[1].parse().map_err(|_| bad())?,
+                committed: w[2].parse().map_err(|_| bad())?,
+                group: w[3].as_bytes().to_vec(),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_file_round_trips() {
+        let positions = vec![
+            GroupPosition {
+                group: b"billing".to_vec(),
+                topic_id: 1,
+                partition: 0,
+                committed: 42,
+            },
+            GroupPosition {
+                group: b"a.b-c_d".to_vec(),
+                topic_id: 3,
+                partition: 7,
+                committed: 0,
+            },
+        ];
+        assert_eq!(
+            decode_positions(&encode_positions(&positions)).unwrap(),
+            positions
+        );
+        assert!(decode_positions(b"nope").is_err());
+    }
+}

@@ -1,0 +1,260 @@
+//! Idempotent producers of one partition (`man/mortarmq.7`, PUB): each producer's last
+//! producer_seqs and the sequences they were given, the duplicate check, and the snapshot
+//! file that spares start-up a scan of the whole log.
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::wire::limits::DEDUP_WINDOW_SEQS;
+
+/// What the idempotence check says about a PUB (semantics §2 PUB).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Idempotence {
+    /// Append it.
+    Fresh,
+    /// Seen: answer with the original record's sequence.
+    Duplicate { sequence: u64 },
+    /// Older than the window, or skipping ahead: 0x0012 with this text.
+    OutOfOrder { expected: u64, too_old: bool },
+}
+
+/// One producer's recent history on one partition.
+#[derive(Debug, Default)]
+pub struct Producer {
+    pub last_seq: u64,
+    /// (producer_seq, sequence) of its latest records, oldest first, at most
+    /// DEDUP_WINDOW_SEQS of them.
+    window: VecDeque<(u64, u64)>,
+    pub last_active_ms: u64,
+}
+
+#[derive(Default)]
+pub struct Producers {
+    by_id: HashMap<u64, Producer>,
+}
+
+/// The producer-state snapshot file in each partition directory. Start-up loads it and
+/// scans only the records after the sequence it covers, so start-up time does not grow
+/// with the log. Written every [`PRODUCER_SNAPSHOT_INTERVAL_MS`] when it changed, and at
+/// clean shutdown:
+///
+/// ```text
+/// mortar-producers 1
+/// covered <sequence>
+/// p <producer_id> <last_active_wall_ms> <first_producer_seq> <sequence> <sequence> ...
+/// ```
+///
+/// (the window's producer_seqs are contiguous from `first_producer_seq`).
+pub const PRODUCERS_FILE: &str = "producers";
+/// How often changed producer snapshots are rewritten.
+pub const PRODUCER_SNAPSHOT_INTERVAL_MS: u64 = 60_000;
+const PRODUCERS_MAGIC: &str = "mortar-producers 1";
+
+impl Producers {
+    /// The snapshot text; `covered` is the last sequence the state includes.
+    pub fn encode(&self, covered: u64, mono_ms: u64, wall_ms: u64) -> Vec<u8> {
+        use std::fmt::Write;
+        let mut out = format!("{PRODUCERS_MAGIC}\ncovered {covered}\n");
+        let mut ids: Vec<_> = self.by_id.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            let p = &self.by_id[&id];
+            let Some(&(first, _)) = p.window.front() else {
+                continue;
+            };
+            let wall = wall_ms.saturating_sub(mono_ms.saturating_sub(p.last_active_ms));
+            let _ = write!(out, "p {id} {wall} {first}");
+            for &(_, sequence) in &p.window {
+                let _ = write!(out, " {sequence}");
+            }
+            out.push('\n');
+        }
+        out.into_bytes()
+    }
+
+    /// Loads a snapshot, dropping producers idle past `ttl_ms`; returns the covered
+    /// sequence.
+    pub fn decode(
+        bytes: &[u8],
+        mono_ms: u64,
+        wall_ms: u64,
+        ttl_ms: u64,
+    ) -> Result<(Producers, u64), String> {
+        let text = std::str::from_utf8(bytes).map_err(|e| e.to_string())?;
+        let mut lines = text.lines();
+        if lines.next() != Some(PRODUCERS_MAGIC) {
+            return Err("unknown header".into());
+        }
+        let covered = lines
+            .next()
+            .and_then(|l| l.strip_prefix("covered "))
+            .and_then(|n| n.parse().ok())
+            .ok_or("no covered line")?;
+        let mut producers = Producers::default();
+        for line in lines {
+            let nums: Vec<u64> = line
+                .strip_prefix("p ")
+                .ok_or_else(|| format!("bad line: {line}"))?
+                .split(' ')
+                .map(|n| n.parse().map_err(|_| format!("bad line: {line}")))
+                .collect::<Result<_, _>>()?;
+            let [id, wall, first, sequences @ ..] = nums.as_slice() else {
+                return Err(format!("bad line: {line}"));
+            };
+            if wall_ms.saturating_sub(*wall) > ttl_ms {
+                continue;
+            }
+            let active_mono = mono_ms.saturating_sub(wall_ms.saturating_sub(*wall));
+            for (i, &sequence) in sequences.iter().enumerate() {
+                producers.record(*id, first + i as u64, sequence, active_mono);
+            }
+        }
+        Ok((producers, covered))
+    }
+
+    pub fn check(&self, producer_id: u64, producer_seq: u64) -> Idempotence {
+        let Some(p) = self.by_id.get(&producer_id) else {
+            return Idempotence::Fresh;
+        };
+        if producer_seq == p.last_seq + 1 {
+            return Idempotence::Fresh;
+        }
+        if producer_seq > p.last_seq {
+            return Idempotence::OutOfOrder {
+                expected: p.last_seq + 1,
+                too_old: false,
+            };
+        }
+        let oldest_remembered = p.window.front().map_or(p.last_seq, |&(s, _)| s);
+        if p.last_seq - producer_seq < DEDUP_WINDOW_SEQS && producer_seq >= oldest_remembered {
+            // The window is contiguous in producer_seq, so the offset finds the entry.
+            let (seen, sequence) = p.window[(producer_seq - oldest_remembered) as usize];
+            debug_assert_eq!(seen, producer_seq);
+            return Idempotence::Duplicate { sequence };
+        }
+        Idempotence::OutOfOrder {
+            expected: p.last_seq + 1,
+            too_old: true,
+        }
+    }
+
+    pub fn record(&mut self, producer_id: u64, producer_seq: u64, sequence: u64, now_ms: u64) {
+        let p = self.by_id.entry(producer_id).or_default();
+        if p.window.back().is_some_and(|&(s, _)| s + 1 != producer_seq) {
+            // A producer restarting at a new seq (after expiry) starts a new window.
+            p.window.clear();
+        }
+        p.last_seq = producer_seq;
+        p.window.push_back((producer_seq, sequence));
+        if p.window.len() as u64 > DEDUP_WINDOW_SEQS {
+            p.window.pop_front();
+        }
+        p.last_active_ms = now_ms;
+    }
+
+    /// Forgets records above `written` (a flush that failed never happened).
+    pub fn roll_back_above(&mut self, written: u64) {
+        self.by_id.retain(|_, p| {
+            while p.window.back().is_some_and(|&(_, seq)| seq > written) {
+                p.window.pop_back();
+            }
+            match p.window.back() {
+                Some(&(s, _)) => {
+                    p.last_seq = s;
+                    true
+                }
+                None => false,
+            }
+        });
+    }
+
+    /// Drops producers idle for longer than `ttl_ms` (`--producer-ttl`).
+    pub fn expire(&mut self, now_ms: u64, ttl_ms: u64) -> usize {
+        let before = self.by_id.len();
+        self.by_id
+            .retain(|_, p| now_ms.saturating_sub(p.last_active_ms) <= ttl_ms);
+        before - self.by_id.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn producer_seq_must_be_last_plus_one() {
+        let mut p = Producers::default();
+        assert_eq!(p.check(9, 5), Idempotence::Fresh);
+        p.record(9, 5, 100, 0);
+        assert_eq!(p.check(9, 6), Idempotence::Fresh);
+        assert_eq!(p.check(9, 5), Idempotence::Duplicate { sequence: 100 });
+        assert_eq!(
+            p.check(9, 8),
+            Idempotence::OutOfOrder {
+                expected: 6,
+                too_old: false
+            }
+        );
+    }
+
+    #[test]
+    fn duplicates_are_found_within_the_window_only() {
+        let mut p = Producers::default();
+        for s in 1..=2000u64 {
+            p.record(1, s, s + 10, 0);
+        }
+        assert_eq!(p.check(1, 2000), Idempotence::Duplicate { sequence: 2010 });
+        assert_eq!(
+            p.check(1, 2000 - 1023),
+            Idempotence::Duplicate { sequence: 987 }
+        );
+        assert_eq!(
+            p.check(1, 2000 - 1024),
+            Idempotence::OutOfOrder {
+                expected: 2001,
+                too_old: true
+            }
+        );
+    }
+
+    #[test]
+    fn snapshots_round_trip_and_drop_expired_producers() {
+        let mut p = Producers::default();
+        for s in 1..=5 {
+            p.record(7, s + 10, s, 1_000);
+        }
+        p.record(8, 1, 6, 0);
+        // At mono 1_000 / wall 50_000: producer 7 active just now, producer 8 1 s ago.
+        let bytes = p.encode(6, 1_000, 50_000);
+        let (back, covered) = Producers::decode(&bytes, 0, 50_000, 500).unwrap();
+        assert_eq!(covered, 6);
+        assert_eq!(back.check(7, 13), Idempotence::Duplicate { sequence: 3 });
+        assert_eq!(back.check(7, 16), Idempotence::Fresh);
+        assert_eq!(back.check(8, 1), Idempotence::Fresh, "expired by the ttl");
+        assert!(Producers::decode(b"junk", 0, 0, 1).is_err());
+    }
+
+    #[test]
+    fn roll_back_forgets_unwritten_records_and_ttl_expires() {
+        let mut p = Producers::default();
+        p.record(1, 1, 1, 0);
+        p.record(1, 2, 2, 0);
+        p.record(2, 1, 3, 50);
+        p.roll_back_above(2);
+        assert_eq!(p.check(1, 3), Idempotence::Fresh);
+        assert_eq!(
+            p.check(2, 1),
+            Idempotence::Fresh,
+            "producer 2 forgotten entirely"
+        );
+        assert_eq!(p.expire(1_000, 500), 1);
+        assert!(p.is_empty());
+    }
+}
