@@ -2,9 +2,9 @@
 //!
 //! This room turns `argv` into a typed [`Config`] (or a `--help` / `--version` text) and
 //! says no, in one line, to anything an operator could get wrong. Every flag is one row of
-//! [`FLAGS`]: name, group, the field it sets (which fixes its value form), its bounds and
+//! `FLAGS`: name, group, the field it sets (which fixes its value form), its bounds and
 //! a line of help. Parsing, range checks, `--help`, [`Config::flag_values`] and the test
-//! that `man/mortard.8` documents the same flags all read that table.
+//! that `man/mortard.8` documents the same flags with the same defaults all read that table.
 //!
 //! Defaults are not here: [`Config`] holds the layers' own config structs, so a default is
 //! the one in `impl Default` of the layer that uses it (`ReactorConfig`, `BrokerConfig`,
@@ -1622,7 +1622,7 @@ mod tests {
         assert!(run(&["--admin-listen", "[::1]:7412"]).warnings().is_empty());
     }
 
-    // ---- the man page documents exactly the table's flags ----
+    // ---- the man page documents exactly the table's flags, with its defaults ----
 
     fn man_page() -> String {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/man/mortard.8");
@@ -1654,6 +1654,43 @@ mod tests {
                 names.contains(&name) || ["help", "version", "pretty"].contains(&name),
                 "man page names unknown flag --{name}"
             );
+        }
+    }
+
+    /// The default `man/mortard.8` states for `--name`: in the flag's `.TP` entry, the word
+    /// after `Default:`, or the word of the `.B`/`.BR` line after it.
+    fn man_default<'a>(lines: &[&'a str], name: &str) -> Option<&'a str> {
+        let head = format!("--{name} ");
+        let is_head =
+            |l: &str| (l.starts_with(".BI ") || l.starts_with(".BR ")) && l[4..].starts_with(&head);
+        let at = lines
+            .windows(2)
+            .position(|w| w[0] == ".TP" && is_head(w[1]))?;
+        let entry: Vec<&str> = lines[at + 2..]
+            .iter()
+            .copied()
+            .take_while(|l| !l.starts_with(".TP") && !l.starts_with(".S"))
+            .collect();
+        let i = entry.iter().position(|l| l.starts_with("Default:"))?;
+        let rest = entry[i]["Default:".len()..].trim();
+        let word = if rest.is_empty() {
+            entry.get(i + 1)?.split_whitespace().nth(1)?
+        } else {
+            rest.split_whitespace().next()?
+        };
+        Some(word.trim_end_matches([',', '.']))
+    }
+
+    #[test]
+    fn man_page_states_the_tables_defaults() {
+        let text = man_page();
+        let lines: Vec<&str> = text.lines().collect();
+        let defaults = Config::default();
+        for f in FLAGS {
+            let want = f.render(&defaults).unwrap_or_else(|| "none".to_string());
+            let stated = man_default(&lines, f.name)
+                .unwrap_or_else(|| panic!("mortard.8 states no default for --{}", f.name));
+            assert_eq!(stated, want, "mortard.8's default for --{}", f.name);
         }
     }
 }
