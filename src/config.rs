@@ -1,21 +1,24 @@
 //! Command-line flags of `mortard`: parse, check, and describe them.
 //!
 //! This room turns `argv` into a typed [`Config`] (or a `--help` / `--version` text) and
-//! says no, in one line, to anything an operator could get wrong. It is the only place that
-//! knows flag names, their defaults and their value syntax; `man/mortard.8` documents the
-//! same flags and a test here checks that the two name the same set.
+//! says no, in one line, to anything an operator could get wrong. Every flag is one row of
+//! `FLAGS`: name, group, the field it sets (which fixes its value form), its bounds and
+//! a line of help. Parsing, range checks, `--help`, [`Config::flag_values`] and the test
+//! that `man/mortard.8` documents the same flags with the same defaults all read that table.
 //!
-//! Dependencies: `std` and `getopts` only. It must not use anything else in the crate, so
-//! that `wire/`, `log/` and `broker/` can take their limits from a `Config` without this
-//! module taking theirs. Where a rule needs a protocol constant (the frame cap), the value
-//! is repeated here as a named mirror, with the reason.
+//! Defaults are not here: [`Config`] holds the layers' own config structs, so a default is
+//! the one in `impl Default` of the layer that uses it (`ReactorConfig`, `BrokerConfig`,
+//! `LogConfig`, `ConsumeConfig`), and unit tests of a layer run on the production numbers.
+//! Only the flags no layer owns (`--admin-listen`, `--listen-peer`, `--token-file`,
+//! `--fsync-threads`) have their defaults in [`Config`]'s `Default`.
+//!
+//! Dependencies: `std`, `getopts`, and the config types (and limits) of `wire`, `log`,
+//! `consume`, `broker` and `reactor`; nothing that runs.
 //!
 //! Conventions:
-//! - A field is named after its flag (`--max-connections` -> `max_connections`), and a
-//!   size field ends in `_bytes`; durations are [`Duration`]s. Each default is a
-//!   `pub const <FIELD>_DEFAULT` just above the struct.
 //! - Durations always carry a unit (`500ms`, `10s`, `2m`, `1h`, `7d`): a bare `30` is
 //!   refused, because "30 what?" is how a 30 ms session timeout reaches production.
+//!   Fields hold them as `_ms`.
 //! - Sizes are binary (`KiB` = 1024 bytes). `MB`/`KB` are refused rather than guessed.
 //! - Every flag takes effect at start; there is no reload (no SIGHUP).
 //! - The log level is `RUST_LOG` (env_logger), not a flag.
@@ -25,6 +28,10 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::broker::BrokerConfig;
+use crate::log::SEGMENT_BYTES_MAX;
+use crate::reactor::ReactorConfig;
+use crate::wire::limits::{FRAME_HEADER_BYTES, MAX_FRAME_LEN_BYTES};
 pub use crate::wire::Durability;
 
 /// Program name used in messages, so every error line starts the same way.
@@ -56,183 +63,49 @@ pub const SEGMENT_SIZE_BYTES_MAX: u64 = GIB;
 
 /// Largest `--fsync-threads`. fdatasync calls to one disk gain nothing past a handful of
 /// workers, and each thread reserves a stack that a small host feels.
-pub const FSYNC_THREADS_MAX: u32 = 64;
+pub const FSYNC_THREADS_MAX: u64 = 64;
 
 /// Largest `--max-credit-size`: SUB and CREDIT carry `credit_bytes` as a u32.
 pub const CREDIT_SIZE_BYTES_MAX: u64 = u32::MAX as u64;
 
-/// Mirror of wire-v0 `MAX_FRAME_LEN` (16 MiB, fixed by the protocol: "neither broker nor
-/// client may raise it") plus the 4-byte length prefix: the largest frame on the wire.
-/// Repeated here because this module may not depend on `wire/`; `limits.rs` should assert
-/// it equals its own value.
-pub const WIRE_FRAME_BYTES_MAX: u64 = 16 * MIB + 4;
+/// The largest frame on the wire, length prefix included: the least `--max-output-size`.
+const FRAME_BYTES_MAX: u64 = MAX_FRAME_LEN_BYTES as u64 + FRAME_HEADER_BYTES as u64;
+
+// The log must open every segment size the flag allows.
+const _: () = assert!(SEGMENT_SIZE_BYTES_MAX <= SEGMENT_BYTES_MAX);
 
 /// What every duration error suggests instead.
 const DURATION_HINT: &str = "use e.g. 500ms, 10s, 2m, 1h, 7d";
 /// What every size error suggests instead.
 const SIZE_HINT: &str = "use e.g. 4096, 512KiB, 16MiB, 1GiB; units B, KiB, MiB, GiB, TiB";
 
-// ---- Defaults: one named constant per flag, in the order of the struct fields. ----
-
-// Network
-pub const LISTEN_DEFAULT: SocketAddr =
-    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 1), 7411));
-pub const ADMIN_LISTEN_DEFAULT: Option<SocketAddr> = Some(SocketAddr::V4(SocketAddrV4::new(
-    Ipv4Addr::new(127, 0, 0, 1),
-    7412,
-)));
-pub const LISTEN_PEER_DEFAULT: Option<SocketAddr> = None;
-/// No token file: every token is accepted.
-pub const TOKEN_FILE_DEFAULT: Option<&str> = None;
-pub const MAX_CONNECTIONS_DEFAULT: u32 = 4096;
-/// 1.5 x the 30 s client keepalive, so one late PING does not cost a connection.
-pub const IDLE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(45);
-pub const HALF_FRAME_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
-// Storage
-pub const DATA_DIR_DEFAULT: &str = "./mortar-data";
-pub const SEGMENT_SIZE_BYTES_DEFAULT: u64 = 16 * MIB;
-/// 0 = unlimited.
-pub const RETENTION_SIZE_BYTES_DEFAULT: u64 = 0;
-/// 0 = unlimited.
-pub const RETENTION_AGE_DEFAULT: Duration = Duration::ZERO;
-/// 0 = unlimited.
-pub const MAX_DATA_SIZE_BYTES_DEFAULT: u64 = 0;
-pub const FSYNC_THREADS_DEFAULT: u32 = 2;
-pub const DURABILITY_DEFAULT: Durability = Durability::Fsynced;
-// Publish
-pub const PRODUCER_TTL_DEFAULT: Duration = Duration::from_secs(7 * 24 * 3600);
-pub const MAX_PARTITIONS_DEFAULT: u16 = 64;
-// Consume
-pub const SESSION_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
-pub const REVOKE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
-pub const ACK_WAIT_DEFAULT: Duration = Duration::from_secs(30);
-pub const NACK_DELAY_DEFAULT: Duration = Duration::from_secs(1);
-pub const MAX_ATTEMPTS_DEFAULT: u16 = 5;
-pub const MAX_CREDIT_COUNT_DEFAULT: u16 = 65535;
-pub const MAX_CREDIT_SIZE_BYTES_DEFAULT: u64 = 16 * MIB;
-pub const COMMIT_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
-// Limits
-pub const MAX_MEMORY_BYTES_DEFAULT: u64 = 256 * MIB;
-pub const MAX_OUTPUT_SIZE_BYTES_DEFAULT: u64 = 64 * MIB;
-pub const MAX_PENDING_REQUESTS_DEFAULT: u32 = 1024;
-pub const MAX_SUBSCRIPTIONS_DEFAULT: u16 = 64;
-pub const MAX_GROUPS_DEFAULT: u32 = 1024;
-pub const MAX_MEMBERS_PER_GROUP_DEFAULT: u32 = 256;
-
-// The defaults must pass the same checks as operator values (see `Config::validate`).
-const _: () = assert!(SEGMENT_SIZE_BYTES_DEFAULT >= SEGMENT_SIZE_BYTES_MIN);
-const _: () = assert!(SEGMENT_SIZE_BYTES_DEFAULT <= SEGMENT_SIZE_BYTES_MAX);
-const _: () = assert!(MAX_CREDIT_SIZE_BYTES_DEFAULT <= CREDIT_SIZE_BYTES_MAX);
-const _: () = assert!(MAX_OUTPUT_SIZE_BYTES_DEFAULT >= WIRE_FRAME_BYTES_MAX);
-const _: () = assert!(MAX_OUTPUT_SIZE_BYTES_DEFAULT >= MAX_CREDIT_SIZE_BYTES_DEFAULT);
-const _: () = assert!(MAX_MEMORY_BYTES_DEFAULT >= MAX_OUTPUT_SIZE_BYTES_DEFAULT);
-const _: () = assert!(FSYNC_THREADS_DEFAULT >= 1 && FSYNC_THREADS_DEFAULT <= FSYNC_THREADS_MAX);
-
-/// Everything `mortard` is told at start. One field per flag; see `mortard --help`.
+/// Everything `mortard` is told at start: the layers' configs, which `main` hands over
+/// whole, and the few flags `main` itself acts on. See `mortard --help`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    // -- Network --
-    /// `--listen`: client protocol listener.
-    pub listen: SocketAddr,
+    /// Network and per-connection limits. `tokens` is filled by `main` from `token_file`.
+    pub reactor: ReactorConfig,
+    /// Storage, publish and (in `broker.consume`) consume settings.
+    pub broker: BrokerConfig,
     /// `--admin-listen`: admin HTTP listener; `None` = off.
     pub admin_listen: Option<SocketAddr>,
     /// `--listen-peer`: reserved for replication; accepted and reported, nothing binds it.
     pub listen_peer: Option<SocketAddr>,
     /// `--token-file`: one token per line; `None` = every token is accepted.
     pub token_file: Option<PathBuf>,
-    /// `--max-connections`: client connections; one more gets ERR 0x4006 and a close.
-    pub max_connections: u32,
-    /// `--idle-timeout`: no complete frame for this long -> close.
-    pub idle_timeout: Duration,
-    /// `--half-frame-timeout`: a frame begun but not finished within this -> close.
-    pub half_frame_timeout: Duration,
-    // -- Storage --
-    /// `--data-dir`: where the log, registry and group positions live.
-    pub data_dir: PathBuf,
-    /// `--segment-size`: a segment file rolls once it reaches this.
-    pub segment_size_bytes: u64,
-    /// `--retention-size`: per partition; 0 = unlimited.
-    pub retention_size_bytes: u64,
-    /// `--retention-age`: 0 = unlimited.
-    pub retention_age: Duration,
-    /// `--max-data-size`: cap on the data directory; past it PUB gets STORAGE_FULL.
-    /// 0 = unlimited (the disk is the cap).
-    pub max_data_size_bytes: u64,
     /// `--fsync-threads`: fdatasync worker pool size.
-    pub fsync_threads: u32,
-    /// `--durability`: what a PUB with durability DEFAULT waits for.
-    pub durability: Durability,
-    // -- Publish --
-    /// `--producer-ttl`: idle producer dedup state is forgotten after this.
-    pub producer_ttl: Duration,
-    /// `--max-partitions`: largest partition_count a DECLARE may ask for.
-    pub max_partitions: u16,
-    // -- Consume --
-    /// `--session-timeout`: a member silent this long is expelled.
-    pub session_timeout: Duration,
-    /// `--revoke-timeout`: how long a revoked owner has to CONTROL_ACK.
-    pub revoke_timeout: Duration,
-    /// `--ack-wait`: a delivery not settled within this is redelivered.
-    pub ack_wait: Duration,
-    /// `--nack-delay`: NACK RETRY redelivers after this.
-    pub nack_delay: Duration,
-    /// `--max-attempts`: a record failing on this attempt is dead-lettered.
-    pub max_attempts: u16,
-    /// `--max-credit-count`: largest credit window in messages, per subscription.
-    pub max_credit_count: u16,
-    /// `--max-credit-size`: largest credit window in bytes, per subscription.
-    pub max_credit_size_bytes: u64,
-    /// `--commit-interval`: committed group positions are persisted at least this often.
-    pub commit_interval: Duration,
-    // -- Limits --
-    /// `--max-memory`: broker-wide buffer budget; past it -> MEMORY_LIMIT (0x4004).
-    pub max_memory_bytes: u64,
-    /// `--max-output-size`: per connection; a client whose unread output passes it is closed.
-    pub max_output_size_bytes: u64,
-    /// `--max-pending-requests`: per connection; above it the broker stops reading that
-    /// socket until half of them are answered.
-    pub max_pending_requests: u32,
-    /// `--max-subscriptions`: per connection.
-    pub max_subscriptions: u16,
-    /// `--max-groups`: consumer groups, broker-wide.
-    pub max_groups: u32,
-    /// `--max-members-per-group`
-    pub max_members_per_group: u32,
+    pub fsync_threads: usize,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Config {
-            listen: LISTEN_DEFAULT,
-            admin_listen: ADMIN_LISTEN_DEFAULT,
-            listen_peer: LISTEN_PEER_DEFAULT,
-            token_file: TOKEN_FILE_DEFAULT.map(PathBuf::from),
-            max_connections: MAX_CONNECTIONS_DEFAULT,
-            idle_timeout: IDLE_TIMEOUT_DEFAULT,
-            half_frame_timeout: HALF_FRAME_TIMEOUT_DEFAULT,
-            data_dir: PathBuf::from(DATA_DIR_DEFAULT),
-            segment_size_bytes: SEGMENT_SIZE_BYTES_DEFAULT,
-            retention_size_bytes: RETENTION_SIZE_BYTES_DEFAULT,
-            retention_age: RETENTION_AGE_DEFAULT,
-            max_data_size_bytes: MAX_DATA_SIZE_BYTES_DEFAULT,
-            fsync_threads: FSYNC_THREADS_DEFAULT,
-            durability: DURABILITY_DEFAULT,
-            producer_ttl: PRODUCER_TTL_DEFAULT,
-            max_partitions: MAX_PARTITIONS_DEFAULT,
-            session_timeout: SESSION_TIMEOUT_DEFAULT,
-            revoke_timeout: REVOKE_TIMEOUT_DEFAULT,
-            ack_wait: ACK_WAIT_DEFAULT,
-            nack_delay: NACK_DELAY_DEFAULT,
-            max_attempts: MAX_ATTEMPTS_DEFAULT,
-            max_credit_count: MAX_CREDIT_COUNT_DEFAULT,
-            max_credit_size_bytes: MAX_CREDIT_SIZE_BYTES_DEFAULT,
-            commit_interval: COMMIT_INTERVAL_DEFAULT,
-            max_memory_bytes: MAX_MEMORY_BYTES_DEFAULT,
-            max_output_size_bytes: MAX_OUTPUT_SIZE_BYTES_DEFAULT,
-            max_pending_requests: MAX_PENDING_REQUESTS_DEFAULT,
-            max_subscriptions: MAX_SUBSCRIPTIONS_DEFAULT,
-            max_groups: MAX_GROUPS_DEFAULT,
-            max_members_per_group: MAX_MEMBERS_PER_GROUP_DEFAULT,
+            reactor: ReactorConfig::default(),
+            broker: BrokerConfig::default(),
+            admin_listen: Some(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 7412))),
+            listen_peer: None,
+            token_file: None,
+            fsync_threads: 2,
         }
     }
 }
@@ -269,7 +142,7 @@ fn flag_error(name: &str, why: &str) -> ConfigError {
     ConfigError(format!("{PROGRAM}: --{name}: {why}"))
 }
 
-// ---- The flag table: the single list that drives parsing, --help and rendering. ----
+// ---- The flag table: the single list that drives parsing, checks, --help and rendering. ----
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Group {
@@ -288,287 +161,340 @@ const GROUPS: [(Group, &str); 5] = [
     (Group::Limits, "Limits"),
 ];
 
-/// One variant per value flag. `match`es on it are exhaustive, so a flag cannot be parsed
-/// without being rendered, or the other way round.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Flag {
-    Listen,
-    AdminListen,
-    ListenPeer,
-    TokenFile,
-    MaxConnections,
-    IdleTimeout,
-    HalfFrameTimeout,
-    DataDir,
-    SegmentSize,
-    RetentionSize,
-    RetentionAge,
-    MaxDataSize,
-    FsyncThreads,
-    Durability,
-    ProducerTtl,
-    MaxPartitions,
-    SessionTimeout,
-    RevokeTimeout,
-    AckWait,
-    NackDelay,
-    MaxAttempts,
-    MaxCreditCount,
-    MaxCreditSize,
-    CommitInterval,
-    MaxMemory,
-    MaxOutputSize,
-    MaxPendingRequests,
-    MaxSubscriptions,
-    MaxGroups,
-    MaxMembersPerGroup,
+/// Reads and writes one non-numeric field of a [`Config`].
+struct At<T: 'static> {
+    get: fn(&Config) -> &T,
+    get_mut: fn(&mut Config) -> &mut T,
+}
+
+/// Reads and writes one numeric field of a [`Config`] as a `u64`, whatever its type.
+struct Num {
+    get: fn(&Config) -> u64,
+    set: fn(&mut Config, u64),
+}
+
+/// The field a flag sets; its variant fixes the value form (`--help`'s second column),
+/// the parser and the renderer.
+enum Field {
+    Addr(At<SocketAddr>),
+    AddrOrOff(At<Option<SocketAddr>>),
+    Path(At<PathBuf>),
+    /// A path that may be unset (rendered `none`).
+    OptPath(At<Option<PathBuf>>),
+    Durability(At<Durability>),
+    /// Milliseconds, written with a unit.
+    Dur(Num),
+    /// Bytes, written with a binary unit or none.
+    Size(Num),
+    /// A whole number no larger than the second value (what the field's type can hold).
+    Count(Num, u64),
+}
+
+/// Which parsed values a flag accepts; checked before the field is set, and again by
+/// [`Config::validate`] for a `Config` built in code.
+#[derive(Clone, Copy)]
+enum Bounds {
+    Any,
+    /// A count of 0 would disable what the flag limits.
+    AtLeastOne,
+    /// A duration of 0 has no "off" meaning; the text says what 0 would do.
+    Positive(&'static str),
+    /// `min..=max`, and why the limit, if the message should say.
+    Within(u64, u64, &'static str),
 }
 
 struct FlagSpec {
-    flag: Flag,
     /// Long name without the leading `--`.
     name: &'static str,
-    /// Value form shown in `--help`.
-    value: &'static str,
     group: Group,
+    field: Field,
+    bounds: Bounds,
     /// One short line for `--help`; the man page has the long story.
-    meaning: &'static str,
+    help: &'static str,
 }
 
-const fn spec(
-    flag: Flag,
+const fn row(
     name: &'static str,
-    value: &'static str,
     group: Group,
-    meaning: &'static str,
+    field: Field,
+    bounds: Bounds,
+    help: &'static str,
 ) -> FlagSpec {
     FlagSpec {
-        flag,
         name,
-        value,
         group,
-        meaning,
+        field,
+        bounds,
+        help,
     }
 }
 
-const FLAG_COUNT: usize = 30;
+/// The field types a numeric flag may set.
+trait Unsigned: TryFrom<u64> + TryInto<u64> {
+    const MAX: Self;
+}
+impl Unsigned for u16 {
+    const MAX: Self = u16::MAX;
+}
+impl Unsigned for u32 {
+    const MAX: Self = u32::MAX;
+}
+impl Unsigned for u64 {
+    const MAX: Self = u64::MAX;
+}
+impl Unsigned for usize {
+    const MAX: Self = usize::MAX;
+}
 
+fn widen<T: Unsigned>(v: T) -> u64 {
+    v.try_into().unwrap_or(u64::MAX)
+}
+
+/// Bounds and count caps are checked before a set, so only a size in a `usize` field on a
+/// 32-bit host can be too large here; it saturates, which for a byte budget means "more
+/// than this host can address".
+fn narrow<T: Unsigned>(v: u64) -> T {
+    T::try_from(v).unwrap_or(T::MAX)
+}
+
+/// `field!(Kind, path.to.field)`: the accessors of one field, for a row of [`FLAGS`].
+macro_rules! field {
+    (Dur, $($f:ident).+) => { Field::Dur(field!(num $($f).+)) };
+    (Size, $($f:ident).+) => { Field::Size(field!(num $($f).+)) };
+    (Count($max:expr), $($f:ident).+) => { Field::Count(field!(num $($f).+), $max as u64) };
+    (num $($f:ident).+) => {
+        Num { get: |c| widen(c.$($f).+), set: |c, v| c.$($f).+ = narrow(v) }
+    };
+    ($kind:ident, $($f:ident).+) => {
+        Field::$kind(At { get: |c| &c.$($f).+, get_mut: |c| &mut c.$($f).+ })
+    };
+}
+
+/// Every flag, in `--help` order. Adding a flag is one row here (plus its field and
+/// default in the owning layer's config, and its entry in `man/mortard.8`).
 #[rustfmt::skip]
-const FLAGS: [FlagSpec; FLAG_COUNT] = [
-    spec(Flag::Listen, "listen", "ADDR", Group::Network,
+const FLAGS: &[FlagSpec] = {
+    use Bounds::{AtLeastOne, Any, Positive, Within};
+    use Group::{Consume, Limits, Network, Publish, Storage};
+    &[
+    row("listen", Network, field!(Addr, reactor.listen), Any,
         "client protocol (v1) listener, IP:PORT"),
-    spec(Flag::AdminListen, "admin-listen", "ADDR|off", Group::Network,
+    row("admin-listen", Network, field!(AddrOrOff, admin_listen), Any,
         "admin HTTP /healthz /metrics /stats; keep on loopback"),
-    spec(Flag::ListenPeer, "listen-peer", "ADDR|off", Group::Network,
+    row("listen-peer", Network, field!(AddrOrOff, listen_peer), Any,
         "reserved for replication; nothing listens yet"),
-    spec(Flag::TokenFile, "token-file", "PATH", Group::Network,
+    row("token-file", Network, field!(OptPath, token_file), Any,
         "CONNECT tokens, one per line; none = accept all"),
-    spec(Flag::MaxConnections, "max-connections", "N", Group::Network,
-        "client connections; more get CONNECTION_LIMIT"),
-    spec(Flag::IdleTimeout, "idle-timeout", "DUR", Group::Network,
+    row("max-connections", Network, field!(Count(u32::MAX), reactor.max_connections),
+        AtLeastOne, "client connections; more get CONNECTION_LIMIT"),
+    row("idle-timeout", Network, field!(Dur, reactor.idle_timeout_ms),
+        Positive("0 would close every connection at once"),
         "close a connection with no complete frame this long"),
-    spec(Flag::HalfFrameTimeout, "half-frame-timeout", "DUR", Group::Network,
+    row("half-frame-timeout", Network, field!(Dur, reactor.half_frame_timeout_ms),
+        Positive("0 would close every connection in the middle of its first frame"),
         "close a connection whose begun frame is not done"),
-    spec(Flag::DataDir, "data-dir", "PATH", Group::Storage,
+    row("data-dir", Storage, field!(Path, broker.data_dir), Any,
         "segment log, topic registry and group positions"),
-    spec(Flag::SegmentSize, "segment-size", "SIZE", Group::Storage,
+    row("segment-size", Storage, field!(Size, broker.log.segment_size_bytes),
+        Within(SEGMENT_SIZE_BYTES_MIN, SEGMENT_SIZE_BYTES_MAX, ""),
         "start a new segment file at this size (4KiB..1GiB)"),
-    spec(Flag::RetentionSize, "retention-size", "SIZE", Group::Storage,
+    row("retention-size", Storage, field!(Size, broker.log.retention_size_bytes), Any,
         "per partition, oldest deleted first; 0 = unlimited"),
-    spec(Flag::RetentionAge, "retention-age", "DUR", Group::Storage,
+    row("retention-age", Storage, field!(Dur, broker.log.retention_age_ms), Any,
         "delete segments older than this; 0s = unlimited"),
-    spec(Flag::MaxDataSize, "max-data-size", "SIZE", Group::Storage,
+    row("max-data-size", Storage, field!(Size, broker.max_data_bytes), Any,
         "data dir cap, then STORAGE_FULL; 0 = unlimited"),
-    spec(Flag::FsyncThreads, "fsync-threads", "N", Group::Storage,
-        "fdatasync worker threads (1..64)"),
-    spec(Flag::Durability, "durability", "written|fsync", Group::Storage,
+    row("fsync-threads", Storage, field!(Count(u32::MAX), fsync_threads),
+        Within(1, FSYNC_THREADS_MAX, ""), "fdatasync worker threads (1..64)"),
+    row("durability", Storage, field!(Durability, broker.durability), Any,
         "what a PUB with DEFAULT durability waits for"),
-    spec(Flag::ProducerTtl, "producer-ttl", "DUR", Group::Publish,
+    row("producer-ttl", Publish, field!(Dur, broker.producer_ttl_ms),
+        Positive("0 would forget producers at once and disable deduplication"),
         "forget an idle producer's dedup state after this"),
-    spec(Flag::MaxPartitions, "max-partitions", "N", Group::Publish,
-        "largest partition count of a topic (1..65535)"),
-    spec(Flag::SessionTimeout, "session-timeout", "DUR", Group::Consume,
+    row("max-partitions", Publish, field!(Count(u16::MAX), broker.max_partitions),
+        AtLeastOne, "largest partition count of a topic (1..65535)"),
+    row("session-timeout", Consume, field!(Dur, broker.consume.session_timeout_ms),
+        Positive("0 would expel every member at once"),
         "expel a group member silent for this long"),
-    spec(Flag::RevokeTimeout, "revoke-timeout", "DUR", Group::Consume,
+    row("revoke-timeout", Consume, field!(Dur, broker.consume.revoke_timeout_ms),
+        Positive("0 would move partitions before the old owner can stop"),
         "move a revoked partition if no CONTROL_ACK by then"),
-    spec(Flag::AckWait, "ack-wait", "DUR", Group::Consume,
+    row("ack-wait", Consume, field!(Dur, broker.consume.ack_wait_ms),
+        Positive("0 would redeliver every message as soon as it is sent"),
         "redeliver a delivery not ACKed or NACKed within this"),
-    spec(Flag::NackDelay, "nack-delay", "DUR", Group::Consume,
+    row("nack-delay", Consume, field!(Dur, broker.consume.nack_delay_ms),
+        Positive("use e.g. 10ms for a near-immediate retry"),
         "redeliver after NACK RETRY once this has passed"),
-    spec(Flag::MaxAttempts, "max-attempts", "N", Group::Consume,
-        "dead-letter a record failing this attempt (1..65535)"),
-    spec(Flag::MaxCreditCount, "max-credit-count", "N", Group::Consume,
-        "credit window cap in messages, per subscription"),
-    spec(Flag::MaxCreditSize, "max-credit-size", "SIZE", Group::Consume,
+    row("max-attempts", Consume, field!(Count(u16::MAX), broker.consume.max_attempts),
+        AtLeastOne, "dead-letter a record failing this attempt (1..65535)"),
+    row("max-credit-count", Consume, field!(Count(u16::MAX), broker.consume.max_credit_count),
+        AtLeastOne, "credit window cap in messages, per subscription"),
+    row("max-credit-size", Consume, field!(Size, broker.consume.max_credit_bytes),
+        Within(1, CREDIT_SIZE_BYTES_MAX, ": credit_bytes is a u32 on the wire"),
         "credit window cap in bytes, per subscription"),
-    spec(Flag::CommitInterval, "commit-interval", "DUR", Group::Consume,
+    row("commit-interval", Consume, field!(Dur, broker.commit_interval_ms),
+        Positive("0 would rewrite the groups file on every ACK"),
         "persist group positions at least this often"),
-    spec(Flag::MaxMemory, "max-memory", "SIZE", Group::Limits,
+    row("max-memory", Limits, field!(Size, reactor.max_memory_bytes), Any,
         "broker-wide buffer budget, then MEMORY_LIMIT"),
-    spec(Flag::MaxOutputSize, "max-output-size", "SIZE", Group::Limits,
+    row("max-output-size", Limits, field!(Size, reactor.max_output_bytes), Any,
         "per connection: close a client whose output exceeds"),
-    spec(Flag::MaxPendingRequests, "max-pending-requests", "N", Group::Limits,
-        "per connection: stop reading till half are answered"),
-    spec(Flag::MaxSubscriptions, "max-subscriptions", "N", Group::Limits,
-        "per connection (1..65535)"),
-    spec(Flag::MaxGroups, "max-groups", "N", Group::Limits,
-        "consumer groups, broker-wide"),
-    spec(Flag::MaxMembersPerGroup, "max-members-per-group", "N", Group::Limits,
-        "members in one consumer group"),
-];
+    row("max-pending-requests", Limits, field!(Count(u32::MAX), reactor.max_pending_requests),
+        AtLeastOne, "per connection: stop reading till half are answered"),
+    row("max-subscriptions", Limits,
+        field!(Count(u16::MAX), broker.consume.max_subscriptions_per_conn),
+        AtLeastOne, "per connection (1..65535)"),
+    row("max-groups", Limits, field!(Count(u32::MAX), broker.consume.max_groups),
+        AtLeastOne, "consumer groups, broker-wide"),
+    row("max-members-per-group", Limits,
+        field!(Count(u32::MAX), broker.consume.max_members_per_group),
+        AtLeastOne, "members in one consumer group"),
+    ]
+};
+
+impl FlagSpec {
+    /// The value form shown in `--help`.
+    fn form(&self) -> &'static str {
+        match self.field {
+            Field::Addr(_) => "ADDR",
+            Field::AddrOrOff(_) => "ADDR|off",
+            Field::Path(_) | Field::OptPath(_) => "PATH",
+            Field::Durability(_) => "written|fsync",
+            Field::Dur(_) => "DUR",
+            Field::Size(_) => "SIZE",
+            Field::Count(..) => "N",
+        }
+    }
+
+    /// Sets the field from its command-line text. The error is the reason only; the
+    /// caller adds the program and flag name.
+    fn apply(&self, c: &mut Config, text: &str) -> Result<(), String> {
+        match &self.field {
+            Field::Addr(at) => *(at.get_mut)(c) = parse_addr(text)?,
+            Field::AddrOrOff(at) => *(at.get_mut)(c) = parse_addr_or_off(text)?,
+            Field::Path(at) => *(at.get_mut)(c) = parse_path(text)?,
+            Field::OptPath(at) => *(at.get_mut)(c) = Some(parse_path(text)?),
+            Field::Durability(at) => *(at.get_mut)(c) = parse_durability(text)?,
+            Field::Dur(num) => {
+                let ms = parse_duration(text)?.as_millis();
+                self.set_number(c, num, u64::try_from(ms).unwrap_or(u64::MAX))?
+            }
+            Field::Size(num) => self.set_number(c, num, parse_size(text)?)?,
+            Field::Count(num, max) => self.set_number(c, num, parse_count(text, *max)?)?,
+        }
+        Ok(())
+    }
+
+    fn set_number(&self, c: &mut Config, num: &Num, value: u64) -> Result<(), String> {
+        self.check_number(value)?;
+        (num.set)(c, value);
+        Ok(())
+    }
+
+    /// The rules on this flag's value alone.
+    fn check(&self, c: &Config) -> Result<(), String> {
+        match &self.field {
+            Field::Path(at) if (at.get)(c).as_os_str().is_empty() => {
+                Err("must not be empty".to_string())
+            }
+            Field::Dur(num) | Field::Size(num) | Field::Count(num, _) => {
+                self.check_number((num.get)(c))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn check_number(&self, v: u64) -> Result<(), String> {
+        match self.bounds {
+            Bounds::AtLeastOne if v == 0 => Err("must be at least 1".to_string()),
+            Bounds::Positive(why) if v == 0 => Err(format!("must be more than 0s ({why})")),
+            Bounds::Within(min, max, why) if !(min..=max).contains(&v) => Err(format!(
+                "{} is out of range (allowed {}..{}{why})",
+                self.show(v),
+                self.show(min),
+                self.show(max)
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The field's value in the syntax [`parse_args`] accepts; `None` if unset.
+    fn render(&self, c: &Config) -> Option<String> {
+        let text = match &self.field {
+            Field::Addr(at) => (at.get)(c).to_string(),
+            Field::AddrOrOff(at) => format_addr_or_off(*(at.get)(c)),
+            Field::Path(at) => (at.get)(c).display().to_string(),
+            Field::OptPath(at) => return (at.get)(c).as_ref().map(|p| p.display().to_string()),
+            Field::Durability(at) => (at.get)(c).to_string(),
+            Field::Dur(num) | Field::Size(num) | Field::Count(num, _) => self.show((num.get)(c)),
+        };
+        Some(text)
+    }
+
+    /// A numeric value in this flag's unit.
+    fn show(&self, v: u64) -> String {
+        match self.field {
+            Field::Dur(_) => format_duration(Duration::from_millis(v)),
+            Field::Size(_) => format_size(v),
+            _ => v.to_string(),
+        }
+    }
+}
 
 impl Config {
-    /// Checks the rules that involve ranges or more than one field. [`parse_args`] calls
-    /// it; call it yourself on a `Config` built in code (tests, embedding).
+    /// Checks every flag's bounds and the rules that involve more than one field.
+    /// [`parse_args`] calls it; call it yourself on a `Config` built in code (tests,
+    /// embedding).
     pub fn validate(&self) -> Result<(), ConfigError> {
-        at_least_one("max-connections", u64::from(self.max_connections))?;
-        positive(
-            "idle-timeout",
-            self.idle_timeout,
-            "0 would close every connection at once",
-        )?;
-        positive(
-            "half-frame-timeout",
-            self.half_frame_timeout,
-            "0 would close every connection in the middle of its first frame",
-        )?;
-        if self.data_dir.as_os_str().is_empty() {
-            return Err(flag_error("data-dir", "must not be empty"));
+        for flag in FLAGS {
+            flag.check(self)
+                .map_err(|why| flag_error(flag.name, &why))?;
         }
-        if !(SEGMENT_SIZE_BYTES_MIN..=SEGMENT_SIZE_BYTES_MAX).contains(&self.segment_size_bytes) {
-            return Err(flag_error(
-                "segment-size",
-                &format!(
-                    "{} is out of range (allowed {}..{})",
-                    format_size(self.segment_size_bytes),
-                    format_size(SEGMENT_SIZE_BYTES_MIN),
-                    format_size(SEGMENT_SIZE_BYTES_MAX)
-                ),
-            ));
-        }
+        self.validate_sizes()?;
+        self.validate_listeners()
+    }
+
+    fn validate_sizes(&self) -> Result<(), ConfigError> {
+        let log = &self.broker.log;
         // Retention deletes whole closed segments, so a limit below one segment can never
         // be met; it is almost always a unit slip (MiB for GiB).
-        if self.retention_size_bytes != 0 && self.retention_size_bytes < self.segment_size_bytes {
-            return Err(flag_error(
-                "retention-size",
-                &format!(
-                    "{} is smaller than --segment-size {} (retention deletes whole segments; \
-                     use 0 for unlimited)",
-                    format_size(self.retention_size_bytes),
-                    format_size(self.segment_size_bytes)
-                ),
-            ));
+        if log.retention_size_bytes != 0 {
+            let why = " (retention deletes whole segments; use 0 for unlimited)";
+            let (retention, segment) = (log.retention_size_bytes, log.segment_size_bytes);
+            not_below("retention-size", retention, "segment-size", segment, why)?;
         }
         // Below one segment, the first PUB of a new partition would already be STORAGE_FULL.
-        if self.max_data_size_bytes != 0 && self.max_data_size_bytes < self.segment_size_bytes {
-            return Err(flag_error(
-                "max-data-size",
-                &format!(
-                    "{} is smaller than --segment-size {} (use 0 for unlimited)",
-                    format_size(self.max_data_size_bytes),
-                    format_size(self.segment_size_bytes)
-                ),
-            ));
+        if self.broker.max_data_bytes != 0 {
+            let why = " (use 0 for unlimited)";
+            let (cap, segment) = (self.broker.max_data_bytes, log.segment_size_bytes);
+            not_below("max-data-size", cap, "segment-size", segment, why)?;
         }
-        if !(1..=FSYNC_THREADS_MAX).contains(&self.fsync_threads) {
-            return Err(flag_error(
-                "fsync-threads",
-                &format!(
-                    "{} is out of range (allowed 1..{FSYNC_THREADS_MAX})",
-                    self.fsync_threads
-                ),
-            ));
-        }
-        positive(
-            "producer-ttl",
-            self.producer_ttl,
-            "0 would forget producers at once and disable deduplication",
-        )?;
-        at_least_one("max-partitions", u64::from(self.max_partitions))?;
-        positive(
-            "session-timeout",
-            self.session_timeout,
-            "0 would expel every member at once",
-        )?;
-        positive(
-            "revoke-timeout",
-            self.revoke_timeout,
-            "0 would move partitions before the old owner can stop",
-        )?;
-        positive(
-            "ack-wait",
-            self.ack_wait,
-            "0 would redeliver every message as soon as it is sent",
-        )?;
-        positive(
-            "nack-delay",
-            self.nack_delay,
-            "use e.g. 10ms for a near-immediate retry",
-        )?;
-        at_least_one("max-attempts", u64::from(self.max_attempts))?;
-        at_least_one("max-credit-count", u64::from(self.max_credit_count))?;
-        if !(1..=CREDIT_SIZE_BYTES_MAX).contains(&self.max_credit_size_bytes) {
-            return Err(flag_error(
-                "max-credit-size",
-                &format!(
-                    "{} is out of range (allowed 1B..{}B: credit_bytes is a u32 on the wire)",
-                    format_size(self.max_credit_size_bytes),
-                    CREDIT_SIZE_BYTES_MAX
-                ),
-            ));
-        }
-        positive(
-            "commit-interval",
-            self.commit_interval,
-            "0 would rewrite the groups file on every ACK",
-        )?;
         // A connection must be able to hold one maximal frame, or a consumer that is sent
         // one large message is closed although it did nothing wrong.
-        if self.max_output_size_bytes < WIRE_FRAME_BYTES_MAX {
+        let output = widen(self.reactor.max_output_bytes);
+        if output < FRAME_BYTES_MAX {
             return Err(flag_error(
                 "max-output-size",
                 &format!(
-                    "{} is below one maximal frame ({}B = 16MiB + 4B header)",
-                    format_size(self.max_output_size_bytes),
-                    WIRE_FRAME_BYTES_MAX
+                    "{} is below one maximal frame ({FRAME_BYTES_MAX}B = 16MiB + 4B header)",
+                    format_size(output)
                 ),
             ));
         }
         // A consumer may be granted --max-credit-size bytes of pushed MSGs; if the output cap
         // were lower, a client that follows its credit could be closed for it.
-        if self.max_output_size_bytes < self.max_credit_size_bytes {
-            return Err(flag_error(
-                "max-output-size",
-                &format!(
-                    "{} is smaller than --max-credit-size {}",
-                    format_size(self.max_output_size_bytes),
-                    format_size(self.max_credit_size_bytes)
-                ),
-            ));
-        }
+        let credit = u64::from(self.broker.consume.max_credit_bytes);
+        not_below("max-output-size", output, "max-credit-size", credit, "")?;
         // The broker-wide budget must hold at least one connection's worth of output.
-        if self.max_memory_bytes < self.max_output_size_bytes {
-            return Err(flag_error(
-                "max-memory",
-                &format!(
-                    "{} is smaller than --max-output-size {}",
-                    format_size(self.max_memory_bytes),
-                    format_size(self.max_output_size_bytes)
-                ),
-            ));
-        }
-        at_least_one("max-pending-requests", u64::from(self.max_pending_requests))?;
-        at_least_one("max-subscriptions", u64::from(self.max_subscriptions))?;
-        at_least_one("max-groups", u64::from(self.max_groups))?;
-        at_least_one(
-            "max-members-per-group",
-            u64::from(self.max_members_per_group),
-        )?;
+        let memory = widen(self.reactor.max_memory_bytes);
+        not_below("max-memory", memory, "max-output-size", output, "")
+    }
 
-        // Catch a clash here with a message naming both flags, instead of EADDRINUSE from
-        // whichever bind happens second.
+    /// Catches a clash here with a message naming both flags, instead of EADDRINUSE from
+    /// whichever bind happens second.
+    fn validate_listeners(&self) -> Result<(), ConfigError> {
         let listeners = [
-            ("listen", Some(self.listen)),
+            ("listen", Some(self.reactor.listen)),
             ("admin-listen", self.admin_listen),
             ("listen-peer", self.listen_peer),
         ];
@@ -611,86 +537,29 @@ impl Config {
     /// `("segment-size", Some("16MiB"))`. `None` means the flag is unset (only
     /// `--token-file`). For the startup log line and `/stats`.
     pub fn flag_values(&self) -> Vec<(&'static str, Option<String>)> {
-        FLAGS
-            .iter()
-            .map(|s| (s.name, self.render(s.flag)))
-            .collect()
+        FLAGS.iter().map(|f| (f.name, f.render(self))).collect()
     }
+}
 
-    /// The value of one flag in the syntax [`parse_args`] accepts.
-    fn render(&self, flag: Flag) -> Option<String> {
-        let text = match flag {
-            Flag::Listen => self.listen.to_string(),
-            Flag::AdminListen => format_addr_or_off(self.admin_listen),
-            Flag::ListenPeer => format_addr_or_off(self.listen_peer),
-            Flag::TokenFile => return self.token_file.as_ref().map(|p| p.display().to_string()),
-            Flag::MaxConnections => self.max_connections.to_string(),
-            Flag::IdleTimeout => format_duration(self.idle_timeout),
-            Flag::HalfFrameTimeout => format_duration(self.half_frame_timeout),
-            Flag::DataDir => self.data_dir.display().to_string(),
-            Flag::SegmentSize => format_size(self.segment_size_bytes),
-            Flag::RetentionSize => format_size(self.retention_size_bytes),
-            Flag::RetentionAge => format_duration(self.retention_age),
-            Flag::MaxDataSize => format_size(self.max_data_size_bytes),
-            Flag::FsyncThreads => self.fsync_threads.to_string(),
-            Flag::Durability => self.durability.to_string(),
-            Flag::ProducerTtl => format_duration(self.producer_ttl),
-            Flag::MaxPartitions => self.max_partitions.to_string(),
-            Flag::SessionTimeout => format_duration(self.session_timeout),
-            Flag::RevokeTimeout => format_duration(self.revoke_timeout),
-            Flag::AckWait => format_duration(self.ack_wait),
-            Flag::NackDelay => format_duration(self.nack_delay),
-            Flag::MaxAttempts => self.max_attempts.to_string(),
-            Flag::MaxCreditCount => self.max_credit_count.to_string(),
-            Flag::MaxCreditSize => format_size(self.max_credit_size_bytes),
-            Flag::CommitInterval => format_duration(self.commit_interval),
-            Flag::MaxMemory => format_size(self.max_memory_bytes),
-            Flag::MaxOutputSize => format_size(self.max_output_size_bytes),
-            Flag::MaxPendingRequests => self.max_pending_requests.to_string(),
-            Flag::MaxSubscriptions => self.max_subscriptions.to_string(),
-            Flag::MaxGroups => self.max_groups.to_string(),
-            Flag::MaxMembersPerGroup => self.max_members_per_group.to_string(),
-        };
-        Some(text)
+/// `--name` (a size) must be at least `--other`'s value.
+fn not_below(
+    name: &str,
+    value: u64,
+    other: &str,
+    floor: u64,
+    why: &str,
+) -> Result<(), ConfigError> {
+    if value < floor {
+        return Err(flag_error(
+            name,
+            &format!(
+                "{} is smaller than --{other} {}{why}",
+                format_size(value),
+                format_size(floor)
+            ),
+        ));
     }
-
-    /// Sets one flag from its command-line text. The error is the reason only; the caller
-    /// adds the program and flag name.
-    fn apply(&mut self, flag: Flag, v: &str) -> Result<(), String> {
-        match flag {
-            Flag::Listen => self.listen = parse_addr(v)?,
-            Flag::AdminListen => self.admin_listen = parse_addr_or_off(v)?,
-            Flag::ListenPeer => self.listen_peer = parse_addr_or_off(v)?,
-            Flag::TokenFile => self.token_file = Some(parse_path(v)?),
-            Flag::MaxConnections => self.max_connections = parse_count(v, u32::MAX)?,
-            Flag::IdleTimeout => self.idle_timeout = parse_duration(v)?,
-            Flag::HalfFrameTimeout => self.half_frame_timeout = parse_duration(v)?,
-            Flag::DataDir => self.data_dir = parse_path(v)?,
-            Flag::SegmentSize => self.segment_size_bytes = parse_size(v)?,
-            Flag::RetentionSize => self.retention_size_bytes = parse_size(v)?,
-            Flag::RetentionAge => self.retention_age = parse_duration(v)?,
-            Flag::MaxDataSize => self.max_data_size_bytes = parse_size(v)?,
-            Flag::FsyncThreads => self.fsync_threads = parse_count(v, u32::MAX)?,
-            Flag::Durability => self.durability = parse_durability(v)?,
-            Flag::ProducerTtl => self.producer_ttl = parse_duration(v)?,
-            Flag::MaxPartitions => self.max_partitions = parse_count(v, u16::MAX)?,
-            Flag::SessionTimeout => self.session_timeout = parse_duration(v)?,
-            Flag::RevokeTimeout => self.revoke_timeout = parse_duration(v)?,
-            Flag::AckWait => self.ack_wait = parse_duration(v)?,
-            Flag::NackDelay => self.nack_delay = parse_duration(v)?,
-            Flag::MaxAttempts => self.max_attempts = parse_count(v, u16::MAX)?,
-            Flag::MaxCreditCount => self.max_credit_count = parse_count(v, u16::MAX)?,
-            Flag::MaxCreditSize => self.max_credit_size_bytes = parse_size(v)?,
-            Flag::CommitInterval => self.commit_interval = parse_duration(v)?,
-            Flag::MaxMemory => self.max_memory_bytes = parse_size(v)?,
-            Flag::MaxOutputSize => self.max_output_size_bytes = parse_size(v)?,
-            Flag::MaxPendingRequests => self.max_pending_requests = parse_count(v, u32::MAX)?,
-            Flag::MaxSubscriptions => self.max_subscriptions = parse_count(v, u16::MAX)?,
-            Flag::MaxGroups => self.max_groups = parse_count(v, u32::MAX)?,
-            Flag::MaxMembersPerGroup => self.max_members_per_group = parse_count(v, u32::MAX)?,
-        }
-        Ok(())
-    }
+    Ok(())
 }
 
 /// Two listeners clash if they name the same port on the same or an overlapping address
@@ -702,27 +571,12 @@ fn addrs_clash(a: SocketAddr, b: SocketAddr) -> bool {
         && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
 }
 
-fn at_least_one(name: &str, value: u64) -> Result<(), ConfigError> {
-    if value == 0 {
-        return Err(flag_error(name, "must be at least 1"));
-    }
-    Ok(())
-}
-
-/// Durations where 0 has no "off" meaning are refused at 0, with what 0 would do.
-fn positive(name: &str, value: Duration, why: &str) -> Result<(), ConfigError> {
-    if value.is_zero() {
-        return Err(flag_error(name, &format!("must be more than 0s ({why})")));
-    }
-    Ok(())
-}
-
 // ---- Parsing the command line. ----
 
 fn options() -> getopts::Options {
     let mut opts = getopts::Options::new();
-    for s in &FLAGS {
-        opts.optopt("", s.name, s.meaning, s.value);
+    for f in FLAGS {
+        opts.optopt("", f.name, f.help, f.form());
     }
     opts.optflag("h", "help", "print this help and exit");
     opts.optflag("V", "version", "print the version and exit");
@@ -747,11 +601,10 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Co
         )));
     }
     let mut config = Config::default();
-    for s in &FLAGS {
-        if let Some(value) = matches.opt_str(s.name) {
-            config
-                .apply(s.flag, &value)
-                .map_err(|why| flag_error(s.name, &why))?;
+    for f in FLAGS {
+        if let Some(value) = matches.opt_str(f.name) {
+            f.apply(&mut config, &value)
+                .map_err(|why| flag_error(f.name, &why))?;
         }
     }
     config.validate()?;
@@ -789,12 +642,10 @@ pub fn help_text() -> String {
     let defaults = Config::default();
     let rows: Vec<(Group, String, String, &str)> = FLAGS
         .iter()
-        .map(|s| {
-            let form = format!("--{} {}", s.name, s.value);
-            let default = defaults
-                .render(s.flag)
-                .unwrap_or_else(|| "none".to_string());
-            (s.group, form, default, s.meaning)
+        .map(|f| {
+            let form = format!("--{} {}", f.name, f.form());
+            let default = f.render(&defaults).unwrap_or_else(|| "none".to_string());
+            (f.group, form, default, f.help)
         })
         .collect();
     let form_width = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
@@ -966,7 +817,7 @@ pub fn format_size(n: u64) -> String {
     format!("{n}B")
 }
 
-fn parse_count<T: TryFrom<u64> + fmt::Display>(s: &str, max: T) -> Result<T, String> {
+fn parse_count(s: &str, max: u64) -> Result<u64, String> {
     if s.is_empty() {
         return Err("an empty value is not a number".to_string());
     }
@@ -977,8 +828,7 @@ fn parse_count<T: TryFrom<u64> + fmt::Display>(s: &str, max: T) -> Result<T, Str
         return Err(format!("'{s}' is not a whole number"));
     }
     let too_large = || format!("'{s}' is too large (max {max})");
-    let n: u64 = s.parse().map_err(|_| too_large())?;
-    T::try_from(n).map_err(|_| too_large())
+    s.parse().ok().filter(|&n| n <= max).ok_or_else(too_large)
 }
 
 fn parse_addr(s: &str) -> Result<SocketAddr, String> {
@@ -1024,7 +874,7 @@ mod tests {
 
     /// The flag names promised to operators, written out independently of `FLAGS` so that
     /// renaming or dropping one in the table fails a test instead of shipping.
-    const FLAG_NAMES: [&str; FLAG_COUNT] = [
+    const FLAG_NAMES: &[&str] = &[
         "listen",
         "admin-listen",
         "listen-peer",
@@ -1227,9 +1077,9 @@ mod tests {
     type Check = fn(&Config) -> bool;
 
     /// One non-default value per flag, and how to see it landed in the right field.
-    const FLAG_CASES: [(&str, &str, Check); FLAG_COUNT] = [
+    const FLAG_CASES: &[(&str, &str, Check)] = &[
         ("listen", "0.0.0.0:9000", |c| {
-            c.listen == "0.0.0.0:9000".parse().unwrap()
+            c.reactor.listen == "0.0.0.0:9000".parse().unwrap()
         }),
         ("admin-listen", "[::1]:9001", |c| {
             c.admin_listen == "[::1]:9001".parse().ok()
@@ -1240,63 +1090,71 @@ mod tests {
         ("token-file", "/etc/mortar/tokens", |c| {
             c.token_file.as_deref() == Some("/etc/mortar/tokens".as_ref())
         }),
-        ("max-connections", "10", |c| c.max_connections == 10),
+        ("max-connections", "10", |c| c.reactor.max_connections == 10),
         ("idle-timeout", "2m", |c| {
-            c.idle_timeout == Duration::from_secs(120)
+            c.reactor.idle_timeout_ms == 120_000
         }),
         ("half-frame-timeout", "1500ms", |c| {
-            c.half_frame_timeout == ms(1500)
+            c.reactor.half_frame_timeout_ms == 1500
         }),
         ("data-dir", "/var/lib/mortar", |c| {
-            c.data_dir == Path::new("/var/lib/mortar")
+            c.broker.data_dir == Path::new("/var/lib/mortar")
         }),
         ("segment-size", "32MiB", |c| {
-            c.segment_size_bytes == 32 << 20
+            c.broker.log.segment_size_bytes == 32 << 20
         }),
         ("retention-size", "1GiB", |c| {
-            c.retention_size_bytes == 1 << 30
+            c.broker.log.retention_size_bytes == 1 << 30
         }),
         ("retention-age", "14d", |c| {
-            c.retention_age == Duration::from_secs(14 * 86_400)
+            c.broker.log.retention_age_ms == 14 * 86_400_000
         }),
         ("max-data-size", "10GiB", |c| {
-            c.max_data_size_bytes == 10 << 30
+            c.broker.max_data_bytes == 10 << 30
         }),
         ("fsync-threads", "4", |c| c.fsync_threads == 4),
         ("durability", "written", |c| {
-            c.durability == Durability::Written
+            c.broker.durability == Durability::Written
         }),
         ("producer-ttl", "12h", |c| {
-            c.producer_ttl == Duration::from_secs(12 * 3600)
+            c.broker.producer_ttl_ms == 12 * 3_600_000
         }),
-        ("max-partitions", "128", |c| c.max_partitions == 128),
+        ("max-partitions", "128", |c| c.broker.max_partitions == 128),
         ("session-timeout", "20s", |c| {
-            c.session_timeout == Duration::from_secs(20)
+            c.broker.consume.session_timeout_ms == 20_000
         }),
         ("revoke-timeout", "5s", |c| {
-            c.revoke_timeout == Duration::from_secs(5)
+            c.broker.consume.revoke_timeout_ms == 5_000
         }),
-        ("ack-wait", "1m", |c| c.ack_wait == Duration::from_secs(60)),
-        ("nack-delay", "250ms", |c| c.nack_delay == ms(250)),
-        ("max-attempts", "9", |c| c.max_attempts == 9),
-        ("max-credit-count", "1000", |c| c.max_credit_count == 1000),
+        ("ack-wait", "1m", |c| c.broker.consume.ack_wait_ms == 60_000),
+        ("nack-delay", "250ms", |c| {
+            c.broker.consume.nack_delay_ms == 250
+        }),
+        ("max-attempts", "9", |c| c.broker.consume.max_attempts == 9),
+        ("max-credit-count", "1000", |c| {
+            c.broker.consume.max_credit_count == 1000
+        }),
         ("max-credit-size", "8MiB", |c| {
-            c.max_credit_size_bytes == 8 << 20
+            c.broker.consume.max_credit_bytes == 8 << 20
         }),
         ("commit-interval", "5s", |c| {
-            c.commit_interval == Duration::from_secs(5)
+            c.broker.commit_interval_ms == 5_000
         }),
-        ("max-memory", "512MiB", |c| c.max_memory_bytes == 512 << 20),
+        ("max-memory", "512MiB", |c| {
+            c.reactor.max_memory_bytes == 512 << 20
+        }),
         ("max-output-size", "128MiB", |c| {
-            c.max_output_size_bytes == 128 << 20
+            c.reactor.max_output_bytes == 128 << 20
         }),
         ("max-pending-requests", "99", |c| {
-            c.max_pending_requests == 99
+            c.reactor.max_pending_requests == 99
         }),
-        ("max-subscriptions", "7", |c| c.max_subscriptions == 7),
-        ("max-groups", "3", |c| c.max_groups == 3),
+        ("max-subscriptions", "7", |c| {
+            c.broker.consume.max_subscriptions_per_conn == 7
+        }),
+        ("max-groups", "3", |c| c.broker.consume.max_groups == 3),
         ("max-members-per-group", "11", |c| {
-            c.max_members_per_group == 11
+            c.broker.consume.max_members_per_group == 11
         }),
     ];
 
@@ -1305,7 +1163,7 @@ mod tests {
     #[test]
     fn every_flag_in_both_forms() {
         let defaults = Config::default();
-        for (name, value, check) in FLAG_CASES {
+        for &(name, value, check) in FLAG_CASES {
             let spaced = run(&[&format!("--{name}"), value]);
             let joined = run(&[&format!("--{name}={value}")]);
             assert!(check(&spaced), "--{name} {value} did not set its field");
@@ -1326,11 +1184,11 @@ mod tests {
     #[test]
     fn all_flags_together_round_trip_through_flag_values() {
         let mut list = Vec::new();
-        for (name, value, _) in FLAG_CASES {
+        for &(name, value, _) in FLAG_CASES {
             list.push(format!("--{name}={value}"));
         }
         let config = run(&list.iter().map(String::as_str).collect::<Vec<_>>());
-        for (name, value, check) in FLAG_CASES {
+        for &(name, value, check) in FLAG_CASES {
             assert!(check(&config), "--{name} {value}");
         }
         let again: Vec<String> = config
@@ -1348,7 +1206,7 @@ mod tests {
             .into_iter()
             .filter_map(|(name, value)| value.map(|v| format!("--{name}={v}")))
             .collect();
-        assert_eq!(list.len(), FLAG_COUNT - 1, "only --token-file is unset");
+        assert_eq!(list.len(), FLAGS.len() - 1, "only --token-file is unset");
         assert_eq!(parse_args(list), Ok(Command::Run(Config::default())));
     }
 
@@ -1373,10 +1231,10 @@ mod tests {
     #[test]
     fn addresses() {
         assert_eq!(
-            run(&["--listen", "[::]:7411"]).listen.ip(),
+            run(&["--listen", "[::]:7411"]).reactor.listen.ip(),
             IpAddr::from([0u16; 8])
         );
-        assert_eq!(run(&["--listen", "127.0.0.1:0"]).listen.port(), 0);
+        assert_eq!(run(&["--listen", "127.0.0.1:0"]).reactor.listen.port(), 0);
         for bad in [
             "localhost:7411",
             "127.0.0.1",
@@ -1392,11 +1250,11 @@ mod tests {
     #[test]
     fn durability_values() {
         assert_eq!(
-            run(&["--durability", "fsync"]).durability,
+            run(&["--durability", "fsync"]).broker.durability,
             Durability::Fsynced
         );
         assert_eq!(
-            run(&["--durability=written"]).durability,
+            run(&["--durability=written"]).broker.durability,
             Durability::Written
         );
         let e = err(&["--durability", "always"]);
@@ -1419,7 +1277,10 @@ mod tests {
         assert!(err(&["--max-attempts", "65536"]).contains("too large (max 65535)"));
         assert!(err(&["--max-credit-count", "65536"]).contains("too large (max 65535)"));
         assert!(err(&["--max-subscriptions", "65536"]).contains("too large (max 65535)"));
-        assert_eq!(run(&["--max-partitions", "65535"]).max_partitions, 65535);
+        assert_eq!(
+            run(&["--max-partitions", "65535"]).broker.max_partitions,
+            65535
+        );
     }
 
     #[test]
@@ -1442,69 +1303,62 @@ mod tests {
     #[test]
     fn defaults_equal_documented_constants() {
         let c = Config::default();
-        assert_eq!(c.listen, "127.0.0.1:7411".parse().unwrap());
-        assert_eq!(c.listen, LISTEN_DEFAULT);
+        let (r, b, k) = (&c.reactor, &c.broker, &c.broker.consume);
+        assert_eq!(r.listen, "127.0.0.1:7411".parse().unwrap());
         assert_eq!(c.admin_listen, Some("127.0.0.1:7412".parse().unwrap()));
-        assert_eq!(c.admin_listen, ADMIN_LISTEN_DEFAULT);
         assert_eq!(c.listen_peer, None);
-        assert_eq!(c.listen_peer, LISTEN_PEER_DEFAULT);
         assert_eq!(c.token_file, None);
-        assert_eq!(TOKEN_FILE_DEFAULT, None);
-        assert_eq!(c.max_connections, 4096);
-        assert_eq!(c.max_connections, MAX_CONNECTIONS_DEFAULT);
-        assert_eq!(c.idle_timeout, Duration::from_secs(45));
-        assert_eq!(c.idle_timeout, IDLE_TIMEOUT_DEFAULT);
-        assert_eq!(c.half_frame_timeout, Duration::from_secs(10));
-        assert_eq!(c.half_frame_timeout, HALF_FRAME_TIMEOUT_DEFAULT);
-        assert_eq!(c.data_dir, PathBuf::from("./mortar-data"));
-        assert_eq!(c.data_dir, PathBuf::from(DATA_DIR_DEFAULT));
-        assert_eq!(c.segment_size_bytes, 16 << 20);
-        assert_eq!(c.segment_size_bytes, SEGMENT_SIZE_BYTES_DEFAULT);
-        assert_eq!(c.retention_size_bytes, 0);
-        assert_eq!(c.retention_size_bytes, RETENTION_SIZE_BYTES_DEFAULT);
-        assert_eq!(c.retention_age, Duration::ZERO);
-        assert_eq!(c.retention_age, RETENTION_AGE_DEFAULT);
-        assert_eq!(c.max_data_size_bytes, 0);
-        assert_eq!(c.max_data_size_bytes, MAX_DATA_SIZE_BYTES_DEFAULT);
+        assert_eq!(r.tokens, None);
+        assert_eq!(r.max_connections, 4096);
+        assert_eq!(r.idle_timeout_ms, 45_000);
+        assert_eq!(r.half_frame_timeout_ms, 10_000);
+        assert_eq!(b.data_dir, PathBuf::from("./mortar-data"));
+        assert_eq!(b.log.segment_size_bytes, 16 << 20);
+        assert_eq!(
+            b.log.segment_size_bytes,
+            crate::log::SEGMENT_SIZE_BYTES_DEFAULT
+        );
+        assert_eq!(b.log.retention_size_bytes, 0);
+        assert_eq!(b.log.retention_age_ms, 0);
+        assert_eq!(b.max_data_bytes, 0);
         assert_eq!(c.fsync_threads, 2);
-        assert_eq!(c.fsync_threads, FSYNC_THREADS_DEFAULT);
-        assert_eq!(c.durability, Durability::Fsynced);
-        assert_eq!(c.durability, DURABILITY_DEFAULT);
-        assert_eq!(c.producer_ttl, Duration::from_secs(7 * 86_400));
-        assert_eq!(c.producer_ttl, PRODUCER_TTL_DEFAULT);
-        assert_eq!(c.max_partitions, 64);
-        assert_eq!(c.max_partitions, MAX_PARTITIONS_DEFAULT);
-        assert_eq!(c.session_timeout, Duration::from_secs(30));
-        assert_eq!(c.session_timeout, SESSION_TIMEOUT_DEFAULT);
-        assert_eq!(c.revoke_timeout, Duration::from_secs(10));
-        assert_eq!(c.revoke_timeout, REVOKE_TIMEOUT_DEFAULT);
-        assert_eq!(c.ack_wait, Duration::from_secs(30));
-        assert_eq!(c.ack_wait, ACK_WAIT_DEFAULT);
-        assert_eq!(c.nack_delay, Duration::from_secs(1));
-        assert_eq!(c.nack_delay, NACK_DELAY_DEFAULT);
-        assert_eq!(c.max_attempts, 5);
-        assert_eq!(c.max_attempts, MAX_ATTEMPTS_DEFAULT);
-        assert_eq!(c.max_credit_count, 65535);
-        assert_eq!(c.max_credit_count, MAX_CREDIT_COUNT_DEFAULT);
-        assert_eq!(c.max_credit_size_bytes, 16 << 20);
-        assert_eq!(c.max_credit_size_bytes, MAX_CREDIT_SIZE_BYTES_DEFAULT);
-        assert_eq!(c.commit_interval, Duration::from_secs(1));
-        assert_eq!(c.commit_interval, COMMIT_INTERVAL_DEFAULT);
-        assert_eq!(c.max_memory_bytes, 256 << 20);
-        assert_eq!(c.max_memory_bytes, MAX_MEMORY_BYTES_DEFAULT);
-        assert_eq!(c.max_output_size_bytes, 64 << 20);
-        assert_eq!(c.max_output_size_bytes, MAX_OUTPUT_SIZE_BYTES_DEFAULT);
-        assert_eq!(c.max_pending_requests, 1024);
-        assert_eq!(c.max_pending_requests, MAX_PENDING_REQUESTS_DEFAULT);
-        assert_eq!(c.max_subscriptions, 64);
-        assert_eq!(c.max_subscriptions, MAX_SUBSCRIPTIONS_DEFAULT);
-        assert_eq!(c.max_groups, 1024);
-        assert_eq!(c.max_groups, MAX_GROUPS_DEFAULT);
-        assert_eq!(c.max_members_per_group, 256);
-        assert_eq!(c.max_members_per_group, MAX_MEMBERS_PER_GROUP_DEFAULT);
+        assert_eq!(b.durability, Durability::Fsynced);
+        assert_eq!(b.producer_ttl_ms, 7 * 86_400_000);
+        assert_eq!(b.max_partitions, 64);
+        assert_eq!(k.session_timeout_ms, 30_000);
+        assert_eq!(k.revoke_timeout_ms, 10_000);
+        assert_eq!(k.ack_wait_ms, 30_000);
+        assert_eq!(k.nack_delay_ms, 1_000);
+        assert_eq!(k.max_attempts, 5);
+        assert_eq!(k.max_credit_count, 65535);
+        assert_eq!(k.max_credit_bytes, 16 << 20);
+        assert_eq!(b.commit_interval_ms, 1_000);
+        assert_eq!(r.max_memory_bytes, 256 << 20);
+        assert_eq!(r.max_output_bytes, 64 << 20);
+        assert_eq!(r.max_pending_requests, 1024);
+        assert_eq!(k.max_subscriptions_per_conn, 64);
+        assert_eq!(k.max_groups, 1024);
+        assert_eq!(k.max_members_per_group, 256);
         assert_eq!(c.validate(), Ok(()));
         assert_eq!(run(&[]), c);
         assert!(c.warnings().is_empty());
+    }
+
+    /// A count's cap and a bounded size's maximum must fit the field they land in, or
+    /// `narrow` would saturate a value the flag accepted.
+    #[test]
+    fn every_accepted_number_fits_its_field() {
+        for f in FLAGS {
+            let (num, max) = match (&f.field, f.bounds) {
+                (Field::Count(num, cap), Bounds::Within(_, max, _)) => (num, max.min(*cap)),
+                (Field::Count(num, cap), _) => (num, *cap),
+                (Field::Size(num) | Field::Dur(num), Bounds::Within(_, max, _)) => (num, max),
+                _ => continue,
+            };
+            let mut c = Config::default();
+            (num.set)(&mut c, max);
+            assert_eq!((num.get)(&c), max, "--{}", f.name);
+        }
     }
 
     // ---- help and version ----
@@ -1768,15 +1622,20 @@ mod tests {
         assert!(run(&["--admin-listen", "[::1]:7412"]).warnings().is_empty());
     }
 
-    // ---- the man page documents exactly these flags ----
+    // ---- the man page documents exactly the table's flags, with its defaults ----
 
-    #[test]
-    fn man_page_documents_every_flag_and_no_other() {
+    fn man_page() -> String {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/man/mortard.8");
         let text = std::fs::read_to_string(path)
             .unwrap_or_else(|e| panic!("{path}: {e} (the man page ships with this module)"));
-        let text = text.replace("\\-", "-");
-        for name in FLAG_NAMES {
+        text.replace("\\-", "-")
+    }
+
+    #[test]
+    fn man_page_documents_every_flag_and_no_other() {
+        let text = man_page();
+        let names: Vec<&str> = FLAGS.iter().map(|f| f.name).collect();
+        for name in &names {
             assert!(
                 text.contains(&format!("--{name}")),
                 "man page lacks --{name}"
@@ -1792,9 +1651,46 @@ mod tests {
                 continue;
             }
             assert!(
-                FLAG_NAMES.contains(&name) || ["help", "version", "pretty"].contains(&name),
+                names.contains(&name) || ["help", "version", "pretty"].contains(&name),
                 "man page names unknown flag --{name}"
             );
+        }
+    }
+
+    /// The default `man/mortard.8` states for `--name`: in the flag's `.TP` entry, the word
+    /// after `Default:`, or the word of the `.B`/`.BR` line after it.
+    fn man_default<'a>(lines: &[&'a str], name: &str) -> Option<&'a str> {
+        let head = format!("--{name} ");
+        let is_head =
+            |l: &str| (l.starts_with(".BI ") || l.starts_with(".BR ")) && l[4..].starts_with(&head);
+        let at = lines
+            .windows(2)
+            .position(|w| w[0] == ".TP" && is_head(w[1]))?;
+        let entry: Vec<&str> = lines[at + 2..]
+            .iter()
+            .copied()
+            .take_while(|l| !l.starts_with(".TP") && !l.starts_with(".S"))
+            .collect();
+        let i = entry.iter().position(|l| l.starts_with("Default:"))?;
+        let rest = entry[i]["Default:".len()..].trim();
+        let word = if rest.is_empty() {
+            entry.get(i + 1)?.split_whitespace().nth(1)?
+        } else {
+            rest.split_whitespace().next()?
+        };
+        Some(word.trim_end_matches([',', '.']))
+    }
+
+    #[test]
+    fn man_page_states_the_tables_defaults() {
+        let text = man_page();
+        let lines: Vec<&str> = text.lines().collect();
+        let defaults = Config::default();
+        for f in FLAGS {
+            let want = f.render(&defaults).unwrap_or_else(|| "none".to_string());
+            let stated = man_default(&lines, f.name)
+                .unwrap_or_else(|| panic!("mortard.8 states no default for --{}", f.name));
+            assert_eq!(stated, want, "mortard.8's default for --{}", f.name);
         }
     }
 }

@@ -14,13 +14,16 @@
 //! | [`session`] | CONNECT, the one dispatch, response slots in order | `wire`, `broker` |
 //! | [`reactor`] | the mio loop: sockets, buffers, timers, backpressure | all above |
 //! | [`admin`] | tiny_http thread rendering reactor snapshots | `broker`, `consume` |
-//! | [`config`] | getopts flags, durations and sizes with units | nothing |
+//! | [`config`] | the flag table: argv into the layers' configs, `--help` | config types* |
 //! | [`client`] | a small blocking client for tests and `tools/` | `wire` |
 //!
 //! Rules: only `reactor` (and `admin`'s HTTP listener) touch sockets; `broker` and
 //! `consume` take the time as an argument and return effects, so they are tested
 //! without sockets or clocks; the reactor thread never blocks (no fsync, no DNS, no
 //! sleep).
+//!
+//! \* `config` may name `wire`'s limits and `Durability` and the config types of `log`,
+//! `consume`, `broker` and `reactor` (each owns its defaults there), never code that runs.
 
 pub mod admin;
 pub mod broker;

@@ -6,16 +6,15 @@
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::process::ExitCode;
 
 use std::sync::Arc;
 
 use mortarmq::admin::Admin;
-use mortarmq::broker::{Broker, BrokerConfig, Now};
+use mortarmq::broker::{Broker, Now};
 use mortarmq::config::{self, Command, Config};
-use mortarmq::consume::ConsumeConfig;
-use mortarmq::log::LogConfig;
-use mortarmq::reactor::{Reactor, ReactorConfig};
+use mortarmq::reactor::Reactor;
 
 /// Exit status for a usage error (bad flag or value).
 const EXIT_USAGE: u8 = 2;
@@ -45,8 +44,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn load_tokens(config: &Config) -> Result<Option<Vec<Vec<u8>>>, String> {
-    let Some(path) = &config.token_file else {
+fn load_tokens(path: Option<&Path>) -> Result<Option<Vec<Vec<u8>>>, String> {
+    let Some(path) = path else {
         return Ok(None);
     };
     let meta =
@@ -67,56 +66,27 @@ fn load_tokens(config: &Config) -> Result<Option<Vec<Vec<u8>>>, String> {
     Ok(Some(tokens))
 }
 
-fn millis(d: std::time::Duration) -> u64 {
-    d.as_millis() as u64
-}
-
 fn run(config: Config) -> Result<(), String> {
     for warning in config.warnings() {
         log::warn!("{warning}");
     }
-    let tokens = load_tokens(&config)?;
-    let broker_config = BrokerConfig {
-        data_dir: config.data_dir.clone(),
-        durability: config.durability,
-        log: LogConfig {
-            segment_size_bytes: config.segment_size_bytes,
-            retention_size_bytes: config.retention_size_bytes,
-            retention_age_ms: config.retention_age.as_millis() as u64,
-        },
-        max_partitions: config.max_partitions,
-        producer_ttl_ms: config.producer_ttl.as_millis() as u64,
-        max_data_bytes: config.max_data_size_bytes,
-        consume: ConsumeConfig {
-            session_timeout_ms: millis(config.session_timeout),
-            revoke_timeout_ms: millis(config.revoke_timeout),
-            ack_wait_ms: millis(config.ack_wait),
-            nack_delay_ms: millis(config.nack_delay),
-            max_attempts: config.max_attempts,
-            max_credit_count: config.max_credit_count,
-            max_credit_bytes: u32::try_from(config.max_credit_size_bytes).unwrap_or(u32::MAX),
-            max_subscriptions_per_conn: usize::from(config.max_subscriptions),
-            max_groups: config.max_groups as usize,
-            max_members_per_group: config.max_members_per_group as usize,
-        },
-        commit_interval_ms: millis(config.commit_interval),
-    };
-    let reactor_config = ReactorConfig {
-        listen: config.listen,
-        max_connections: config.max_connections as usize,
-        idle_timeout_ms: config.idle_timeout.as_millis() as u64,
-        half_frame_timeout_ms: config.half_frame_timeout.as_millis() as u64,
-        max_output_bytes: config.max_output_size_bytes as usize,
-        max_pending_requests: config.max_pending_requests as usize,
-        max_memory_bytes: config.max_memory_bytes as usize,
-        tokens,
-    };
+    let Config {
+        mut reactor,
+        broker,
+        admin_listen,
+        token_file,
+        fsync_threads,
+        // Reserved for replication: checked and warned about, nothing binds it yet.
+        listen_peer: _,
+    } = config;
+    reactor.tokens = load_tokens(token_file.as_deref())?;
+    let data_dir = broker.data_dir.clone();
     let wall_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    let mut reactor = Reactor::bind(reactor_config, config.fsync_threads as usize, |submitter| {
+    let mut reactor = Reactor::bind(reactor, fsync_threads, |submitter| {
         let (broker, report) = Broker::open(
-            broker_config,
+            broker,
             Box::new(submitter),
             Now {
                 mono_ms: 0,
@@ -125,7 +95,7 @@ fn run(config: Config) -> Result<(), String> {
         )?;
         log::info!(
             "data dir {}: leader_epoch {}, {} topics, {} partitions, {} recovery truncations",
-            config.data_dir.display(),
+            data_dir.display(),
             report.leader_epoch,
             report.topics,
             report.partitions,
@@ -137,14 +107,14 @@ fn run(config: Config) -> Result<(), String> {
     log::info!("mortard {} listening on {addr}", env!("CARGO_PKG_VERSION"));
     let mut stdout = std::io::stdout().lock();
     let _ = writeln!(stdout, "listening {addr}");
-    let _admin = match config.admin_listen {
+    let _admin = match admin_listen {
         Some(admin_addr) => {
             let (tx, rx) = std::sync::mpsc::channel();
             let last_turn = reactor.attach_admin(rx);
             let waker = reactor.waker();
             let admin = Admin::start(
                 admin_addr,
-                config.data_dir.clone(),
+                data_dir,
                 tx,
                 Arc::new(move || {
                     let _ = waker.wake();

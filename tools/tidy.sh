@@ -40,7 +40,15 @@ deny src/log 'use crate::|mio::'
 deny src/fsync.rs 'use crate::|mio::'
 deny src/broker 'use crate::(reactor|session|admin|config|client)|mio::|TcpStream'
 [ ! -d src/consume ] || deny src/consume 'use crate::(log|broker|reactor|session|fsync|admin|config)|mio::|Instant::now'
-deny src/config.rs 'use crate::(log|broker|reactor|session|fsync|admin|client|consume)'
+deny src/config.rs 'use crate::(session|fsync|admin|client)|mio::'
+# config fills the layers' config structs, so it may name those types (and the limits its
+# bounds come from), never the code that runs.
+config_allowed='wire::Durability|wire::limits::|log::(LogConfig|SEGMENT_[A-Z_]+)'
+config_allowed+='|consume::ConsumeConfig|broker::BrokerConfig|reactor::ReactorConfig'
+config_paths=$(grep -noE 'crate::[A-Za-z_:]+' src/config.rs \
+  | grep -vE ":crate::($config_allowed)\$" || true)
+[ -z "$config_paths" ] \
+  || say "src/config.rs may name only the layers' config types and limits:"$'\n'"$config_paths"
 deny src/client.rs 'use crate::(log|broker|reactor|session|fsync|admin|config)'
 
 exit $fail

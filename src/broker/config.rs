@@ -1,4 +1,6 @@
-//! What the broker is told at start (built from the flags by `config`).
+//! What the broker is told at start, and its defaults (the `--help` and `man/mortard.8`
+//! defaults of the Storage and Publish flags come from here, the log's and the consume
+//! plane's from their own `Default`s).
 
 use std::path::PathBuf;
 
@@ -6,17 +8,38 @@ use crate::consume::ConsumeConfig;
 use crate::log::LogConfig;
 use crate::wire::Durability;
 
-#[derive(Debug, Clone)]
+const MS_PER_DAY: u64 = 24 * 3600 * 1000;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BrokerConfig {
+    /// `--data-dir`: the log, the topic registry and the group positions.
     pub data_dir: PathBuf,
     /// What a PUB asking for the default durability waits for (`--durability`).
     pub durability: Durability,
     pub log: LogConfig,
+    /// `--max-partitions`: the largest partition count a DECLARE may ask for.
     pub max_partitions: u16,
+    /// `--producer-ttl`: an idle producer's dedup state is forgotten after this.
     pub producer_ttl_ms: u64,
-    /// Cap on the bytes of all segments (0 = none): above it PUB gets STORAGE_FULL.
+    /// `--max-data-size`: cap on the bytes of all segments (0 = none): above it PUB gets
+    /// STORAGE_FULL.
     pub max_data_bytes: u64,
     pub consume: ConsumeConfig,
     /// Committed positions are persisted at least this often (`--commit-interval`).
     pub commit_interval_ms: u64,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            data_dir: PathBuf::from("./mortar-data"),
+            durability: Durability::Fsynced,
+            log: LogConfig::default(),
+            max_partitions: 64,
+            producer_ttl_ms: 7 * MS_PER_DAY,
+            max_data_bytes: 0,
+            consume: ConsumeConfig::default(),
+            commit_interval_ms: 1_000,
+        }
+    }
 }

@@ -1,4 +1,5 @@
-//! The consume plane's limits and timers (built from the flags by `config`).
+//! The consume plane's limits and timers, and their defaults (the `--help` and
+//! `man/mortard.8` defaults of the Consume flags come from here).
 
 /// Operator-tunable limits and timers of the consume plane. Defaults are the spec's
 /// where it names one (session 30 s, revoke 10 s, ack-wait 30 s, 5 attempts).
@@ -18,11 +19,12 @@ pub struct ConsumeConfig {
     pub max_credit_count: u16,
     /// `--max-credit-size`: per-subscription cap on the credit window's bytes.
     pub max_credit_bytes: u32,
-    /// Open (live) subscriptions one connection may hold; beyond → 0x0025.
+    /// `--max-subscriptions`: open (live) subscriptions one connection may hold; beyond →
+    /// 0x0025.
     pub max_subscriptions_per_conn: usize,
-    /// Groups the broker holds; a SUB creating one more → 0x2005.
+    /// `--max-groups`: groups the broker holds; a SUB creating one more → 0x2005.
     pub max_groups: usize,
-    /// Members one group holds; one more → 0x2005.
+    /// `--max-members-per-group`: members one group holds; one more → 0x2005.
     pub max_members_per_group: usize,
 }
 
@@ -37,10 +39,10 @@ impl Default for ConsumeConfig {
             nack_delay_ms: 1_000,
             max_attempts: 5,
             max_credit_count: u16::MAX,
-            max_credit_bytes: 64 * 1024 * 1024,
+            max_credit_bytes: 16 * 1024 * 1024,
             max_subscriptions_per_conn: 64,
             max_groups: 1024,
-            max_members_per_group: 1024,
+            max_members_per_group: 256,
         }
     }
 }

@@ -68,8 +68,8 @@ use std::io::{self, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Default segment size when the operator sets none.
-pub const SEGMENT_SIZE_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
+/// Default segment size when the operator sets none (`--segment-size`).
+pub const SEGMENT_SIZE_BYTES_DEFAULT: u64 = 16 * 1024 * 1024;
 /// Segments kept mapped at once per partition. Maps cost address space, which matters on
 /// 32-bit hosts; the least recently read segment is unmapped first. The active segment
 /// counts too.
@@ -89,12 +89,15 @@ const _: () = assert!(
 /// Per-partition storage settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LogConfig {
-    /// A segment is rolled when the next record would take it past this size. A record
-    /// larger than this still goes in whole, alone in its own segment. 1..=SEGMENT_BYTES_MAX.
+    /// `--segment-size`: a segment is rolled when the next record would take it past this
+    /// size. A record larger than this still goes in whole, alone in its own segment.
+    /// 1..=SEGMENT_BYTES_MAX.
     pub segment_size_bytes: u64,
-    /// Delete the oldest closed segments while the partition is bigger. 0 = unlimited.
+    /// `--retention-size`: delete the oldest closed segments while the partition is
+    /// bigger. 0 = unlimited.
     pub retention_size_bytes: u64,
-    /// Delete closed segments whose newest record is older than this. 0 = unlimited.
+    /// `--retention-age`: delete closed segments whose newest record is older than this.
+    /// 0 = unlimited.
     pub retention_age_ms: u64,
 }
 
