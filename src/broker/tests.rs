@@ -9,9 +9,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use super::*;
-use crate::consume::ConsumeConfig;
 use crate::fsync::{Completion, Job as _};
-use crate::log::LogConfig;
 use crate::wire::ops::{Declare, Pub, PubResult};
 use crate::wire::{DeclareFlags, PubFlags, PubResultFlags};
 
@@ -55,17 +53,9 @@ fn open(dir: &std::path::Path) -> (Broker, HeldJobs) {
     let jobs = HeldJobs::default();
     let config = BrokerConfig {
         data_dir: dir.to_path_buf(),
-        durability: Durability::Fsynced,
-        log: LogConfig {
-            segment_size_bytes: 1 << 20,
-            retention_size_bytes: 0,
-            retention_age_ms: 0,
-        },
         max_partitions: 8,
         producer_ttl_ms: 60_000,
-        max_data_bytes: 0,
-        consume: ConsumeConfig::default(),
-        commit_interval_ms: 1_000,
+        ..BrokerConfig::default()
     };
     let (broker, _) = Broker::open(config, Box::new(jobs.clone()), Now::default()).unwrap();
     (broker, jobs)
