@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Mechanical guards (after TigerBeetle's tidy): line length, no debugging leftovers,
+# Mechanical guards (after TigerBeetle's tidy): line length, function length, no
+# protocol constant outside src/wire, no debugging leftovers,
 # `unsafe` only where a SAFETY comment explains it, and the rooms' dependency rules.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +29,10 @@ proto=$(grep -rnE '^\s*(pub(\([a-z]+\))? )?const [A-Z0-9_]+: u(8|16) = ' src too
   | grep -E '_?(FLAG|REASON|KIND|STATE|MODE|RESULT|POLICY|DURABILITY|ERR|ERROR|CREATED|DELETED|ASSIGN|REVOKE)(_[A-Z0-9_]*)?: |= 0x[0-9A-Fa-f]+;' \
   || true)
 [ -z "$proto" ] || say "protocol constants outside src/wire (use src/wire/vocab.rs):"$'\n'"$proto"
+
+# Functions fit on a screen (TigerBeetle's 70-line limit); test code is exempt.
+long_fns=$(python3 tools/fn_length.py 70 src || true)
+[ -z "$long_fns" ] || say "functions over 70 lines:"$'\n'"$long_fns"
 
 # Dependencies point down: wire <- log, fsync <- broker <- session <- reactor.
 deny() { # room, forbidden pattern

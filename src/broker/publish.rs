@@ -248,45 +248,12 @@ impl Partitions {
             need,
             deduplicated: false,
         };
-        if p.producer_id == 0 {
-            counters.pubs_non_idempotent += 1;
-        } else {
-            match part.producers.check(p.producer_id, p.producer_seq) {
-                Idempotence::Fresh => {}
-                Idempotence::Duplicate { sequence } => {
-                    counters.pubs_deduplicated += 1;
-                    let waiter = Waiter {
-                        sequence,
-                        deduplicated: true,
-                        ..waiter
-                    };
-                    return answer_or_wait(part, waiter, self.leader_epoch);
-                }
-                Idempotence::OutOfOrder { expected, too_old } => {
-                    let why = if too_old {
-                        "older than the dedup window"
-                    } else {
-                        "skips ahead"
-                    };
-                    return fail(
-                        ErrorCode::SequenceOutOfOrder,
-                        format!("producer_seq {} {why}; expected {expected}", p.producer_seq),
-                    );
-                }
-            }
+        if let Some(answered) = check_producer(part, p, waiter, self.leader_epoch, counters) {
+            return answered;
         }
         let record_bytes = (p.key.len() + p.value.len()) as u64;
-        if max_data_bytes > 0 && data_bytes + record_bytes > max_data_bytes {
-            return fail(
-                ErrorCode::StorageFull,
-                format!("data directory cap of {max_data_bytes} bytes reached"),
-            );
-        }
-        if part.unsynced_bytes() > UNSYNCED_BYTES_MAX {
-            return fail(
-                ErrorCode::Backpressure,
-                "the disk is behind: too many unsynced bytes".into(),
-            );
+        if let Some(refused) = refuse_capacity(part, data_bytes + record_bytes, max_data_bytes) {
+            return refused;
         }
         let record = RecordView {
             sequence: part.log.next_sequence(),
@@ -548,6 +515,67 @@ fn refuse_fields(p: &Pub<'_>) -> Option<Handled> {
         return Some(fail(
             ErrorCode::InvalidProducer,
             "producer_id and producer_seq must both be 0 or both be non-zero".into(),
+        ));
+    }
+    None
+}
+
+/// The idempotence check (`man/mortarmq.7`, PUB): `None` lets the PUB append; a
+/// duplicate is answered with its original's sequence (now, or once that reached `need`);
+/// a seq out of order is refused.
+fn check_producer(
+    part: &mut Partition,
+    p: &Pub<'_>,
+    waiter: Waiter,
+    leader_epoch: u64,
+    counters: &mut BrokerCounters,
+) -> Option<Handled> {
+    if p.producer_id == 0 {
+        counters.pubs_non_idempotent += 1;
+        return None;
+    }
+    match part.producers.check(p.producer_id, p.producer_seq) {
+        Idempotence::Fresh => None,
+        Idempotence::Duplicate { sequence } => {
+            counters.pubs_deduplicated += 1;
+            let waiter = Waiter {
+                sequence,
+                deduplicated: true,
+                ..waiter
+            };
+            Some(answer_or_wait(part, waiter, leader_epoch))
+        }
+        Idempotence::OutOfOrder { expected, too_old } => {
+            let why = if too_old {
+                "older than the dedup window"
+            } else {
+                "skips ahead"
+            };
+            Some(fail(
+                ErrorCode::SequenceOutOfOrder,
+                format!("producer_seq {} {why}; expected {expected}", p.producer_seq),
+            ))
+        }
+    }
+}
+
+/// The storage caps: `--max-data-size` for the whole data directory, and
+/// [`UNSYNCED_BYTES_MAX`] per partition (a producer faster than the disk).
+fn refuse_capacity(
+    part: &Partition,
+    data_bytes_after: u64,
+    max_data_bytes: u64,
+) -> Option<Handled> {
+    if max_data_bytes > 0 && data_bytes_after > max_data_bytes {
+        return Some(fail(
+            ErrorCode::StorageFull,
+            format!("data directory cap of {max_data_bytes} bytes reached"),
+        ));
+    }
+    if part.unsynced_bytes() > UNSYNCED_BYTES_MAX {
+        return Some(fail(
+            ErrorCode::Backpressure,
+            "the disk is behind: too many unsynced bytes".into(),
         ));
     }
     None

@@ -245,6 +245,28 @@ struct Cursor {
     done: bool,
 }
 
+impl Cursor {
+    /// The next record to offer: a ready redelivery first, else the next new record
+    /// (passing over dead letters restored at start); `None` when there is none.
+    fn next(&mut self, part: &Partition) -> Option<(u64, bool)> {
+        if let Some(&seq) = self.ready_retries.get(self.next_retry) {
+            return Some((seq, true));
+        }
+        while self.next_new < self.end && part.restored_dead.contains(&self.next_new) {
+            self.next_new += 1;
+        }
+        (self.next_new < self.end).then_some((self.next_new, false))
+    }
+
+    fn advance(&mut self, retry: bool) {
+        if retry {
+            self.next_retry += 1;
+        } else {
+            self.next_new += 1;
+        }
+    }
+}
+
 pub(super) struct Group {
     pub(super) id: u16,
     pub(super) name: Vec<u8>,
@@ -852,40 +874,12 @@ impl Group {
         loop {
             let mut progressed = false;
             for c in cursors.iter_mut().filter(|c| !c.done) {
-                let part = &self.partitions[c.partition];
-                let (seq, retry) = if let Some(&s) = c.ready_retries.get(c.next_retry) {
-                    (s, true)
-                } else {
-                    while c.next_new < c.end && part.restored_dead.contains(&c.next_new) {
-                        c.next_new += 1;
-                    }
-                    if c.next_new >= c.end {
-                        c.done = true;
-                        continue;
-                    }
-                    (c.next_new, false)
+                let Some((seq, retry)) = c.next(&self.partitions[c.partition]) else {
+                    c.done = true;
+                    continue;
                 };
-                // Below the log's end yet unreadable: removed by retention since the
-                // cursor looked, or corrupt (failed its CRC). Either way it can never be
-                // delivered, so it is skipped (counted) once it is at the head; waiting
-                // for it would stall the partition forever.
                 let Some(bytes) = recs.record_bytes(self.topic_id, c.partition as u16, seq) else {
-                    let part = &mut self.partitions[c.partition];
-                    if retry {
-                        if let Some(r) = part.retries.remove(&seq) {
-                            sh.timer_clear(r.ready_at_ms, retry_timer(self.id, c.partition, seq));
-                        }
-                        sh.stats.skipped_records += 1;
-                        c.next_retry += 1;
-                        progressed = true;
-                    } else if seq == part.next_seq {
-                        part.next_seq += 1;
-                        sh.stats.skipped_records += 1;
-                        c.next_new += 1;
-                        progressed = true;
-                    } else {
-                        c.done = true;
-                    }
+                    progressed |= self.skip_unreadable(sh, c, seq, retry);
                     continue;
                 };
                 if !window.admits(bytes) {
@@ -901,17 +895,34 @@ impl Group {
                     bytes,
                     retry,
                 });
-                if retry {
-                    c.next_retry += 1;
-                } else {
-                    c.next_new += 1;
-                }
+                c.advance(retry);
                 progressed = true;
             }
             if !progressed {
                 return out;
             }
         }
+    }
+
+    /// A record below the log's end that cannot be read: removed by retention since the
+    /// cursor looked, or corrupt (failed its CRC). Either way it can never be delivered,
+    /// so it is skipped (counted) once it is at the head; waiting for it would stall the
+    /// partition forever. Returns whether the cursor moved.
+    fn skip_unreadable(&mut self, sh: &mut Shared, c: &mut Cursor, seq: u64, retry: bool) -> bool {
+        let part = &mut self.partitions[c.partition];
+        if retry {
+            if let Some(r) = part.retries.remove(&seq) {
+                sh.timer_clear(r.ready_at_ms, retry_timer(self.id, c.partition, seq));
+            }
+        } else if seq == part.next_seq {
+            part.next_seq += 1;
+        } else {
+            c.done = true;
+            return false;
+        }
+        sh.stats.skipped_records += 1;
+        c.advance(retry);
+        true
     }
 
     /// Makes gathered records outstanding for the member and returns the deliveries.

@@ -366,96 +366,115 @@ impl Coordinator {
         let partition_count = recs
             .partition_count(sub.topic_id)
             .ok_or(ErrorCode::UnknownTopic)?;
-        let config = &self.sh.config;
-        let credit_count = match sub.credit_count {
-            0 => DEFAULT_CREDIT_COUNT.min(config.max_credit_count),
-            n if n > config.max_credit_count => return Err(ErrorCode::CreditLimit),
-            n => n,
-        };
-        let credit_bytes = match sub.credit_bytes {
-            0 => DEFAULT_CREDIT_BYTES.min(config.max_credit_bytes),
-            n if n > config.max_credit_bytes => return Err(ErrorCode::CreditLimit),
-            n => n,
-        };
-        if let Some(cs) = self.conns.get(&conn) {
-            let live = cs.subs.values().filter(|s| s.live).count();
-            if live >= config.max_subscriptions_per_conn
-                || cs.next_subscription_id > u32::from(u16::MAX)
-            {
-                return Err(ErrorCode::TooManySubscriptions);
-            }
-        } else if config.max_subscriptions_per_conn == 0 {
-            return Err(ErrorCode::TooManySubscriptions);
-        }
+        let credit = self.initial_credit(sub)?;
+        self.check_room_on(conn)?;
         let key = (sub.group.to_vec(), sub.topic_id);
         let group_id = match self.group_ids.get(&key) {
             Some(&id) => {
-                if self.groups[&id].members.len() >= config.max_members_per_group {
+                if self.groups[&id].members.len() >= self.sh.config.max_members_per_group {
                     return Err(ErrorCode::GroupLimitReached);
                 }
                 id
             }
             None => {
-                if self.groups.len() >= config.max_groups
+                if self.groups.len() >= self.sh.config.max_groups
                     || self.next_group_id > u32::from(u16::MAX)
-                    || config.max_members_per_group == 0
+                    || self.sh.config.max_members_per_group == 0
                 {
                     return Err(ErrorCode::GroupLimitReached);
                 }
                 self.create_group(key, partition_count, start_policy, recs)
             }
         };
-
         // Accepted: nothing below can fail.
+        let pull_mode = sub.flags.contains(SubFlags::PULL_MODE);
+        Ok(self.add_member(conn, group_id, pull_mode, credit, now_ms))
+    }
+
+    /// The SUB's credit window: 0 means the default, above the cap is CREDIT_LIMIT.
+    fn initial_credit(&self, sub: &Sub) -> Result<(u16, u32), ErrorCode> {
+        let config = &self.sh.config;
+        let count = match sub.credit_count {
+            0 => DEFAULT_CREDIT_COUNT.min(config.max_credit_count),
+            n if n > config.max_credit_count => return Err(ErrorCode::CreditLimit),
+            n => n,
+        };
+        let bytes = match sub.credit_bytes {
+            0 => DEFAULT_CREDIT_BYTES.min(config.max_credit_bytes),
+            n if n > config.max_credit_bytes => return Err(ErrorCode::CreditLimit),
+            n => n,
+        };
+        Ok((count, bytes))
+    }
+
+    /// A connection may hold `max_subscriptions_per_conn` live subscriptions, and
+    /// subscription ids are u16.
+    fn check_room_on(&self, conn: ConnId) -> Result<(), ErrorCode> {
+        let max = self.sh.config.max_subscriptions_per_conn;
+        let full = match self.conns.get(&conn) {
+            Some(cs) => {
+                cs.subs.values().filter(|s| s.live).count() >= max
+                    || cs.next_subscription_id > u32::from(u16::MAX)
+            }
+            None => max == 0,
+        };
+        if full {
+            return Err(ErrorCode::TooManySubscriptions);
+        }
+        Ok(())
+    }
+
+    /// A new member of `group_id` on `conn`: its subscription, its session timer, and a
+    /// rebalance that offers it partitions.
+    fn add_member(
+        &mut self,
+        conn: ConnId,
+        group_id: u16,
+        pull_mode: bool,
+        (credit_count, credit_bytes): (u16, u32),
+        now_ms: u64,
+    ) -> SubResult {
         let member_id = self.next_member_id;
         self.next_member_id += 1;
         let membership_epoch = self.next_membership_epoch;
         self.next_membership_epoch = self.next_membership_epoch.checked_add(1).unwrap_or(1);
-
         let cs = self.conns.entry(conn).or_default();
         // An expelled subscription of the same group on this connection is superseded
         // by the rejoin; dropping it keeps a flapping client from growing the table.
         cs.subs.retain(|_, s| s.live || s.group_id != group_id);
         let subscription_id = cs.next_subscription_id as u16;
         cs.next_subscription_id += 1;
-        cs.subs.insert(
-            subscription_id,
-            SubEntry {
-                group_id,
-                member_id,
-                live: true,
-            },
-        );
-
-        let session_deadline_ms = now_ms.saturating_add(self.sh.config.session_timeout_ms);
-        self.sh.timer_set(
-            session_deadline_ms,
-            Timer::Session {
-                group_id,
-                member_id,
-            },
-        );
-        let group = self.groups.get_mut(&group_id).expect("group exists");
-        group.members.insert(
+        let entry = SubEntry {
+            group_id,
             member_id,
-            Member::new(
-                member_id,
-                membership_epoch,
-                conn,
-                subscription_id,
-                sub.flags.contains(SubFlags::PULL_MODE),
-                credit_count,
-                credit_bytes,
-                session_deadline_ms,
-            ),
+            live: true,
+        };
+        cs.subs.insert(subscription_id, entry);
+        let session_deadline_ms = now_ms.saturating_add(self.sh.config.session_timeout_ms);
+        let timer = Timer::Session {
+            group_id,
+            member_id,
+        };
+        self.sh.timer_set(session_deadline_ms, timer);
+        let group = self.groups.get_mut(&group_id).expect("group exists");
+        let member = Member::new(
+            member_id,
+            membership_epoch,
+            conn,
+            subscription_id,
+            pull_mode,
+            credit_count,
+            credit_bytes,
+            session_deadline_ms,
         );
+        group.members.insert(member_id, member);
         group.rebalance(&mut self.sh, now_ms);
-        Ok(SubResult {
+        SubResult {
             subscription_id,
             member_id,
             membership_epoch,
             assignment_epoch: 0,
-        })
+        }
     }
 
     /// The group and the outstanding delivery an ACK or NACK names, after the checks

@@ -282,6 +282,31 @@ fn index_position(seg: &Segment, sequence: u64) -> Result<u64, StorageError> {
     })
 }
 
+/// Makes every recovered segment durable as it is now (recovery may have cut it) and
+/// opens the last one for appending.
+fn sync_and_open_writer(segments: &mut [Segment]) -> Result<(), StorageError> {
+    let io = |path: &Path, e: io::Error| StorageError::from_io(path, None, e);
+    let last_i = segments.len() - 1;
+    for (i, seg) in segments.iter_mut().enumerate() {
+        let log = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&seg.log_path);
+        let log = log.map_err(|e| io(&seg.log_path, e))?;
+        log.sync_data().map_err(|e| io(&seg.log_path, e))?;
+        if i == last_i {
+            let mut idx = OpenOptions::new();
+            idx.read(true).write(true).create(true).truncate(false);
+            let idx = idx.open(&seg.idx_path).map_err(|e| io(&seg.idx_path, e))?;
+            seg.writer = Some(Writer {
+                log: Arc::new(log),
+                idx,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The log of one topic partition, living in its own directory. Single-threaded: owned by
 /// the reactor; only [`SyncJob`]s cross to other threads.
 pub struct PartitionLog {
@@ -345,26 +370,9 @@ impl PartitionLog {
             report.first_sequence = 1;
             report.next_sequence = 1;
         }
-        let last_i = segments.len() - 1;
-        for (i, seg) in segments.iter_mut().enumerate() {
-            let log = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&seg.log_path);
-            let log = log.map_err(|e| io(&seg.log_path, e))?;
-            log.sync_data().map_err(|e| io(&seg.log_path, e))?;
-            if i == last_i {
-                let mut idx = OpenOptions::new();
-                idx.read(true).write(true).create(true).truncate(false);
-                let idx = idx.open(&seg.idx_path).map_err(|e| io(&seg.idx_path, e))?;
-                seg.writer = Some(Writer {
-                    log: Arc::new(log),
-                    idx,
-                });
-            }
-        }
+        sync_and_open_writer(&mut segments)?;
         meta::sync_dir(dir).map_err(|e| io(dir, e))?;
-        let written = segments[last_i].end_sequence() - 1;
+        let written = segments[segments.len() - 1].end_sequence() - 1;
         if !report.is_clean() {
             log::warn!("{}: recovered with data loss: {report:?}", dir.display());
         } else if report.indexes_rebuilt > 0 {

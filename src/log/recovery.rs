@@ -144,38 +144,14 @@ pub(crate) fn scan_records(
             return Ok(end);
         }
         let available = (file_len - pos) as usize;
-        if available < RECORD_LENGTH_BYTES {
-            end.stop = Some(DecodeError::Torn {
-                needed: RECORD_LENGTH_BYTES,
-                available,
-            });
-            return Ok(end);
-        }
-        let mut prefix = [0u8; RECORD_LENGTH_BYTES];
-        reader
-            .read_exact(&mut prefix)
-            .map_err(|e| io_err(path, Some(pos), e))?;
-        // Size the read from the checked length before allocating for it.
-        let total = match record::total_len_from_prefix(prefix) {
-            Ok(total) if total > available => {
-                end.stop = Some(DecodeError::Torn {
-                    needed: total,
-                    available,
-                });
+        let total = match read_record(&mut reader, &mut buf, available) {
+            Ok(Ok(total)) => total,
+            Ok(Err(bad)) => {
+                end.stop = Some(bad);
                 return Ok(end);
             }
-            Ok(total) => total,
-            Err(e) => {
-                end.stop = Some(e);
-                return Ok(end);
-            }
+            Err(e) => return Err(io_err(path, Some(pos), e)),
         };
-        buf.clear();
-        buf.extend_from_slice(&prefix);
-        buf.resize(total, 0);
-        reader
-            .read_exact(&mut buf[RECORD_LENGTH_BYTES..])
-            .map_err(|e| io_err(path, Some(pos), e))?;
         match record::decode(&buf, Some(first_sequence + end.records)) {
             Ok((d, _)) => {
                 visit(pos);
@@ -189,6 +165,32 @@ pub(crate) fn scan_records(
             }
         }
     }
+}
+
+/// Reads the next record's bytes into `buf` when `available` bytes can hold it; the
+/// length prefix is checked before anything is allocated for it. The inner error is a
+/// record that is torn or impossible, the outer one a failed read.
+fn read_record(
+    reader: &mut impl Read,
+    buf: &mut Vec<u8>,
+    available: usize,
+) -> io::Result<Result<usize, DecodeError>> {
+    let torn = |needed| Ok(Err(DecodeError::Torn { needed, available }));
+    if available < RECORD_LENGTH_BYTES {
+        return torn(RECORD_LENGTH_BYTES);
+    }
+    let mut prefix = [0u8; RECORD_LENGTH_BYTES];
+    reader.read_exact(&mut prefix)?;
+    let total = match record::total_len_from_prefix(prefix) {
+        Ok(total) if total > available => return torn(total),
+        Ok(total) => total,
+        Err(e) => return Ok(Err(e)),
+    };
+    buf.clear();
+    buf.extend_from_slice(&prefix);
+    buf.resize(total, 0);
+    reader.read_exact(&mut buf[RECORD_LENGTH_BYTES..])?;
+    Ok(Ok(total))
 }
 
 /// Length of the prefix of `entries` that is plausible for a file of `file_len` bytes:
@@ -275,6 +277,175 @@ pub(crate) fn recover(
     Ok((out, report))
 }
 
+/// One segment file being recovered.
+struct SegmentFile {
+    file: File,
+    path: PathBuf,
+    idx_path: PathBuf,
+    first: u64,
+    len: u64,
+}
+
+impl SegmentFile {
+    fn open(dir: &Path, first: u64) -> Result<SegmentFile, StorageError> {
+        let path = segment_path(dir, first);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| io_err(&path, None, e))?;
+        let len = file.metadata().map_err(|e| io_err(&path, None, e))?.len();
+        Ok(SegmentFile {
+            file,
+            path,
+            idx_path: index_path(dir, first),
+            first,
+            len,
+        })
+    }
+
+    fn segment(&self, len_bytes: u64, records: u64, ts: Option<u64>) -> RecoveredSegment {
+        RecoveredSegment {
+            first_sequence: self.first,
+            len_bytes,
+            record_count: records,
+            last_timestamp_ms: ts,
+        }
+    }
+
+    /// Scans up to `max` records from `pos`, the first of them numbered `sequence`.
+    fn scan(&self, pos: u64, sequence: u64, max: Option<u64>) -> Result<ScanEnd, StorageError> {
+        scan_records(&self.file, &self.path, pos, self.len, sequence, max, |_| {})
+    }
+
+    /// A segment without a good header holds no trustworthy record: it restarts empty.
+    fn reset(&mut self, reason: &str, is_last: bool, report: &mut RecoveryReport) -> IoResult {
+        // A crash between creating a segment and writing its header leaves a short or
+        // zero-filled file; anything else here is damage.
+        if self.len > 0 || !is_last {
+            log::warn!(
+                "{}: {reason}; truncating it to an empty segment",
+                self.path.display()
+            );
+            report.note_cut(&self.path, 0, self.first);
+            report.truncated_bytes += self.len;
+        }
+        let at_start = |e| io_err(&self.path, Some(0), e);
+        self.file.set_len(0).map_err(at_start)?;
+        self.file.seek(SeekFrom::Start(0)).map_err(at_start)?;
+        self.file
+            .write_all(&encode_header(self.first))
+            .map_err(at_start)?;
+        fs::write(&self.idx_path, []).map_err(|e| io_err(&self.idx_path, None, e))
+    }
+
+    /// A closed segment's cheap check: the index is whole and its last entry names a
+    /// good record with the right sequence that ends exactly at the end of the file.
+    fn closed_checks_out(&self, entries: &[u32]) -> Result<Option<RecoveredSegment>, StorageError> {
+        let n = entries.len() as u64;
+        let (ok, ts) = match entries.last() {
+            None => (self.len == SEGMENT_HEADER_BYTES as u64, None),
+            Some(&p) => {
+                let end = self.scan(u64::from(p), self.first + n - 1, Some(1))?;
+                let whole = end.stop.is_none() && end.records == 1 && end.end_pos == self.len;
+                (whole, end.last_timestamp_ms)
+            }
+        };
+        Ok(ok.then(|| self.segment(self.len, n, ts)))
+    }
+
+    /// The last of the plausible index entries (at most INDEX_BACKTRACK_ENTRIES_MAX back)
+    /// that names a good record: how many entries to keep, where to scan on from, and
+    /// that record's timestamp.
+    fn last_good_entry(
+        &self,
+        entries: &[u32],
+        plausible: usize,
+    ) -> Result<(usize, u64, Option<u64>), StorageError> {
+        let lowest = plausible.saturating_sub(INDEX_BACKTRACK_ENTRIES_MAX);
+        for t in (lowest..plausible).rev() {
+            let end = self.scan(u64::from(entries[t]), self.first + t as u64, Some(1))?;
+            if end.stop.is_none() && end.records == 1 {
+                return Ok((t + 1, end.end_pos, end.last_timestamp_ms));
+            }
+        }
+        Ok((0, SEGMENT_HEADER_BYTES as u64, None))
+    }
+
+    /// Cuts the file at the first bad record the scan met.
+    fn cut(&mut self, end: &ScanEnd, records: u64, report: &mut RecoveryReport) -> IoResult {
+        let why = end.stop.as_ref().map(|e| e.to_string()).unwrap_or_default();
+        let lost = self.len - end.end_pos;
+        log::warn!(
+            "{}: bad record at byte {} ({why}); truncating {lost} bytes, sequences from {} \
+             on are lost",
+            self.path.display(),
+            end.end_pos,
+            self.first + records
+        );
+        self.file
+            .set_len(end.end_pos)
+            .map_err(|e| io_err(&self.path, Some(end.end_pos), e))?;
+        report.note_cut(&self.path, end.end_pos, self.first + records);
+        report.truncated_bytes += lost;
+        Ok(())
+    }
+}
+
+type IoResult = Result<(), StorageError>;
+
+/// What the index file of a segment holds.
+struct IndexFile {
+    bytes: Vec<u8>,
+    missing: bool,
+    entries: Vec<u32>,
+}
+
+impl IndexFile {
+    fn read(path: &Path) -> Result<IndexFile, StorageError> {
+        let (bytes, missing) = match fs::read(path) {
+            Ok(b) => (b, false),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => (Vec::new(), true),
+            Err(e) => return Err(io_err(path, None, e)),
+        };
+        let entries = decode_index(&bytes);
+        Ok(IndexFile {
+            bytes,
+            missing,
+            entries,
+        })
+    }
+
+    /// Rewrites the index when it does not list exactly `positions`.
+    fn settle(
+        &self,
+        path: &Path,
+        positions: &[u32],
+        expected_gap: bool,
+    ) -> Result<bool, StorageError> {
+        if self.bytes.len() == positions.len() * 4 && self.entries == positions {
+            return Ok(false);
+        }
+        if !expected_gap {
+            // A last segment one entry short is the ordinary crash between writing records
+            // and writing their index entries; anything else is worth a line in the log.
+            log::info!(
+                "{}: index {} ({} entries, {} records); rewriting it",
+                path.display(),
+                if self.missing {
+                    "missing"
+                } else {
+                    "inconsistent"
+                },
+                self.entries.len(),
+                positions.len()
+            );
+        }
+        fs::write(path, encode_index(positions)).map_err(|e| io_err(path, None, e))?;
+        Ok(true)
+    }
+}
+
 /// Recovers one segment. Returns it and whether it was cut (so later segments must go).
 fn recover_segment(
     dir: &Path,
@@ -283,157 +454,48 @@ fn recover_segment(
     mode: VerifyMode,
     report: &mut RecoveryReport,
 ) -> Result<(RecoveredSegment, bool), StorageError> {
-    let path = segment_path(dir, first);
-    let idx_path = index_path(dir, first);
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(|e| io_err(&path, None, e))?;
-    let file_len = file.metadata().map_err(|e| io_err(&path, None, e))?.len();
-
-    let mut header = vec![0u8; (file_len as usize).min(SEGMENT_HEADER_BYTES)];
-    file.read_exact(&mut header)
-        .map_err(|e| io_err(&path, Some(0), e))?;
+    let mut seg = SegmentFile::open(dir, first)?;
+    let mut header = vec![0u8; (seg.len as usize).min(SEGMENT_HEADER_BYTES)];
+    seg.file
+        .read_exact(&mut header)
+        .map_err(|e| io_err(&seg.path, Some(0), e))?;
     if let Err(reason) = check_header(&header, first) {
-        // A crash between creating a segment and writing its header leaves a short or
-        // zero-filled file; anything else here is damage. Either way the segment holds
-        // no trustworthy record, so it restarts empty and everything after it goes.
-        if file_len > 0 || !is_last {
-            log::warn!(
-                "{}: {reason}; truncating it to an empty segment",
-                path.display()
-            );
-            report.note_cut(&path, 0, first);
-            report.truncated_bytes += file_len;
-        }
-        file.set_len(0).map_err(|e| io_err(&path, Some(0), e))?;
-        file.seek(SeekFrom::Start(0))
-            .map_err(|e| io_err(&path, Some(0), e))?;
-        file.write_all(&encode_header(first))
-            .map_err(|e| io_err(&path, Some(0), e))?;
-        fs::write(&idx_path, []).map_err(|e| io_err(&idx_path, None, e))?;
-        let seg = RecoveredSegment {
-            first_sequence: first,
-            len_bytes: SEGMENT_HEADER_BYTES as u64,
-            record_count: 0,
-            last_timestamp_ms: None,
-        };
-        return Ok((seg, true));
+        seg.reset(&reason, is_last, report)?;
+        return Ok((seg.segment(SEGMENT_HEADER_BYTES as u64, 0, None), true));
     }
-
-    let (idx_bytes, idx_missing) = match fs::read(&idx_path) {
-        Ok(b) => (b, false),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => (Vec::new(), true),
-        Err(e) => return Err(io_err(&idx_path, None, e)),
-    };
-    let entries = decode_index(&idx_bytes);
-    let plausible = plausible_prefix_len(&entries, file_len);
-    let idx_whole = idx_bytes.len() % 4 == 0 && plausible == entries.len() && !idx_missing;
-
-    // Closed segment, cheap check: the index is plausible and its last entry names a good
-    // record with the right sequence that ends exactly at the end of the file.
+    let index = IndexFile::read(&seg.idx_path)?;
+    let plausible = plausible_prefix_len(&index.entries, seg.len);
+    let idx_whole =
+        index.bytes.len() % 4 == 0 && plausible == index.entries.len() && !index.missing;
     if !is_last && mode == VerifyMode::Tails && idx_whole {
-        let n = entries.len() as u64;
-        let (ok, ts) = match entries.last() {
-            None => (file_len == SEGMENT_HEADER_BYTES as u64, None),
-            Some(&p) => {
-                let end = scan_records(
-                    &file,
-                    &path,
-                    p as u64,
-                    file_len,
-                    first + n - 1,
-                    Some(1),
-                    |_| {},
-                )?;
-                (
-                    end.stop.is_none() && end.records == 1 && end.end_pos == file_len,
-                    end.last_timestamp_ms,
-                )
-            }
-        };
-        if ok {
-            let seg = RecoveredSegment {
-                first_sequence: first,
-                len_bytes: file_len,
-                record_count: n,
-                last_timestamp_ms: ts,
-            };
-            return Ok((seg, false));
+        if let Some(recovered) = seg.closed_checks_out(&index.entries)? {
+            return Ok((recovered, false));
         }
     }
-
-    // Find the last index entry that checks out and scan on from the record after it.
-    let mut keep = 0usize;
-    let mut start_pos = SEGMENT_HEADER_BYTES as u64;
-    let mut start_ts = None;
-    if mode == VerifyMode::Tails {
-        let lowest = plausible.saturating_sub(INDEX_BACKTRACK_ENTRIES_MAX);
-        for t in (lowest..plausible).rev() {
-            let p = entries[t] as u64;
-            let end = scan_records(&file, &path, p, file_len, first + t as u64, Some(1), |_| {})?;
-            if end.stop.is_none() && end.records == 1 {
-                keep = t + 1;
-                start_pos = end.end_pos;
-                start_ts = end.last_timestamp_ms;
-                break;
-            }
-        }
-    }
-    let mut positions: Vec<u32> = entries[..keep].to_vec();
+    let (keep, start_pos, start_ts) = match mode {
+        VerifyMode::Tails => seg.last_good_entry(&index.entries, plausible)?,
+        VerifyMode::Everything => (0, SEGMENT_HEADER_BYTES as u64, None),
+    };
+    let mut positions: Vec<u32> = index.entries[..keep].to_vec();
     let end = scan_records(
-        &file,
-        &path,
+        &seg.file,
+        &seg.path,
         start_pos,
-        file_len,
+        seg.len,
         first + keep as u64,
         None,
         |p| positions.push(p as u32),
     )?;
-    let last_timestamp_ms = end.last_timestamp_ms.or(start_ts);
-    let mut cut = false;
-    if let Some(why) = &end.stop {
-        let lost = file_len - end.end_pos;
-        log::warn!(
-            "{}: bad record at byte {} ({why}); truncating {lost} bytes, sequences from {} \
-             on are lost",
-            path.display(),
-            end.end_pos,
-            first + positions.len() as u64
-        );
-        file.set_len(end.end_pos)
-            .map_err(|e| io_err(&path, Some(end.end_pos), e))?;
-        report.note_cut(&path, end.end_pos, first + positions.len() as u64);
-        report.truncated_bytes += lost;
-        cut = true;
+    let cut = end.stop.is_some();
+    if cut {
+        seg.cut(&end, positions.len() as u64, report)?;
     }
-    if idx_bytes.len() != positions.len() * 4 || entries != positions {
-        if !(is_last && idx_whole && entries.len() + 1 == positions.len()) {
-            // A last segment one entry short is the ordinary crash between writing records
-            // and writing their index entries; anything else is worth a line in the log.
-            log::info!(
-                "{}: index {} ({} entries, {} records); rewriting it",
-                idx_path.display(),
-                if idx_missing {
-                    "missing"
-                } else {
-                    "inconsistent"
-                },
-                entries.len(),
-                positions.len()
-            );
-        }
-        fs::write(&idx_path, encode_index(&positions)).map_err(|e| io_err(&idx_path, None, e))?;
+    let expected_gap = is_last && idx_whole && index.entries.len() + 1 == positions.len();
+    if index.settle(&seg.idx_path, &positions, expected_gap)? {
         report.indexes_rebuilt += 1;
     }
-    let seg = RecoveredSegment {
-        first_sequence: first,
-        len_bytes: end.end_pos,
-        record_count: positions.len() as u64,
-        last_timestamp_ms,
-    };
-    Ok((seg, cut))
+    let ts = end.last_timestamp_ms.or(start_ts);
+    Ok((seg.segment(end.end_pos, positions.len() as u64, ts), cut))
 }
 
 /// One finding of [`check_partition`].
@@ -525,36 +587,7 @@ pub fn check_partition(dir: &Path, repair: bool) -> Result<CheckReport, StorageE
         report.records += end.records;
         expected_next = Some(first + end.records);
         report.next_sequence = first + end.records;
-        let idx_path = index_path(dir, first);
-        match fs::read(&idx_path) {
-            Ok(bytes) => {
-                let entries = decode_index(&bytes);
-                if bytes.len() % 4 != 0 || entries.len() != positions.len() {
-                    problems.push(report_problem(
-                        &idx_path,
-                        0,
-                        format!(
-                            "{} index bytes for {} records",
-                            bytes.len(),
-                            positions.len()
-                        ),
-                    ));
-                } else if let Some(i) = (0..entries.len()).find(|&i| entries[i] != positions[i]) {
-                    problems.push(report_problem(
-                        &idx_path,
-                        (i * 4) as u64,
-                        format!(
-                            "entry {i} says byte {}, record is at {}",
-                            entries[i], positions[i]
-                        ),
-                    ));
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                problems.push(report_problem(&idx_path, 0, "index missing".to_string()));
-            }
-            Err(e) => return Err(io_err(&idx_path, None, e)),
-        }
+        check_index(&index_path(dir, first), &positions, &mut problems)?;
     }
     report.problems = problems;
     if repair && !report.problems.is_empty() {
@@ -562,6 +595,38 @@ pub fn check_partition(dir: &Path, repair: bool) -> Result<CheckReport, StorageE
         report.repaired = Some(recovered);
     }
     Ok(report)
+}
+
+/// The index of a segment must list exactly the positions of its good records.
+fn check_index(
+    idx_path: &Path,
+    positions: &[u32],
+    problems: &mut Vec<CheckProblem>,
+) -> Result<(), StorageError> {
+    let bytes = match fs::read(idx_path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            problems.push(report_problem(idx_path, 0, "index missing".to_string()));
+            return Ok(());
+        }
+        Err(e) => return Err(io_err(idx_path, None, e)),
+    };
+    let entries = decode_index(&bytes);
+    if bytes.len() % 4 != 0 || entries.len() != positions.len() {
+        let why = format!(
+            "{} index bytes for {} records",
+            bytes.len(),
+            positions.len()
+        );
+        problems.push(report_problem(idx_path, 0, why));
+    } else if let Some(i) = (0..entries.len()).find(|&i| entries[i] != positions[i]) {
+        let why = format!(
+            "entry {i} says byte {}, record is at {}",
+            entries[i], positions[i]
+        );
+        problems.push(report_problem(idx_path, (i * 4) as u64, why));
+    }
+    Ok(())
 }
 
 fn report_problem(path: &Path, position: u64, reason: String) -> CheckProblem {
