@@ -1,36 +1,39 @@
 #!/usr/bin/env python3
-"""Prints the error-registry tables of man/mortarmq.7 (roff + tbl) from errors.md.
+"""Prints the error-registry tables of man/mortarmq.7 (roff + tbl) from the registry in
+src/wire/errors.rs, the one place the 51 codes are defined.
 
-Usage: python3 tools/man_errors.py [path/to/errors.md] > /tmp/tables.roff, then paste the
-output between the ERRORS text and SEE ALSO. tests/cli.rs checks the page against
-src/wire/errors.rs, so a stale table fails the tests.
+Usage: python3 tools/man_errors.py > /tmp/tables.roff, then paste the output between the
+ERRORS text and SEE ALSO. tests/cli.rs checks the page against the registry, so a stale
+table fails the tests.
 """
 import os
 import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SPEC = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "../../shared/spec/errors.md")
+REGISTRY = os.path.join(HERE, "../src/wire/errors.rs")
 # Usable width of a man page on an 80-column terminal, and tbl's column gaps (2 ens, 4 gaps).
 WIDTH, GAPS = 72, 8
 NAME_MAX = 22  # longer names get a text block with a break point
 
 
+# One row of the `registry!` table: `Variant = 0x0001, "NAME", After, Retry, "should";`
+ROW = re.compile(r'\w+ = (0x[0-9A-F]{4}), "(\w+)", (\w+), (\w+),\s*"([^"]*)";')
+
+
 def main():
+    text = open(REGISTRY, encoding="utf-8").read()
+    body = text[text.index("registry! {"):]
     rows, segs, seg = {}, [], None
-    for line in open(SPEC, encoding="utf-8"):
-        m = re.match(r"## (0x\dxxx) — (.*) \((\d+)\)", line)
-        if m:
+    # Segment headings are the comments `// 0x0xxx — protocol / session (26)`.
+    for m in re.finditer(r"// (0x\dxxx) — (.*) \(\d+\)|" + ROW.pattern, body):
+        if m.group(1):
             seg = (m.group(1), m.group(2))
             segs.append(seg)
             rows[seg] = []
             continue
-        if seg and line.startswith("| 0x"):
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if len(cells) == 7:  # the replication segment has no "Raised by" column
-                del cells[2]
-            code, name, _meaning, after, should, retry = cells
-            rows[seg].append((code, name, after, should, retry))
+        code, name, after, retry, should = m.group(3, 4, 5, 6, 7)
+        rows[seg].append((code, name, after.lower(), should, retry.lower()))
     out = [".ad l"]
     for seg in segs:
         r = rows[seg]

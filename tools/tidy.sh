@@ -34,6 +34,12 @@ proto=$(grep -rnE '^\s*(pub(\([a-z]+\))? )?const [A-Z0-9_]+: u(8|16) = ' src too
 long_fns=$(python3 tools/fn_length.py 70 src || true)
 [ -z "$long_fns" ] || say "functions over 70 lines:"$'\n'"$long_fns"
 
+# The repository stands alone: references name its own files (man/mortarmq.7, docs/),
+# never the spec files it was built from outside it.
+outside=$(grep -rnE '\.\./shared|semantics\.md|wire-v0\.seed|errors\.md|replication\.md' \
+  src tools tests docs man golden README.md | grep -v '^tools/tidy.sh:' || true)
+[ -z "$outside" ] || say "references to files outside the repository:"$'\n'"$outside"
+
 # Dependencies point down: wire <- log, fsync <- broker <- session <- reactor.
 deny() { # room, forbidden pattern
   local hits

@@ -6,7 +6,7 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::wire::limits::DEDUP_WINDOW_SEQS;
 
-/// What the idempotence check says about a PUB (semantics §2 PUB).
+/// What the idempotence check says about a PUB (`man/mortarmq.7`, PUB).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Idempotence {
     /// Append it.

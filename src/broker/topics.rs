@@ -1,8 +1,8 @@
 //! The topic registry: names, paired ids, partition counts, and its durable file.
 //!
-//! Pair k (0-based) owns source id 2k+1 and `.dlq` twin id 2k+2 (seed §2.1). New pairs
-//! take the lowest pair never used; only when all 32767 have been used are freed pairs
-//! reused, lowest first (semantics §2 DECLARE).
+//! Pair k (0-based) owns source id 2k+1 and `.dlq` twin id 2k+2. New pairs take the
+//! lowest pair never used; only when all 32767 have been used are freed pairs reused,
+//! lowest first (`man/mortarmq.7`, DECLARE).
 //!
 //! The registry file (`<data-dir>/registry`, written with `log::meta::write_atomic`,
 //! so it is CRC-checked and replaced atomically) is text, one fact per line:
@@ -77,7 +77,7 @@ pub fn pair_of(topic_id: u16) -> Option<(u16, bool)> {
     Some(((topic_id - 1) / 2, topic_id.is_multiple_of(2)))
 }
 
-/// Topic names are 1–255 bytes of `[A-Za-z0-9._-]` (errors.md 0x2001).
+/// Topic names are 1–255 bytes of `[A-Za-z0-9._-]` (`man/mortarmq.7`, 0x2001).
 pub fn valid_name(name: &[u8]) -> bool {
     !name.is_empty()
         && name.len() <= MAX_TOPIC_LEN_BYTES

@@ -1,5 +1,5 @@
 //! One consumer group: its members, the ownership of each partition, and per
-//! partition the delivery bookkeeping (semantics §3–§4).
+//! partition the delivery bookkeeping (`man/mortarmq.7`, CONSUMER GROUPS).
 //!
 //! Every record of a partition at or above `next_seq` is undelivered. Every record
 //! below it is in exactly one of these states:

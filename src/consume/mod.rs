@@ -1,4 +1,5 @@
-//! The consumer-group coordinator and delivery engine (semantics.md §2–§4).
+//! The consumer-group coordinator and delivery engine (`man/mortarmq.7`, OPERATIONS
+//! and CONSUMER GROUPS).
 //!
 //! A pure state machine: inputs are the client ops of the consume plane (SUB, ACK,
 //! NACK, PULL, HEARTBEAT, CONTROL_ACK, CREDIT), reactor events (connection closed,
@@ -49,7 +50,7 @@ use group::{Group, Member, Ownership, PendingPull};
 /// The reactor's connection id.
 pub type ConnId = u32;
 
-/// SUB `credit_count` 0 means this window (semantics §2 SUB).
+/// SUB `credit_count` 0 means this window (`man/mortarmq.7`, SUB).
 pub const DEFAULT_CREDIT_COUNT: u16 = 256;
 /// SUB `credit_bytes` 0 means this window: 2 MiB.
 pub const DEFAULT_CREDIT_BYTES: u32 = 2 * 1024 * 1024;
@@ -67,8 +68,8 @@ pub trait Records {
     fn record_bytes(&mut self, topic_id: u16, partition: u16, sequence: u64) -> Option<u32>;
 }
 
-/// One send of one record to one member (semantics §4): what the MSG names, and which
-/// attempt it is.
+/// One send of one record to one member (`man/mortarmq.7`, CONSUMER GROUPS): what the
+/// MSG names, and which attempt it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Delivery {
     pub reference: DeliveryRef,
@@ -929,7 +930,7 @@ impl Coordinator {
             .ok_or(ErrorCode::UnknownMember)
     }
 
-    /// Any op on a live subscription keeps its session alive (semantics §3).
+    /// Any op on a live subscription keeps its session alive (`man/mortarmq.7`, CONSUMER GROUPS).
     fn touch(&mut self, entry: SubEntry, now_ms: u64) {
         if !entry.live {
             return;

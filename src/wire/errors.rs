@@ -1,4 +1,4 @@
-//! The v0 error-code registry (`errors.md`): 51 codes in four segments.
+//! The v0 error-code registry (`man/mortarmq.7`, ERRORS): 51 codes in four segments.
 //!
 //! One table, written once in [`registry!`], gives every code its number, its name,
 //! what the broker does with the connection after sending it, and what the client

@@ -10,7 +10,7 @@
 //! "Check, then parse, without I/O": [`split_frame`] answers `Ok(None)` while the
 //! frame is incomplete (never an error), `Ok(Some(frame))` once all of it is
 //! buffered, and `Err` as soon as the header alone proves the frame invalid, before
-//! the body is read or buffered (`errors.md` 0x0001 and 0x0002 close the connection).
+//! the body is read or buffered (0x0001 and 0x0002 close the connection, `man/mortarmq.7`).
 
 use super::errors::ErrorCode;
 use super::limits::{FRAME_HEADER_BYTES, OP_BYTES};
@@ -43,7 +43,7 @@ impl FrameError {
         }
     }
 
-    /// The op byte an ERR frame reports: 0 when no op was read (semantics §1).
+    /// The op byte an ERR frame reports: 0 when no op was read (`man/mortarmq.7`, ERR).
     pub fn request_op(self) -> u8 {
         match self {
             FrameError::InvalidLength { .. } => 0,
@@ -61,7 +61,7 @@ impl std::fmt::Display for FrameError {
     }
 }
 
-/// What an op byte means to a receiver (seed §2).
+/// What an op byte means to a receiver (`man/mortarmq.7`, OPERATIONS).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpClass {
     Known(Op),

@@ -1,6 +1,6 @@
 //! Protocol limits of wire v0, each named after the spec with its unit last.
 //!
-//! The seed (`wire-v0.seed.txt` §1) fixes these; neither broker nor client may raise
+//! The protocol fixes these (`man/mortarmq.7`, FRAME FORMAT); neither broker nor client may raise
 //! them. Broker-side operational limits (connections, buffers) live in `config` and
 //! the reactor, not here.
 
@@ -17,18 +17,18 @@ pub const MAX_VALUE_LEN_BYTES: u32 = MAX_FRAME_LEN_BYTES - 1024;
 pub const MAX_KEY_LEN_BYTES: usize = 255;
 /// Cap on a topic name.
 pub const MAX_TOPIC_LEN_BYTES: usize = 255;
-/// Cap on a consumer-group name (semantics §2: same shape as topic names).
+/// Cap on a consumer-group name (`man/mortarmq.7`, SUB: same shape as topic names).
 pub const MAX_GROUP_LEN_BYTES: usize = 255;
 /// Cap on an ERR frame's diagnostic text.
 pub const MAX_ERR_MESSAGE_BYTES: usize = 512;
 /// Cap on an OK frame's result: the frame cap less op, request_op and result_len.
 pub const MAX_OK_RESULT_LEN_BYTES: u32 = MAX_FRAME_LEN_BYTES - 6;
-/// Until CONNECT succeeds a frame may be at most this long (semantics §1), so an
+/// Until CONNECT succeeds a frame may be at most this long (`man/mortarmq.7`, FRAME FORMAT), so an
 /// unauthenticated peer cannot make the broker buffer 16 MiB.
 pub const PREAUTH_FRAME_LEN_MAX_BYTES: u32 = 64 * 1024;
 /// First field of CONNECT.
 pub const WIRE_VERSION: u8 = 1;
-/// The keepalive period the seed names.
+/// The keepalive period of the protocol.
 pub const KEEPALIVE_MS: u64 = 30_000;
 /// Without a complete frame for 1.5 × keepalive the server closes the connection.
 pub const IDLE_TIMEOUT_MS: u64 = KEEPALIVE_MS * 3 / 2;

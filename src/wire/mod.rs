@@ -2,8 +2,8 @@
 //!
 //! Sans-IO: bytes in, typed values out, typed values in, bytes out. It depends on
 //! nothing else in the crate (only `std`), so clients, tools, the broker and the golden
-//! tests all share one codec. The byte layouts are those of `wire-v0.seed.txt`
-//! (field order = byte order, big-endian), closed by `semantics.md`.
+//! tests all share one codec. The byte layouts are those of
+//! `man/mortarmq.7` (field order = byte order, big-endian).
 //!
 //! - [`limits`]: every protocol constant, with its unit in its name.
 //! - [`frame`]: the incremental splitter that yields only complete frames.

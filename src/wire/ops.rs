@@ -1,13 +1,13 @@
 //! The 15 ops of wire v0 (9 core + 6 extension) as typed messages, and the typed OK
 //! results of DECLARE, PUB, SUB and CREDIT.
 //!
-//! Every message lists its fields in byte order (seed §2: field order = byte order),
-//! all big-endian. Byte fields are preceded on the wire by their length
-//! (`key_len:u16` then `key`), and decoding borrows them from the frame buffer: a
-//! decoded PUB or MSG copies neither key nor value. Bytes after the last known field
-//! are an unknown tail from a later compatible version and are ignored (seed §4);
-//! a payload shorter than its fields, or an inner length past the frame end, is a
-//! [`DecodeError`] (MALFORMED_PAYLOAD, semantics §1).
+//! Every message lists its fields in byte order, all big-endian (`man/mortarmq.7`,
+//! OPERATIONS). Byte fields are preceded on the wire by their length (`key_len:u16`
+//! then `key`), and decoding borrows them from the frame buffer: a decoded PUB or MSG
+//! copies neither key nor value. Bytes after the last known field are an unknown tail
+//! from a later compatible version and are ignored; a payload shorter than its fields,
+//! or an inner length past the frame end, is a [`DecodeError`] (MALFORMED_PAYLOAD;
+//! `man/mortarmq.7`, FRAME FORMAT).
 //!
 //! [`Frame::fields`] lists the decoded fields by their spec names; the golden tests
 //! compare it with the comments of the hand-written vectors.
@@ -475,7 +475,7 @@ message! {
     }
 }
 
-/// The origin trailer of a dead-lettered record (semantics §4), after MSG's `value`.
+/// The origin trailer of a dead-lettered record (`man/mortarmq.7`, MSG), after MSG's `value`.
 ///
 /// ```text
 /// origin_topic_id:u16 origin_partition:u16 origin_sequence:u64 attempts:u16 reason:u8
@@ -724,7 +724,7 @@ impl Origin {
     }
 }
 
-/// A typed OK result (semantics §1: exact sizes in v0; extra bytes from later
+/// A typed OK result (`man/mortarmq.7`, OK: exact sizes in v0; extra bytes from later
 /// versions are ignored when decoding).
 pub trait OkResult: Sized {
     const REQUEST_OP: Op;
