@@ -63,6 +63,7 @@ pub use segment::{
 
 use recovery::VerifyMode;
 use segment::{encode_header, Segment, Writer};
+use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -321,6 +322,11 @@ pub struct PartitionLog {
     synced_sequence: u64,
     /// `written_sequence` when the last sync job was taken.
     sync_taken_sequence: u64,
+    /// Sync jobs taken and not yet reported, oldest first: the `upto_sequence` of each
+    /// and whether it completed. The synced watermark moves only over a completed prefix:
+    /// a later job may cover only a newer segment (after a roll), so its success says
+    /// nothing about the files of the jobs before it.
+    syncs_in_flight: VecDeque<(u64, bool)>,
     /// Segment files written since the last sync job (no duplicates).
     unsynced_files: Vec<Arc<File>>,
     /// A segment file was created since the last sync job.
@@ -391,6 +397,7 @@ impl PartitionLog {
             written_sequence: written,
             synced_sequence: written,
             sync_taken_sequence: written,
+            syncs_in_flight: VecDeque::new(),
             unsynced_files: Vec::new(),
             dir_dirty: false,
             poisoned: None,
@@ -667,18 +674,36 @@ impl PartitionLog {
         };
         self.dir_dirty = false;
         self.sync_taken_sequence = self.written_sequence;
+        self.syncs_in_flight.push_back((job.upto_sequence, false));
         Some(job)
     }
 
-    /// A job returned by `take_sync_job` completed.
+    /// The job taken with this `upto_sequence` completed. Every record up to it is
+    /// durable once every job taken before it has completed too.
     pub fn sync_done(&mut self, upto_sequence: u64) {
-        let upto = upto_sequence.min(self.written_sequence);
-        self.synced_sequence = self.synced_sequence.max(upto);
+        if let Some(entry) = self
+            .syncs_in_flight
+            .iter_mut()
+            .find(|(u, _)| *u == upto_sequence)
+        {
+            entry.1 = true;
+        }
+        if cfg!(feature = "sim-bug-early-ack") {
+            // The hole the simulator must find: the watermark taken from whichever sync
+            // completes, whatever the jobs before it did.
+            let upto = upto_sequence.min(self.written_sequence);
+            self.synced_sequence = self.synced_sequence.max(upto);
+        }
+        while let Some(&(upto, true)) = self.syncs_in_flight.front() {
+            self.syncs_in_flight.pop_front();
+            self.synced_sequence = self.synced_sequence.max(upto.min(self.written_sequence));
+        }
     }
 
     /// A job failed. Sticky: after a failed fsync the kernel may have dropped the dirty
     /// pages and a retry can succeed without the data, so every later append and flush
-    /// returns `Poisoned` until a restart re-reads the disk. Reads keep working.
+    /// returns `Poisoned` until a restart re-reads the disk. Reads keep working. Nothing
+    /// past the watermark is ever acknowledged now, whatever later jobs report.
     pub fn sync_failed(&mut self, err: &io::Error) {
         log::error!(
             "{}: fdatasync failed; partition refuses writes until restart: {err}",
@@ -687,6 +712,7 @@ impl PartitionLog {
         if self.poisoned.is_none() {
             self.poisoned = Some(format!("fdatasync failed: {err}"));
         }
+        self.syncs_in_flight.clear();
     }
 
     pub fn is_poisoned(&self) -> bool {
@@ -720,6 +746,20 @@ impl PartitionLog {
             "synced beyond written"
         );
         assert!(self.sync_taken_sequence <= self.written_sequence);
+        // The injected hole moves the watermark past jobs still in flight; the simulator,
+        // not this check, has to notice what that loses.
+        let mut last = self.synced_sequence;
+        for &(upto, _) in self.syncs_in_flight.iter() {
+            if !cfg!(feature = "sim-bug-early-ack") {
+                assert!(upto > last, "sync jobs in order above the watermark");
+            }
+            assert!(upto <= self.sync_taken_sequence);
+            last = upto;
+        }
+        assert!(
+            self.syncs_in_flight.front().is_none_or(|&(_, done)| !done),
+            "a completed job at the head would have moved the watermark"
+        );
         let pending: u64 = self.pending.iter().map(|r| u64::from(r.len)).sum();
         assert_eq!(
             pending,

@@ -812,3 +812,55 @@ proptest! {
         prop_assert!(check_partition(tmp.path(), false).unwrap().is_clean());
     }
 }
+
+/// Two syncs in flight across a roll: the second covers only the new segment, so its
+/// completion must not mark the old segment's records synced (durability hole 1).
+#[test]
+fn the_synced_watermark_moves_only_over_a_completed_prefix_of_sync_jobs() {
+    let tmp = TempDir::new().unwrap();
+    let (mut log, _) = open(tmp.path(), cfg(300));
+    // One record per job until a record rolls: then job A covers the old segment and
+    // job B only the new one.
+    append_range(&mut log, 1, 1);
+    let (a, b) = loop {
+        let a = log.take_sync_job().unwrap();
+        let segments_before = log.stats().segments;
+        append_range(&mut log, 1, 1);
+        if log.stats().segments > segments_before {
+            break (a, log.take_sync_job().unwrap());
+        }
+        log.sync_done(a.upto_sequence);
+    };
+    let synced_before = log.synced_sequence();
+    assert!(
+        b.files
+            .iter()
+            .all(|f| !a.files.iter().any(|g| Arc::ptr_eq(f, g))),
+        "the second job covers only the new segment"
+    );
+    log.sync_done(b.upto_sequence);
+    log.check_invariants();
+    assert_eq!(
+        log.synced_sequence(),
+        synced_before,
+        "the first job has not completed"
+    );
+    log.sync_done(a.upto_sequence);
+    log.check_invariants();
+    assert_eq!(log.synced_sequence(), b.upto_sequence);
+
+    // A later success does not survive an earlier failure.
+    append_range(&mut log, 1, 1);
+    let c = log.take_sync_job().unwrap();
+    append_range(&mut log, 1, 1);
+    let d = log.take_sync_job().unwrap();
+    log.sync_done(d.upto_sequence);
+    log.sync_failed(&io::Error::from_raw_os_error(EIO));
+    log.sync_done(c.upto_sequence);
+    log.check_invariants();
+    assert_eq!(
+        log.synced_sequence(),
+        b.upto_sequence,
+        "nothing past the failure"
+    );
+}
