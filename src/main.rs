@@ -87,6 +87,7 @@ fn run(config: Config) -> Result<(), String> {
     let mut reactor = Reactor::bind(reactor, fsync_threads, |submitter| {
         let (broker, report) = Broker::open(
             broker,
+            mortarmq::log::FsStorage::shared(),
             Box::new(submitter),
             Now {
                 mono_ms: 0,

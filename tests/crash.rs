@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use common::mortard::Mortard;
 use common::rng::Rng;
 use mortarmq::client::{Client, ClientError};
-use mortarmq::log::{LogConfig, PartitionLog};
+use mortarmq::log::{FsStorage, LogConfig, PartitionLog};
 use mortarmq::wire::ops::{Frame, Pub, PubResult};
 use mortarmq::wire::{DeclareFlags, Durability, PubFlags};
 
@@ -185,7 +185,8 @@ fn read_partition(dir: &std::path::Path) -> Vec<(u64, u64, u64, Vec<u8>)> {
         segment_size_bytes: SEGMENT_BYTES,
         ..LogConfig::default()
     };
-    let (mut log, report) = PartitionLog::open(dir, config).expect("open partition");
+    let (mut log, report) =
+        PartitionLog::open(&FsStorage::shared(), dir, config).expect("open partition");
     assert!(report.is_clean(), "recovery after a clean stop: {report:?}");
     let mut out = Vec::new();
     let mut next = 1;

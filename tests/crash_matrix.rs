@@ -16,7 +16,7 @@ use common::mortard::Mortard;
 use common::rng::Rng;
 use mortarmq::broker::dlq::{dlq_producer_id, split_origin};
 use mortarmq::client::{Client, ClientError, Push};
-use mortarmq::log::{LogConfig, PartitionLog};
+use mortarmq::log::{FsStorage, LogConfig, PartitionLog};
 use mortarmq::wire::ops::*;
 use mortarmq::wire::{
     AckFlags, ControlResult, DeclareFlags, Durability, ErrorCode, NackReason, PubFlags, SubFlags,
@@ -85,8 +85,12 @@ fn read_partition(
         retention_size_bytes: 0,
         retention_age_ms: 0,
     };
-    let (mut log, _) =
-        PartitionLog::open(&partition_dir(broker, topic_id, name, partition), config).unwrap();
+    let (mut log, _) = PartitionLog::open(
+        &FsStorage::shared(),
+        &partition_dir(broker, topic_id, name, partition),
+        config,
+    )
+    .unwrap();
     let mut out = Vec::new();
     let mut from = log.first_sequence();
     loop {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::mortard::Mortard;
 use mortarmq::client::{Client, ClientError};
-use mortarmq::log::{LogConfig, PartitionLog};
+use mortarmq::log::{FsStorage, LogConfig, PartitionLog};
 use mortarmq::wire::limits::{MAX_FRAME_LEN_BYTES, MAX_VALUE_LEN_BYTES};
 use mortarmq::wire::ops::{Frame, Pub, PubResult};
 use mortarmq::wire::{
@@ -132,7 +132,8 @@ fn read_partition(dir: &Path, segment_size_bytes: u64) -> Vec<(u64, u64, u64, Ve
         segment_size_bytes,
         ..LogConfig::default()
     };
-    let (mut log, report) = PartitionLog::open(dir, config).expect("open partition");
+    let (mut log, report) =
+        PartitionLog::open(&FsStorage::shared(), dir, config).expect("open partition");
     assert!(report.is_clean(), "recovery after a clean stop: {report:?}");
     let mut out = Vec::new();
     let mut next = 1;

@@ -624,7 +624,7 @@ fn cmd_check(ctx: &Ctx) -> Outcome {
             .unwrap_or(dir)
             .display()
             .to_string();
-        let report = mortarmq::log::check_partition(dir, repair)
+        let report = mortarmq::log::check_partition(&mortarmq::log::FsStorage, dir, repair)
             .or_else(|e| runtime_err(format!("{name}: {e}")))?;
         problems += report.problems.len();
         let verdict = match (&report.repaired, report.is_clean()) {

@@ -90,13 +90,16 @@ fn unit(r: Result<(), ErrorCode>, op: Op) -> Handled {
 }
 
 impl ConsumeDriver {
-    pub(super) fn new(config: &super::BrokerConfig) -> ConsumeDriver {
+    pub(super) fn new(
+        storage: std::sync::Arc<dyn crate::log::Storage>,
+        config: &super::BrokerConfig,
+    ) -> ConsumeDriver {
         ConsumeDriver {
             coordinator: Coordinator::new(config.consume.clone()),
             conn_serials: IdMap::default(),
             scratch: Vec::new(),
             dead_letters: Vec::new(),
-            positions: Positions::new(&config.data_dir, config.commit_interval_ms),
+            positions: Positions::new(storage, &config.data_dir, config.commit_interval_ms),
         }
     }
 

@@ -4,14 +4,22 @@
 
 use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use crate::log::{meta, SyncJob};
+use crate::log::{meta, Storage, SyncJob};
 
 use super::PartitionKey;
 
-/// One piece of blocking I/O for an fsync worker.
+/// One piece of blocking I/O for an fsync worker, and the storage it runs on.
 #[derive(Debug)]
-pub enum DurableJob {
+pub struct DurableJob {
+    pub storage: Arc<dyn Storage>,
+    pub work: Work,
+}
+
+/// What a [`DurableJob`] does.
+#[derive(Debug)]
+pub enum Work {
     /// fdatasync of what a partition wrote before the job was taken (group commit).
     SyncPartition {
         key: PartitionKey,
@@ -41,16 +49,17 @@ pub enum DurableJob {
 
 impl crate::fsync::Job for DurableJob {
     fn run(&mut self) -> io::Result<()> {
-        match self {
-            DurableJob::SyncPartition { sync, .. } => sync.run(),
-            DurableJob::WriteRegistry { path, bytes, .. }
-            | DurableJob::WritePositions { path, bytes }
-            | DurableJob::WriteProducerSnapshot { path, bytes, .. } => {
-                meta::write_atomic(path, bytes)
+        let storage = &*self.storage;
+        match &self.work {
+            Work::SyncPartition { sync, .. } => sync.run(),
+            Work::WriteRegistry { path, bytes, .. }
+            | Work::WritePositions { path, bytes }
+            | Work::WriteProducerSnapshot { path, bytes, .. } => {
+                meta::write_atomic(storage, path, bytes)
             }
-            DurableJob::RemoveDirectories { dirs, .. } => {
+            Work::RemoveDirectories { dirs, .. } => {
                 for dir in dirs.iter() {
-                    if let Err(e) = std::fs::remove_dir_all(dir) {
+                    if let Err(e) = storage.remove_dir_all(dir) {
                         log::warn!("cannot remove {}: {e}", dir.display());
                     }
                 }

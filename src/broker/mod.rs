@@ -32,15 +32,16 @@ pub mod topics;
 mod tests;
 
 use std::path::Path;
+use std::sync::Arc;
 
-use crate::log::meta;
+use crate::log::{meta, Storage};
 use crate::wire::ops::{Notice, Pub};
 use crate::wire::{Durability, ErrorCode, Op, Response};
 
 pub use config::BrokerConfig;
 pub use counters::{bucket_of, BrokerCounters, FSYNC_BATCH_BUCKETS, FSYNC_LATENCY_BUCKETS_US};
 use deliver::ConsumeDriver;
-pub use jobs::{DurableJob, JobDone, JobSink};
+pub use jobs::{DurableJob, JobDone, JobSink, Work};
 use publish::{Partitions, SyncDone};
 use registry::TopicRegistry;
 pub use topics::Registry;
@@ -101,6 +102,7 @@ pub struct StartupReport {
 }
 
 pub struct Broker {
+    storage: Arc<dyn Storage>,
     config: BrokerConfig,
     leader_epoch: u64,
     topics: TopicRegistry,
@@ -115,9 +117,9 @@ pub struct Broker {
 
 /// Reads the previous leader epoch and persists the next one (`man/mortarmq.7`, PUB:
 /// every start of a data directory takes the previous value + 1).
-fn next_leader_epoch(dir: &Path) -> Result<u64, String> {
+fn next_leader_epoch(storage: &dyn Storage, dir: &Path) -> Result<u64, String> {
     let path = dir.join(EPOCH_FILE);
-    let previous = match meta::read_checked(&path) {
+    let previous = match meta::read_checked(storage, &path) {
         Ok(Some(bytes)) => std::str::from_utf8(&bytes)
             .ok()
             .and_then(|s| s.trim().parse::<u64>().ok())
@@ -126,7 +128,7 @@ fn next_leader_epoch(dir: &Path) -> Result<u64, String> {
         Err(e) => return Err(format!("{}: {e}", path.display())),
     };
     let epoch = previous + 1;
-    meta::write_atomic(&path, epoch.to_string().as_bytes())
+    meta::write_atomic(storage, &path, epoch.to_string().as_bytes())
         .map_err(|e| format!("cannot persist leader epoch in {}: {e}", path.display()))?;
     Ok(epoch)
 }
@@ -137,17 +139,20 @@ impl Broker {
     /// listener opens, so blocking I/O is fine here.
     pub fn open(
         config: BrokerConfig,
+        storage: Arc<dyn Storage>,
         sink: Box<dyn JobSink>,
         now: Now,
     ) -> Result<(Broker, StartupReport), String> {
         let dir = &config.data_dir;
-        std::fs::create_dir_all(dir.join(TOPICS_DIR))
+        crate::log::storage::create_dir_durable(&*storage, &dir.join(TOPICS_DIR))
             .map_err(|e| format!("cannot create data directory {}: {e}", dir.display()))?;
-        let leader_epoch = next_leader_epoch(dir)?;
-        let topics = TopicRegistry::load(dir)?;
+        let leader_epoch = next_leader_epoch(&*storage, dir)?;
+        let topics = TopicRegistry::load(Arc::clone(&storage), dir)?;
+        let topics_dir = dir.join(TOPICS_DIR);
         let mut broker = Broker {
-            partitions: Partitions::new(dir.join(TOPICS_DIR), &config, leader_epoch),
-            consume: ConsumeDriver::new(&config),
+            partitions: Partitions::new(Arc::clone(&storage), topics_dir, &config, leader_epoch),
+            consume: ConsumeDriver::new(Arc::clone(&storage), &config),
+            storage,
             config,
             leader_epoch,
             topics,
@@ -188,19 +193,16 @@ impl Broker {
             .flat_map(|p| p.topics())
             .map(|(id, name)| topics::topic_dir(&topics_dir, id, &name))
             .collect();
-        let Ok(entries) = std::fs::read_dir(&topics_dir) else {
+        let Ok(entries) = self.storage.list_dir(&topics_dir) else {
             return 0;
         };
         let mut removed = 0;
-        for entry in entries.flatten() {
-            if !known.contains(&entry.path()) {
+        for name in entries {
+            let path = topics_dir.join(&name);
+            if !known.contains(&path) {
                 // Left by a DELETE whose registry write landed before a crash.
-                let name = entry.file_name();
-                log::info!(
-                    "removing directory of deleted topic {}",
-                    name.to_string_lossy()
-                );
-                if std::fs::remove_dir_all(entry.path()).is_ok() {
+                log::info!("removing directory of deleted topic {name}");
+                if self.storage.remove_dir_all(&path).is_ok() {
                     removed += 1;
                 }
             }
@@ -301,8 +303,8 @@ impl Broker {
             result,
             elapsed,
         } = done;
-        match job {
-            DurableJob::SyncPartition {
+        match job.work {
+            Work::SyncPartition {
                 key,
                 sync,
                 records,
@@ -320,16 +322,16 @@ impl Broker {
                     .sync_done(done, &mut self.effects, &mut self.counters);
                 self.consume.settle_dead_letters(&self.partitions);
             }
-            DurableJob::WriteRegistry { version, .. } => {
+            Work::WriteRegistry { version, .. } => {
                 let removal = self.topics.write_done(version, &result, &mut self.effects);
                 self.jobs.extend(removal);
                 self.submit_jobs();
             }
-            DurableJob::RemoveDirectories { version, .. } => {
+            Work::RemoveDirectories { version, .. } => {
                 self.topics.directories_removed(version, &mut self.effects)
             }
-            DurableJob::WritePositions { .. } => self.consume.positions_written(&result),
-            DurableJob::WriteProducerSnapshot { key, .. } => {
+            Work::WritePositions { .. } => self.consume.positions_written(&result),
+            Work::WriteProducerSnapshot { key, .. } => {
                 self.partitions.snapshot_written(key, &result)
             }
         }

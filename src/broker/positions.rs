@@ -7,11 +7,12 @@
 //! ```
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::consume::GroupPosition;
-use crate::log::meta;
+use crate::log::{meta, Storage};
 
-use super::jobs::DurableJob;
+use super::jobs::{DurableJob, Work};
 
 /// The committed-positions file in the data directory.
 pub const GROUPS_FILE: &str = "groups";
@@ -19,6 +20,7 @@ const GROUPS_MAGIC: &str = "mortar-groups 1";
 
 /// What is on disk and when to write next.
 pub struct Positions {
+    storage: Arc<dyn Storage>,
     path: PathBuf,
     interval_ms: u64,
     /// What the last write (or start-up) put on disk.
@@ -28,8 +30,9 @@ pub struct Positions {
 }
 
 impl Positions {
-    pub fn new(data_dir: &Path, interval_ms: u64) -> Positions {
+    pub fn new(storage: Arc<dyn Storage>, data_dir: &Path, interval_ms: u64) -> Positions {
         Positions {
+            storage,
             path: data_dir.join(GROUPS_FILE),
             interval_ms,
             persisted: Vec::new(),
@@ -41,7 +44,7 @@ impl Positions {
     /// The positions file at start-up (none yet: empty).
     pub fn read(&mut self) -> Result<&[GroupPosition], String> {
         let shown = self.path.display();
-        self.persisted = match meta::read_checked(&self.path) {
+        self.persisted = match meta::read_checked(&*self.storage, &self.path) {
             Ok(Some(bytes)) => decode_positions(&bytes).map_err(|e| format!("{shown}: {e}"))?,
             Ok(None) => Vec::new(),
             Err(e) => return Err(format!("{shown}: {e}")),
@@ -72,9 +75,12 @@ impl Positions {
         let bytes = encode_positions(&positions);
         self.in_flight = true;
         self.persisted = positions;
-        Some(DurableJob::WritePositions {
-            path: self.path.clone(),
-            bytes,
+        Some(DurableJob {
+            storage: Arc::clone(&self.storage),
+            work: Work::WritePositions {
+                path: self.path.clone(),
+                bytes,
+            },
         })
     }
 
@@ -89,7 +95,7 @@ impl Positions {
 
     /// Writes `positions` on the calling thread (shutdown).
     pub fn write_now(&mut self, positions: &[GroupPosition]) -> std::io::Result<()> {
-        meta::write_atomic(&self.path, &encode_positions(positions))
+        meta::write_atomic(&*self.storage, &self.path, &encode_positions(positions))
     }
 }
 

@@ -9,15 +9,16 @@
 //! its record reached what it asked for (`docs/STORAGE.md`, `man/mortarmq.7` PUB).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use crate::log::{meta, LogConfig, PartitionLog, RecordView, StorageError};
+use crate::log::{meta, LogConfig, PartitionLog, RecordView, Storage, StorageError};
 use crate::wire::limits::{MAX_KEY_LEN_BYTES, MAX_VALUE_LEN_BYTES};
 use crate::wire::ops::Pub;
 use crate::wire::{Durability, ErrorCode, Op, Response};
 
 use super::counters::{bucket_of, BrokerCounters, FSYNC_BATCH_BUCKETS, FSYNC_LATENCY_BUCKETS_US};
 use super::idhash::IdMap;
-use super::jobs::DurableJob;
+use super::jobs::{DurableJob, Work};
 use super::partition::{Partition, Waiter};
 use super::producers::{self, Idempotence, Producers};
 use super::topics::{partition_dir, TopicPair};
@@ -45,7 +46,7 @@ fn fail(code: ErrorCode, message: String) -> Handled {
     Handled::Answer(Response::err(code, Op::Pub as u8, message))
 }
 
-/// A finished [`DurableJob::SyncPartition`], as the publish path needs it.
+/// A finished [`Work::SyncPartition`], as the publish path needs it.
 pub(super) struct SyncDone<'a> {
     pub key: PartitionKey,
     pub upto: u64,
@@ -57,6 +58,7 @@ pub(super) struct SyncDone<'a> {
 
 /// Every open partition, source and `.dlq` twin alike.
 pub struct Partitions {
+    storage: Arc<dyn Storage>,
     map: IdMap<PartitionKey, Partition>,
     /// Partitions with buffered records this pass, and partitions owed a sync job.
     flush_list: Vec<PartitionKey>,
@@ -75,8 +77,14 @@ pub struct Partitions {
 }
 
 impl Partitions {
-    pub(super) fn new(topics_dir: PathBuf, config: &super::BrokerConfig, epoch: u64) -> Self {
+    pub(super) fn new(
+        storage: Arc<dyn Storage>,
+        topics_dir: PathBuf,
+        config: &super::BrokerConfig,
+        epoch: u64,
+    ) -> Self {
         Partitions {
+            storage,
             map: IdMap::default(),
             flush_list: Vec::new(),
             sync_list: Vec::new(),
@@ -117,7 +125,7 @@ impl Partitions {
         counters: &mut BrokerCounters,
     ) -> Result<(), StorageError> {
         let dir = partition_dir(&self.topics_dir, key.0, name, key.1);
-        let (mut log, recovery) = PartitionLog::open(&dir, self.log_config)?;
+        let (mut log, recovery) = PartitionLog::open(&self.storage, &dir, self.log_config)?;
         if recovery.truncated_bytes > 0 {
             log::warn!(
                 "recovery truncated {} bytes of topic {} partition {} at {:?}",
@@ -150,7 +158,7 @@ impl Partitions {
     ) -> (Producers, u64) {
         let ttl_ms = self.producer_ttl_ms;
         let written = log.written_sequence();
-        let snapshot = meta::read_checked(&dir.join(producers::PRODUCERS_FILE))
+        let snapshot = meta::read_checked(&*self.storage, &dir.join(producers::PRODUCERS_FILE))
             .ok()
             .flatten()
             .and_then(|bytes| {
@@ -346,11 +354,14 @@ impl Partitions {
             // Records and bytes this job adds to what the jobs before it cover.
             let records = sync.upto_sequence.saturating_sub(part.sync_taken_sequence);
             part.sync_taken_sequence = sync.upto_sequence;
-            out.push(DurableJob::SyncPartition {
-                key,
-                sync,
-                records,
-                bytes: part.flushed_bytes,
+            out.push(DurableJob {
+                storage: Arc::clone(&self.storage),
+                work: Work::SyncPartition {
+                    key,
+                    sync,
+                    records,
+                    bytes: part.flushed_bytes,
+                },
             });
         }
     }
@@ -440,7 +451,11 @@ impl Partitions {
         if now.mono_ms >= self.next_producer_snapshot_ms {
             self.next_producer_snapshot_ms = now.mono_ms + producers::PRODUCER_SNAPSHOT_INTERVAL_MS;
             for part in self.map.values_mut() {
-                jobs.extend(snapshot_job(part, now));
+                let work = snapshot_job(part, now);
+                jobs.extend(work.map(|work| DurableJob {
+                    storage: Arc::clone(&self.storage),
+                    work,
+                }));
             }
         }
     }
@@ -476,7 +491,7 @@ impl Partitions {
             let covered = part.log.written_sequence();
             let bytes = part.producers.encode(covered, now.mono_ms, now.wall_ms);
             let path = part.log.dir().join(producers::PRODUCERS_FILE);
-            if let Err(e) = meta::write_atomic(&path, &bytes) {
+            if let Err(e) = meta::write_atomic(&*self.storage, &path, &bytes) {
                 failed.push(format!("producer snapshot: {e}"));
             }
         }
@@ -657,14 +672,14 @@ fn count_sync(counters: &mut BrokerCounters, records: u64, elapsed: std::time::D
 }
 
 /// A write of a partition's producer snapshot, when it changed and none is in flight.
-fn snapshot_job(part: &mut Partition, now: Now) -> Option<DurableJob> {
+fn snapshot_job(part: &mut Partition, now: Now) -> Option<Work> {
     let covered = part.log.next_sequence() - 1;
     if part.producers_snapshot_in_flight || covered == part.producers_snapshot_covered {
         return None;
     }
     part.producers_snapshot_in_flight = true;
     part.producers_snapshot_covered = covered;
-    Some(DurableJob::WriteProducerSnapshot {
+    Some(Work::WriteProducerSnapshot {
         key: (part.topic_id, part.index),
         path: part.log.dir().join(producers::PRODUCERS_FILE),
         bytes: part.producers.encode(covered, now.mono_ms, now.wall_ms),

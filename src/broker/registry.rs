@@ -9,12 +9,13 @@
 use std::collections::VecDeque;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use crate::log::meta;
+use crate::log::{meta, Storage};
 use crate::wire::ops::{Declare, DeclareResult};
 use crate::wire::{DeclareCreated, DeclareFlags, ErrorCode, Op, Response};
 
-use super::jobs::DurableJob;
+use super::jobs::{DurableJob, Work};
 use super::topics::{topic_dir, valid_name, Registry, TopicPair, DLQ_SUFFIX};
 use super::{Broker, ConnRef, Effect, Handled, Now};
 
@@ -30,6 +31,7 @@ struct RegistryWaiter {
 }
 
 pub struct TopicRegistry {
+    storage: Arc<dyn Storage>,
     registry: Registry,
     path: PathBuf,
     topics_dir: PathBuf,
@@ -54,14 +56,18 @@ fn io_code(e: &io::Error) -> ErrorCode {
 
 impl TopicRegistry {
     /// Reads the registry file of `data_dir` (none yet: an empty registry).
-    pub(super) fn load(data_dir: &Path) -> Result<TopicRegistry, String> {
+    pub(super) fn load(
+        storage: Arc<dyn Storage>,
+        data_dir: &Path,
+    ) -> Result<TopicRegistry, String> {
         let path = data_dir.join(REGISTRY_FILE);
-        let registry = match meta::read_checked(&path) {
+        let registry = match meta::read_checked(&*storage, &path) {
             Ok(Some(bytes)) => Registry::decode(&bytes).map_err(|e| format!("registry: {e}"))?,
             Ok(None) => Registry::default(),
             Err(e) => return Err(format!("registry: {e}")),
         };
         Ok(TopicRegistry {
+            storage,
             registry,
             path,
             topics_dir: data_dir.join(super::TOPICS_DIR),
@@ -76,6 +82,13 @@ impl TopicRegistry {
 
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    fn job(&self, work: Work) -> DurableJob {
+        DurableJob {
+            storage: Arc::clone(&self.storage),
+            work,
+        }
     }
 
     /// Answers now if every mutation so far is durable, else when it is.
@@ -101,11 +114,11 @@ impl TopicRegistry {
             return None;
         }
         self.write_in_flight = true;
-        Some(DurableJob::WriteRegistry {
+        Some(self.job(Work::WriteRegistry {
             version: self.version,
             path: self.path.clone(),
             bytes: self.registry.encode(),
-        })
+        }))
     }
 
     /// A registry write finished: its DECLAREs are answered, or, when it dropped deleted
@@ -143,10 +156,8 @@ impl TopicRegistry {
         }
         // A DELETE is answered once its directories are gone too.
         self.removing = true;
-        Some(DurableJob::RemoveDirectories {
-            version,
-            dirs: std::mem::take(&mut self.doomed_dirs),
-        })
+        let dirs = std::mem::take(&mut self.doomed_dirs);
+        Some(self.job(Work::RemoveDirectories { version, dirs }))
     }
 
     /// The directories of the pairs deleted up to `version` are gone (or could not be

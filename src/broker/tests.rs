@@ -57,7 +57,13 @@ fn open(dir: &std::path::Path) -> (Broker, HeldJobs) {
         producer_ttl_ms: 60_000,
         ..BrokerConfig::default()
     };
-    let (broker, _) = Broker::open(config, Box::new(jobs.clone()), Now::default()).unwrap();
+    let (broker, _) = Broker::open(
+        config,
+        crate::log::FsStorage::shared(),
+        Box::new(jobs.clone()),
+        Now::default(),
+    )
+    .unwrap();
     (broker, jobs)
 }
 
@@ -294,9 +300,12 @@ fn a_failed_registry_write_fails_the_declare_and_is_retried_by_the_next_one() {
     broker.end_pass(Now::default());
     jobs.run(&mut broker, |_| false);
     assert!(matches!(answers(&mut broker)[0].1, Response::Declare(_)));
-    let on_disk = meta::read_checked(&dir.path().join(registry::REGISTRY_FILE))
-        .unwrap()
-        .unwrap();
+    let on_disk = meta::read_checked(
+        &crate::log::FsStorage,
+        &dir.path().join(registry::REGISTRY_FILE),
+    )
+    .unwrap()
+    .unwrap();
     let registry = Registry::decode(&on_disk).unwrap();
     assert!(registry.lookup("a").is_some() && registry.lookup("b").is_some());
 }

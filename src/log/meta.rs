@@ -5,7 +5,7 @@
 //!
 //! Both functions block on fsync: call `write_atomic` from a worker thread, never from the
 //! reactor. Only one writer per path at a time (they share the temporary file name).
-//! Depends on std and crc32fast only.
+//! Depends on std, crc32fast and the storage seam.
 //!
 //! # File layout (big-endian)
 //!
@@ -17,9 +17,10 @@
 //! n+4     4      crc u32             crc32 (crc32fast) of payload and payload_len
 //! ```
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
+
+use super::storage::{Open, Storage};
 
 /// Bytes after the payload.
 pub const META_FOOTER_BYTES: usize = 8;
@@ -45,11 +46,6 @@ fn footer(payload: &[u8]) -> [u8; META_FOOTER_BYTES] {
     f
 }
 
-/// Fsyncs a directory so a rename or a new file in it survives a power loss.
-pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
 fn parent_dir(path: &Path) -> &Path {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
@@ -59,7 +55,7 @@ fn parent_dir(path: &Path) -> &Path {
 
 /// Replaces `path` with `bytes` so that after a crash the file holds either the old or
 /// the new contents, whole.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub fn write_atomic(storage: &dyn Storage, path: &Path, bytes: &[u8]) -> io::Result<()> {
     if bytes.len() > META_PAYLOAD_BYTES_MAX {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -67,26 +63,21 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
         ));
     }
     let tmp = tmp_path(path);
-    {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.write_all(&footer(bytes))?;
-        // Without this the rename can reach the disk before the data: after a crash the
-        // name would point to an empty or partial file.
-        f.sync_all()?;
-    }
-    fs::rename(&tmp, path)?;
-    sync_dir(parent_dir(path))
+    let mut whole = Vec::with_capacity(bytes.len() + META_FOOTER_BYTES);
+    whole.extend_from_slice(bytes);
+    whole.extend_from_slice(&footer(bytes));
+    storage.write(&tmp, &whole)?;
+    // Without this the rename can reach the disk before the data: after a crash the
+    // name would point to an empty or partial file.
+    storage.open(&tmp, Open::ReadWrite)?.sync_data()?;
+    storage.rename(&tmp, path)?;
+    storage.sync_dir(parent_dir(path))
 }
 
 /// Reads a file written by [`write_atomic`]. `Ok(None)` if it does not exist;
 /// `InvalidData` if it is short or its CRC does not match.
-pub fn read_checked(path: &Path) -> io::Result<Option<Vec<u8>>> {
-    let mut bytes = match fs::read(path) {
+pub fn read_checked(storage: &dyn Storage, path: &Path) -> io::Result<Option<Vec<u8>>> {
+    let mut bytes = match storage.read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
@@ -115,19 +106,26 @@ pub fn read_checked(path: &Path) -> io::Result<Option<Vec<u8>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use super::super::storage::FsStorage;
+    use std::fs;
+
+    const FS: FsStorage = FsStorage;
 
     #[test]
     fn round_trip_replace_and_absent() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("registry.meta");
-        assert_eq!(read_checked(&path).unwrap(), None);
-        write_atomic(&path, b"first").unwrap();
-        assert_eq!(read_checked(&path).unwrap().as_deref(), Some(&b"first"[..]));
-        write_atomic(&path, b"").unwrap();
-        assert_eq!(read_checked(&path).unwrap().as_deref(), Some(&b""[..]));
-        write_atomic(&path, b"second, longer").unwrap();
+        assert_eq!(read_checked(&FS, &path).unwrap(), None);
+        write_atomic(&FS, &path, b"first").unwrap();
         assert_eq!(
-            read_checked(&path).unwrap().as_deref(),
+            read_checked(&FS, &path).unwrap().as_deref(),
+            Some(&b"first"[..])
+        );
+        write_atomic(&FS, &path, b"").unwrap();
+        assert_eq!(read_checked(&FS, &path).unwrap().as_deref(), Some(&b""[..]));
+        write_atomic(&FS, &path, b"second, longer").unwrap();
+        assert_eq!(
+            read_checked(&FS, &path).unwrap().as_deref(),
             Some(&b"second, longer"[..])
         );
         assert!(!tmp_path(&path).exists());
@@ -137,18 +135,18 @@ mod tests {
     fn every_flip_and_truncation_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("epoch");
-        write_atomic(&path, b"leader epoch 7").unwrap();
+        write_atomic(&FS, &path, b"leader epoch 7").unwrap();
         let good = fs::read(&path).unwrap();
         for at in 0..good.len() {
             let mut bad = good.clone();
             bad[at] ^= 0x20;
             fs::write(&path, &bad).unwrap();
-            let e = read_checked(&path).unwrap_err();
+            let e = read_checked(&FS, &path).unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::InvalidData, "flip at {at}");
         }
         for cut in 0..good.len() {
             fs::write(&path, &good[..cut]).unwrap();
-            assert!(read_checked(&path).is_err(), "cut at {cut}");
+            assert!(read_checked(&FS, &path).is_err(), "cut at {cut}");
         }
     }
 }

@@ -42,6 +42,8 @@
 //! - `synced_sequence <= written_sequence < next_sequence`.
 
 pub mod meta;
+pub mod simdisk;
+pub mod storage;
 
 mod error;
 mod mmap;
@@ -60,14 +62,15 @@ pub use recovery::{check_partition, CheckProblem, CheckReport, RecoveryReport};
 pub use segment::{
     INDEX_ENTRY_BYTES, SEGMENT_BYTES_MAX, SEGMENT_FORMAT_VERSION, SEGMENT_HEADER_BYTES,
 };
+pub use storage::{FsStorage, Storage};
 
 use recovery::VerifyMode;
 use segment::{encode_header, Segment, Writer};
 use std::collections::VecDeque;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Seek, SeekFrom, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use storage::{FileRef, Open};
 
 /// Default segment size when the operator sets none (`--segment-size`).
 pub const SEGMENT_SIZE_BYTES_DEFAULT: u64 = 16 * 1024 * 1024;
@@ -167,8 +170,9 @@ pub struct PartitionStats {
 /// One group-commit fdatasync, built on the reactor thread, run on an fsync worker.
 #[derive(Debug)]
 pub struct SyncJob {
+    storage: Arc<dyn Storage>,
     /// Every segment file written since the previous job.
-    pub files: Vec<Arc<File>>,
+    pub files: Vec<FileRef>,
     /// Set when a segment file was created since the previous job: its directory entry
     /// must be made durable too, or a crash could lose the whole file.
     pub sync_dir: Option<PathBuf>,
@@ -185,7 +189,7 @@ impl SyncJob {
             file.sync_data()?;
         }
         if let Some(dir) = &self.sync_dir {
-            meta::sync_dir(dir)?;
+            self.storage.sync_dir(dir)?;
         }
         Ok(())
     }
@@ -214,34 +218,32 @@ struct FaultHook {
 }
 
 impl FaultHook {
-    fn before_write(&self, file: &File, bytes: &[u8]) -> io::Result<()> {
+    fn before_write(&self, file: &FileRef, position: u64, bytes: &[u8]) -> io::Result<()> {
         #[cfg(test)]
         if let Some((writes_left, errno)) = self.fail_write.get() {
             if writes_left == 0 {
                 self.fail_write.set(None);
-                let mut f = file;
-                f.write_all(&bytes[..bytes.len() / 2])?;
+                file.write_at(position, &bytes[..bytes.len() / 2])?;
                 return Err(io::Error::from_raw_os_error(errno));
             }
             self.fail_write.set(Some((writes_left - 1, errno)));
         }
-        let _ = (file, bytes);
+        let _ = (file, position, bytes);
         Ok(())
     }
 }
 
-/// Positioned write (seek + write_all): after an undo truncates, the file cursor would lie.
+/// Positioned write: after an undo truncates, a file cursor would lie.
 fn write_at(
     fault: &FaultHook,
-    file: &File,
+    file: &FileRef,
     path: &Path,
     position: u64,
     bytes: &[u8],
 ) -> Result<(), StorageError> {
-    let mut f = file;
-    f.seek(SeekFrom::Start(position))
-        .and_then(|_| fault.before_write(file, bytes))
-        .and_then(|()| f.write_all(bytes))
+    fault
+        .before_write(file, position, bytes)
+        .and_then(|()| file.write_at(position, bytes))
         .map_err(|e| StorageError::from_io(path, Some(position), e))
 }
 
@@ -285,24 +287,20 @@ fn index_position(seg: &Segment, sequence: u64) -> Result<u64, StorageError> {
 
 /// Makes every recovered segment durable as it is now (recovery may have cut it) and
 /// opens the last one for appending.
-fn sync_and_open_writer(segments: &mut [Segment]) -> Result<(), StorageError> {
+fn sync_and_open_writer(
+    storage: &dyn Storage,
+    segments: &mut [Segment],
+) -> Result<(), StorageError> {
     let io = |path: &Path, e: io::Error| StorageError::from_io(path, None, e);
     let last_i = segments.len() - 1;
     for (i, seg) in segments.iter_mut().enumerate() {
-        let log = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&seg.log_path);
+        let log = storage.open(&seg.log_path, Open::ReadWrite);
         let log = log.map_err(|e| io(&seg.log_path, e))?;
         log.sync_data().map_err(|e| io(&seg.log_path, e))?;
         if i == last_i {
-            let mut idx = OpenOptions::new();
-            idx.read(true).write(true).create(true).truncate(false);
-            let idx = idx.open(&seg.idx_path).map_err(|e| io(&seg.idx_path, e))?;
-            seg.writer = Some(Writer {
-                log: Arc::new(log),
-                idx,
-            });
+            let idx = storage.open(&seg.idx_path, Open::Create);
+            let idx = idx.map_err(|e| io(&seg.idx_path, e))?;
+            seg.writer = Some(Writer { log, idx });
         }
     }
     Ok(())
@@ -311,6 +309,7 @@ fn sync_and_open_writer(segments: &mut [Segment]) -> Result<(), StorageError> {
 /// The log of one topic partition, living in its own directory. Single-threaded: owned by
 /// the reactor; only [`SyncJob`]s cross to other threads.
 pub struct PartitionLog {
+    storage: Arc<dyn Storage>,
     dir: PathBuf,
     config: LogConfig,
     /// Oldest first; never empty; the last is the active segment.
@@ -328,7 +327,7 @@ pub struct PartitionLog {
     /// nothing about the files of the jobs before it.
     syncs_in_flight: VecDeque<(u64, bool)>,
     /// Segment files written since the last sync job (no duplicates).
-    unsynced_files: Vec<Arc<File>>,
+    unsynced_files: Vec<FileRef>,
     /// A segment file was created since the last sync job.
     dir_dirty: bool,
     /// Why writes are refused, once an fsync (or a failed-write undo) has failed.
@@ -345,20 +344,14 @@ impl PartitionLog {
     /// what it keeps so `synced_sequence() == written_sequence()` afterwards (the previous
     /// process may have died with written-but-unsynced records still in the page cache).
     pub fn open(
+        storage: &Arc<dyn Storage>,
         dir: &Path,
         config: LogConfig,
     ) -> Result<(PartitionLog, RecoveryReport), StorageError> {
         config.validate()?;
         let io = |path: &Path, e: io::Error| StorageError::from_io(path, None, e);
-        let created = !dir.is_dir();
-        fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-        if created {
-            // The new directory's own entry lives in its parent.
-            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-                meta::sync_dir(parent).map_err(|e| io(parent, e))?;
-            }
-        }
-        let (recovered, mut report) = recovery::recover(dir, VerifyMode::Tails)?;
+        storage::create_dir_durable(&**storage, dir).map_err(|e| io(dir, e))?;
+        let (recovered, mut report) = recovery::recover(&**storage, dir, VerifyMode::Tails)?;
         let mut segments: Vec<Segment> = recovered
             .iter()
             .map(|r| {
@@ -369,15 +362,20 @@ impl PartitionLog {
             .collect();
         if segments.is_empty() {
             let seg = Segment::new(dir, 1, SEGMENT_HEADER_BYTES as u64, 0);
-            fs::write(&seg.log_path, encode_header(1)).map_err(|e| io(&seg.log_path, e))?;
-            fs::write(&seg.idx_path, []).map_err(|e| io(&seg.idx_path, e))?;
+            let header = encode_header(1);
+            storage
+                .write(&seg.log_path, &header)
+                .map_err(|e| io(&seg.log_path, e))?;
+            storage
+                .write(&seg.idx_path, &[])
+                .map_err(|e| io(&seg.idx_path, e))?;
             segments.push(seg);
             report.segments = 1;
             report.first_sequence = 1;
             report.next_sequence = 1;
         }
-        sync_and_open_writer(&mut segments)?;
-        meta::sync_dir(dir).map_err(|e| io(dir, e))?;
+        sync_and_open_writer(&**storage, &mut segments)?;
+        storage.sync_dir(dir).map_err(|e| io(dir, e))?;
         let written = segments[segments.len() - 1].end_sequence() - 1;
         if !report.is_clean() {
             log::warn!("{}: recovered with data loss: {report:?}", dir.display());
@@ -389,6 +387,7 @@ impl PartitionLog {
             );
         }
         let log = PartitionLog {
+            storage: Arc::clone(storage),
             dir: dir.to_path_buf(),
             config,
             segments,
@@ -509,9 +508,9 @@ impl PartitionLog {
 
     /// The writes of a flush. Mutates segment lengths as each chunk lands; `flush_undo`
     /// puts them back if a later chunk fails.
-    fn flush_write(&mut self) -> Result<Vec<Arc<File>>, StorageError> {
+    fn flush_write(&mut self) -> Result<Vec<FileRef>, StorageError> {
         let limit = self.config.segment_size_bytes;
-        let mut touched: Vec<Arc<File>> = Vec::new();
+        let mut touched: Vec<FileRef> = Vec::new();
         let mut i = 0;
         let mut buf_pos = 0usize;
         while i < self.pending.len() {
@@ -569,26 +568,22 @@ impl PartitionLog {
         let first = self.active().end_sequence();
         let mut seg = Segment::new(&self.dir, first, SEGMENT_HEADER_BYTES as u64, 0);
         let io = |path: &Path, e: io::Error| StorageError::from_io(path, None, e);
-        let log = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&seg.log_path);
+        let log = self.storage.open(&seg.log_path, Open::CreateNew);
         let log = log.map_err(|e| io(&seg.log_path, e))?;
         self.dir_dirty = true;
-        let mut idx = OpenOptions::new();
-        idx.read(true).write(true).create(true).truncate(true);
-        let idx = match idx.open(&seg.idx_path) {
+        // A stale index of the same name (an earlier undone roll) must not survive.
+        let idx = match self.storage.write(&seg.idx_path, &[]) {
+            Ok(()) => self.storage.open(&seg.idx_path, Open::ReadWrite),
+            Err(e) => Err(e),
+        };
+        let idx = match idx {
             Ok(f) => f,
             Err(e) => {
-                let _ = fs::remove_file(&seg.log_path);
+                let _ = self.storage.remove_file(&seg.log_path);
                 return Err(io(&seg.idx_path, e));
             }
         };
-        seg.writer = Some(Writer {
-            log: Arc::new(log),
-            idx,
-        });
+        seg.writer = Some(Writer { log, idx });
         self.segments.push(seg);
         let seg = self.active();
         let w = seg.writer.as_ref().expect("just set");
@@ -607,7 +602,7 @@ impl PartitionLog {
         while self.segments.len() > undo.segments {
             let seg = self.segments.pop().expect("len checked");
             for path in [&seg.log_path, &seg.idx_path] {
-                match fs::remove_file(path) {
+                match self.storage.remove_file(path) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                     Err(e) => failure = Some(format!("removing {}: {e}", path.display())),
@@ -668,6 +663,7 @@ impl PartitionLog {
             return None;
         }
         let job = SyncJob {
+            storage: Arc::clone(&self.storage),
             files: std::mem::take(&mut self.unsynced_files),
             sync_dir: self.dir_dirty.then(|| self.dir.clone()),
             upto_sequence: self.written_sequence,
@@ -786,7 +782,7 @@ impl PartitionLog {
         self.map_tick += 1;
         let seg = &mut self.segments[i];
         let was_mapped = seg.is_mapped();
-        let mapped = seg.ensure_mapped();
+        let mapped = seg.ensure_mapped(&*self.storage);
         // Count before propagating: a failure may leave one of the two files mapped.
         if !was_mapped && seg.is_mapped() {
             self.mapped_segments += 1;
@@ -922,9 +918,10 @@ impl PartitionLog {
             let seg = &self.segments[0];
             // The .log goes first: a crash between the two unlinks leaves an orphan index,
             // which recovery deletes, never a segment without its start.
-            fs::remove_file(&seg.log_path)
+            self.storage
+                .remove_file(&seg.log_path)
                 .map_err(|e| StorageError::from_io(&seg.log_path, None, e))?;
-            match fs::remove_file(&seg.idx_path) {
+            match self.storage.remove_file(&seg.idx_path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(StorageError::from_io(&seg.idx_path, None, e)),

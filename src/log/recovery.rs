@@ -1,8 +1,8 @@
 //! Start-up recovery and the offline checker: scan, verify, truncate, report.
 //!
 //! Runs before any segment is mapped, which is what makes truncation here safe (see
-//! `mmap.rs`). Reads files with plain buffered reads, never maps. Depends on std, log and
-//! the segment and record layouts.
+//! `mmap.rs`). Reads files with plain buffered reads, never maps. Depends on std, log, the
+//! storage seam and the segment and record layouts.
 //!
 //! Cost on open: for every closed segment, its header, its index and ONE record (the last
 //! one the index names); for the last segment, the records after the last index entry
@@ -16,8 +16,8 @@ use super::segment::{
     check_header, decode_index, encode_header, encode_index, index_path, parse_file_name,
     segment_path, INDEX_SUFFIX, SEGMENT_HEADER_BYTES, SEGMENT_SUFFIX,
 };
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
+use super::storage::{read_exact_at, FileReader, FileRef, Open, Storage, StorageFile};
+use std::io::{self, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 /// Read buffer for scanning segments; records larger than this are read directly.
@@ -86,13 +86,11 @@ fn io_err(path: &Path, position: Option<u64>, e: io::Error) -> StorageError {
 }
 
 /// Sorted first sequences of the `.log` files and of the `.idx` files in `dir`.
-fn list_dir(dir: &Path) -> Result<(Vec<u64>, Vec<u64>), StorageError> {
+fn list_dir(storage: &dyn Storage, dir: &Path) -> Result<(Vec<u64>, Vec<u64>), StorageError> {
     let mut logs = Vec::new();
     let mut idxs = Vec::new();
-    for entry in fs::read_dir(dir).map_err(|e| io_err(dir, None, e))? {
-        let entry = entry.map_err(|e| io_err(dir, None, e))?;
-        let name = entry.file_name();
-        let Some((seq, suffix)) = name.to_str().and_then(parse_file_name) else {
+    for name in storage.list_dir(dir).map_err(|e| io_err(dir, None, e))? {
+        let Some((seq, suffix)) = parse_file_name(&name) else {
             continue; // not ours: the broker may keep meta files beside the segments
         };
         if suffix == SEGMENT_SUFFIX {
@@ -119,7 +117,7 @@ pub(crate) struct ScanEnd {
 /// good one. A bad record is reported in `stop`, not as an error: the caller decides
 /// whether to truncate (recovery) or to report (check).
 pub(crate) fn scan_records(
-    file: &File,
+    file: &dyn StorageFile,
     path: &Path,
     start_pos: u64,
     file_len: u64,
@@ -127,10 +125,8 @@ pub(crate) fn scan_records(
     max_records: Option<u64>,
     mut visit: impl FnMut(u64),
 ) -> Result<ScanEnd, StorageError> {
-    let mut reader = BufReader::with_capacity(RECOVERY_READ_BUFFER_BYTES, file);
-    reader
-        .seek(SeekFrom::Start(start_pos))
-        .map_err(|e| io_err(path, Some(start_pos), e))?;
+    let mut reader =
+        BufReader::with_capacity(RECOVERY_READ_BUFFER_BYTES, FileReader::new(file, start_pos));
     let mut buf = Vec::new();
     let mut end = ScanEnd {
         end_pos: start_pos,
@@ -214,15 +210,18 @@ fn plausible_prefix_len(entries: &[u32], file_len: u64) -> usize {
 /// Recovers every segment in `dir`, oldest first, truncating at the first bad record and
 /// removing everything after it. Leaves each surviving segment's index exact.
 pub(crate) fn recover(
+    storage: &dyn Storage,
     dir: &Path,
     mode: VerifyMode,
 ) -> Result<(Vec<RecoveredSegment>, RecoveryReport), StorageError> {
     let mut report = RecoveryReport::default();
-    let (logs, idxs) = list_dir(dir)?;
+    let (logs, idxs) = list_dir(storage, dir)?;
     for seq in idxs.iter().filter(|s| logs.binary_search(s).is_err()) {
         // Retention unlinks the .log first, so a crash between the two unlinks leaves this.
         let path = index_path(dir, *seq);
-        fs::remove_file(&path).map_err(|e| io_err(&path, None, e))?;
+        storage
+            .remove_file(&path)
+            .map_err(|e| io_err(&path, None, e))?;
         report.orphan_indexes_removed += 1;
     }
     let mut out: Vec<RecoveredSegment> = Vec::with_capacity(logs.len());
@@ -243,7 +242,7 @@ pub(crate) fn recover(
             }
         }
         let is_last = n + 1 == logs.len();
-        let (seg, cut) = recover_segment(dir, first, is_last, mode, &mut report)?;
+        let (seg, cut) = recover_segment(storage, dir, first, is_last, mode, &mut report)?;
         out.push(seg);
         if cut {
             cut_after = Some(n + 1);
@@ -253,10 +252,12 @@ pub(crate) fn recover(
     if let Some(from) = cut_after {
         for &first in &logs[from..] {
             let path = segment_path(dir, first);
-            let len = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-            fs::remove_file(&path).map_err(|e| io_err(&path, None, e))?;
+            let len = storage.file_len(&path).unwrap_or(0);
+            storage
+                .remove_file(&path)
+                .map_err(|e| io_err(&path, None, e))?;
             let idx = index_path(dir, first);
-            match fs::remove_file(&idx) {
+            match storage.remove_file(&idx) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(io_err(&idx, None, e)),
@@ -278,24 +279,24 @@ pub(crate) fn recover(
 }
 
 /// One segment file being recovered.
-struct SegmentFile {
-    file: File,
+struct SegmentFile<'s> {
+    storage: &'s dyn Storage,
+    file: FileRef,
     path: PathBuf,
     idx_path: PathBuf,
     first: u64,
     len: u64,
 }
 
-impl SegmentFile {
-    fn open(dir: &Path, first: u64) -> Result<SegmentFile, StorageError> {
+impl<'s> SegmentFile<'s> {
+    fn open(storage: &'s dyn Storage, dir: &Path, first: u64) -> Result<Self, StorageError> {
         let path = segment_path(dir, first);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
+        let file = storage
+            .open(&path, Open::ReadWrite)
             .map_err(|e| io_err(&path, None, e))?;
-        let len = file.metadata().map_err(|e| io_err(&path, None, e))?.len();
+        let len = file.size().map_err(|e| io_err(&path, None, e))?;
         Ok(SegmentFile {
+            storage,
             file,
             path,
             idx_path: index_path(dir, first),
@@ -315,7 +316,15 @@ impl SegmentFile {
 
     /// Scans up to `max` records from `pos`, the first of them numbered `sequence`.
     fn scan(&self, pos: u64, sequence: u64, max: Option<u64>) -> Result<ScanEnd, StorageError> {
-        scan_records(&self.file, &self.path, pos, self.len, sequence, max, |_| {})
+        scan_records(
+            &*self.file,
+            &self.path,
+            pos,
+            self.len,
+            sequence,
+            max,
+            |_| {},
+        )
     }
 
     /// A segment without a good header holds no trustworthy record: it restarts empty.
@@ -332,11 +341,11 @@ impl SegmentFile {
         }
         let at_start = |e| io_err(&self.path, Some(0), e);
         self.file.set_len(0).map_err(at_start)?;
-        self.file.seek(SeekFrom::Start(0)).map_err(at_start)?;
         self.file
-            .write_all(&encode_header(self.first))
+            .write_at(0, &encode_header(self.first))
             .map_err(at_start)?;
-        fs::write(&self.idx_path, []).map_err(|e| io_err(&self.idx_path, None, e))
+        let idx_err = |e| io_err(&self.idx_path, None, e);
+        self.storage.write(&self.idx_path, &[]).map_err(idx_err)
     }
 
     /// A closed segment's cheap check: the index is whole and its last entry names a
@@ -402,8 +411,8 @@ struct IndexFile {
 }
 
 impl IndexFile {
-    fn read(path: &Path) -> Result<IndexFile, StorageError> {
-        let (bytes, missing) = match fs::read(path) {
+    fn read(storage: &dyn Storage, path: &Path) -> Result<IndexFile, StorageError> {
+        let (bytes, missing) = match storage.read(path) {
             Ok(b) => (b, false),
             Err(e) if e.kind() == io::ErrorKind::NotFound => (Vec::new(), true),
             Err(e) => return Err(io_err(path, None, e)),
@@ -419,6 +428,7 @@ impl IndexFile {
     /// Rewrites the index when it does not list exactly `positions`.
     fn settle(
         &self,
+        storage: &dyn Storage,
         path: &Path,
         positions: &[u32],
         expected_gap: bool,
@@ -441,29 +451,30 @@ impl IndexFile {
                 positions.len()
             );
         }
-        fs::write(path, encode_index(positions)).map_err(|e| io_err(path, None, e))?;
+        storage
+            .write(path, &encode_index(positions))
+            .map_err(|e| io_err(path, None, e))?;
         Ok(true)
     }
 }
 
 /// Recovers one segment. Returns it and whether it was cut (so later segments must go).
 fn recover_segment(
+    storage: &dyn Storage,
     dir: &Path,
     first: u64,
     is_last: bool,
     mode: VerifyMode,
     report: &mut RecoveryReport,
 ) -> Result<(RecoveredSegment, bool), StorageError> {
-    let mut seg = SegmentFile::open(dir, first)?;
+    let mut seg = SegmentFile::open(storage, dir, first)?;
     let mut header = vec![0u8; (seg.len as usize).min(SEGMENT_HEADER_BYTES)];
-    seg.file
-        .read_exact(&mut header)
-        .map_err(|e| io_err(&seg.path, Some(0), e))?;
+    read_exact_at(&*seg.file, 0, &mut header).map_err(|e| io_err(&seg.path, Some(0), e))?;
     if let Err(reason) = check_header(&header, first) {
         seg.reset(&reason, is_last, report)?;
         return Ok((seg.segment(SEGMENT_HEADER_BYTES as u64, 0, None), true));
     }
-    let index = IndexFile::read(&seg.idx_path)?;
+    let index = IndexFile::read(storage, &seg.idx_path)?;
     let plausible = plausible_prefix_len(&index.entries, seg.len);
     let idx_whole =
         index.bytes.len() % 4 == 0 && plausible == index.entries.len() && !index.missing;
@@ -478,7 +489,7 @@ fn recover_segment(
     };
     let mut positions: Vec<u32> = index.entries[..keep].to_vec();
     let end = scan_records(
-        &seg.file,
+        &*seg.file,
         &seg.path,
         start_pos,
         seg.len,
@@ -491,7 +502,7 @@ fn recover_segment(
         seg.cut(&end, positions.len() as u64, report)?;
     }
     let expected_gap = is_last && idx_whole && index.entries.len() + 1 == positions.len();
-    if index.settle(&seg.idx_path, &positions, expected_gap)? {
+    if index.settle(storage, &seg.idx_path, &positions, expected_gap)? {
         report.indexes_rebuilt += 1;
     }
     let ts = end.last_timestamp_ms.or(start_ts);
@@ -532,9 +543,13 @@ impl CheckReport {
 /// With `repair`, and only if problems were found, then runs full recovery, which
 /// truncates at the first bad record the way `PartitionLog::open` does and rewrites
 /// indexes. Must not run while a broker has the partition open.
-pub fn check_partition(dir: &Path, repair: bool) -> Result<CheckReport, StorageError> {
+pub fn check_partition(
+    storage: &dyn Storage,
+    dir: &Path,
+    repair: bool,
+) -> Result<CheckReport, StorageError> {
     let mut report = CheckReport::default();
-    let (logs, idxs) = list_dir(dir)?;
+    let (logs, idxs) = list_dir(storage, dir)?;
     let mut problems = Vec::new();
     for seq in idxs.iter().filter(|s| logs.binary_search(s).is_err()) {
         problems.push(report_problem(
@@ -546,8 +561,10 @@ pub fn check_partition(dir: &Path, repair: bool) -> Result<CheckReport, StorageE
     let mut expected_next: Option<u64> = None;
     for &first in &logs {
         let path = segment_path(dir, first);
-        let file = File::open(&path).map_err(|e| io_err(&path, None, e))?;
-        let file_len = file.metadata().map_err(|e| io_err(&path, None, e))?.len();
+        let file = storage
+            .open(&path, Open::Read)
+            .map_err(|e| io_err(&path, None, e))?;
+        let file_len = file.size().map_err(|e| io_err(&path, None, e))?;
         report.segments += 1;
         report.bytes += file_len;
         if let Some(exp) = expected_next {
@@ -562,9 +579,7 @@ pub fn check_partition(dir: &Path, repair: bool) -> Result<CheckReport, StorageE
             report.first_sequence = first;
         }
         let mut header = vec![0u8; (file_len as usize).min(SEGMENT_HEADER_BYTES)];
-        (&file)
-            .read_exact(&mut header)
-            .map_err(|e| io_err(&path, Some(0), e))?;
+        read_exact_at(&*file, 0, &mut header).map_err(|e| io_err(&path, Some(0), e))?;
         if let Err(reason) = check_header(&header, first) {
             problems.push(report_problem(&path, 0, reason));
             expected_next = Some(first);
@@ -573,7 +588,7 @@ pub fn check_partition(dir: &Path, repair: bool) -> Result<CheckReport, StorageE
         }
         let mut positions: Vec<u32> = Vec::new();
         let end = scan_records(
-            &file,
+            &*file,
             &path,
             SEGMENT_HEADER_BYTES as u64,
             file_len,
@@ -587,11 +602,11 @@ pub fn check_partition(dir: &Path, repair: bool) -> Result<CheckReport, StorageE
         report.records += end.records;
         expected_next = Some(first + end.records);
         report.next_sequence = first + end.records;
-        check_index(&index_path(dir, first), &positions, &mut problems)?;
+        check_index(storage, &index_path(dir, first), &positions, &mut problems)?;
     }
     report.problems = problems;
     if repair && !report.problems.is_empty() {
-        let (_, recovered) = recover(dir, VerifyMode::Everything)?;
+        let (_, recovered) = recover(storage, dir, VerifyMode::Everything)?;
         report.repaired = Some(recovered);
     }
     Ok(report)
@@ -599,11 +614,12 @@ pub fn check_partition(dir: &Path, repair: bool) -> Result<CheckReport, StorageE
 
 /// The index of a segment must list exactly the positions of its good records.
 fn check_index(
+    storage: &dyn Storage,
     idx_path: &Path,
     positions: &[u32],
     problems: &mut Vec<CheckProblem>,
 ) -> Result<(), StorageError> {
-    let bytes = match fs::read(idx_path) {
+    let bytes = match storage.read(idx_path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             problems.push(report_problem(idx_path, 0, "index missing".to_string()));

@@ -2,7 +2,7 @@
 //! handle for one segment (its lengths, its writer while active, its lazy read maps).
 //!
 //! Knows files and byte positions; knows nothing about buffering, syncing or retention
-//! policy. Depends on std, memmap2 (through `mmap.rs`) and the record layout.
+//! policy. Depends on std, the storage seam (`storage.rs`) and the record layout.
 //!
 //! # Segment file `<first_sequence:020>.log`
 //!
@@ -30,13 +30,10 @@
 //! the records with every flush, and never fsynced: it is derived data, rebuilt from the
 //! segment whenever it is missing, short, or disagrees with the segment.
 
-use super::mmap::map_prefix;
 use super::record::RECORD_BYTES_MAX;
-use memmap2::Mmap;
-use std::fs::File;
+use super::storage::{FileRef, Mapped, Open, Storage};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 /// Fixed bytes at the start of every segment file.
 pub const SEGMENT_HEADER_BYTES: usize = 16;
@@ -134,8 +131,8 @@ pub fn encode_index(positions: &[u32]) -> Vec<u8> {
 /// many partitions would otherwise run out of them.
 pub(crate) struct Writer {
     /// Shared with sync jobs, which fdatasync it on a worker thread.
-    pub log: Arc<File>,
-    pub idx: File,
+    pub log: FileRef,
+    pub idx: FileRef,
 }
 
 /// One segment as the running log sees it. `len_bytes` and `record_count` count only
@@ -149,8 +146,8 @@ pub(crate) struct Segment {
     /// Timestamp of the last record, when known without a read (set on flush).
     pub last_timestamp_ms: Option<u64>,
     pub writer: Option<Writer>,
-    pub log_map: Option<Mmap>,
-    pub idx_map: Option<Mmap>,
+    pub log_map: Option<Mapped>,
+    pub idx_map: Option<Mapped>,
     /// Tick of the last read through the maps; the least recent are unmapped first.
     pub map_used_tick: u64,
 }
@@ -186,24 +183,24 @@ impl Segment {
     }
 
     /// Makes the maps cover every flushed byte, remapping a segment that grew since.
-    pub fn ensure_mapped(&mut self) -> io::Result<()> {
+    pub fn ensure_mapped(&mut self, storage: &dyn Storage) -> io::Result<()> {
         let log_len = self.len_bytes as usize;
         if self.log_map.as_ref().is_none_or(|m| m.len() < log_len) {
-            self.log_map = Some(self.map_file(false, log_len)?);
+            self.log_map = Some(self.map_file(storage, false, log_len)?);
         }
         let idx_len = self.record_count as usize * INDEX_ENTRY_BYTES;
         if idx_len > 0 && self.idx_map.as_ref().is_none_or(|m| m.len() < idx_len) {
-            self.idx_map = Some(self.map_file(true, idx_len)?);
+            self.idx_map = Some(self.map_file(storage, true, idx_len)?);
         }
         Ok(())
     }
 
-    fn map_file(&self, index: bool, len: usize) -> io::Result<Mmap> {
+    fn map_file(&self, storage: &dyn Storage, index: bool, len: usize) -> io::Result<Mapped> {
         match (&self.writer, index) {
-            (Some(w), false) => map_prefix(&w.log, len),
-            (Some(w), true) => map_prefix(&w.idx, len),
-            (None, false) => map_prefix(&File::open(&self.log_path)?, len),
-            (None, true) => map_prefix(&File::open(&self.idx_path)?, len),
+            (Some(w), false) => w.log.map(len),
+            (Some(w), true) => w.idx.map(len),
+            (None, false) => storage.open(&self.log_path, Open::Read)?.map(len),
+            (None, true) => storage.open(&self.idx_path, Open::Read)?.map(len),
         }
     }
 

@@ -3,7 +3,7 @@
 use super::segment::{decode_index, index_path, segment_path};
 use super::*;
 use proptest::prelude::*;
-use std::fs;
+use std::fs::{self, OpenOptions};
 use tempfile::TempDir;
 
 const ENOSPC: i32 = 28;
@@ -91,7 +91,7 @@ fn log_files(dir: &Path) -> Vec<u64> {
 }
 
 fn open(dir: &Path, config: LogConfig) -> (PartitionLog, RecoveryReport) {
-    PartitionLog::open(dir, config).unwrap()
+    PartitionLog::open(&FsStorage::shared(), dir, config).unwrap()
 }
 
 #[test]
@@ -270,7 +270,7 @@ fn missing_short_or_garbage_indexes_are_rebuilt() {
         assert_eq!(log.read_one(s).unwrap().unwrap().value, &value_for(s)[..]);
     }
     drop(log);
-    assert!(check_partition(dir, false).unwrap().is_clean());
+    assert!(check_partition(&FsStorage, dir, false).unwrap().is_clean());
     let (_, report) = open(dir, cfg(300));
     assert_eq!(
         report.indexes_rebuilt, 0,
@@ -319,7 +319,7 @@ fn a_flipped_byte_in_a_closed_segment_is_reported_as_corrupt_on_read() {
     assert_eq!(got.len(), 29);
     drop(log);
 
-    let check = check_partition(dir, false).unwrap();
+    let check = check_partition(&FsStorage, dir, false).unwrap();
     // The bad record, the index now longer than the good records, the gap after them.
     assert_eq!(check.problems.len(), 3, "{:?}", check.problems);
     assert_eq!(check.problems[0].path, path);
@@ -688,10 +688,12 @@ fn scan_headers_walks_every_record_from_a_start() {
 fn oversized_records_and_bad_config_are_refused() {
     let tmp = TempDir::new().unwrap();
     assert!(matches!(
-        PartitionLog::open(tmp.path(), cfg(0)),
+        PartitionLog::open(&FsStorage::shared(), tmp.path(), cfg(0)),
         Err(StorageError::InvalidConfig { .. })
     ));
-    assert!(PartitionLog::open(tmp.path(), cfg(SEGMENT_BYTES_MAX + 1)).is_err());
+    assert!(
+        PartitionLog::open(&FsStorage::shared(), tmp.path(), cfg(SEGMENT_BYTES_MAX + 1)).is_err()
+    );
     let (mut log, _) = open(tmp.path(), cfg(1024));
     let key = vec![0u8; RECORD_KEY_BYTES_MAX + 1];
     let rec = RecordView {
@@ -717,7 +719,7 @@ fn check_partition_finds_and_repairs_a_torn_tail() {
     let (mut log, _) = open(dir, cfg(300));
     append_range(&mut log, 25, 1);
     drop(log);
-    let clean = check_partition(dir, false).unwrap();
+    let clean = check_partition(&FsStorage, dir, false).unwrap();
     assert!(clean.is_clean(), "{clean:?}");
     assert_eq!(
         (clean.records, clean.first_sequence, clean.next_sequence),
@@ -731,7 +733,7 @@ fn check_partition_finds_and_repairs_a_torn_tail() {
     let f = OpenOptions::new().write(true).open(&path).unwrap();
     f.set_len(len - 3).unwrap();
     drop(f);
-    let found = check_partition(dir, false).unwrap();
+    let found = check_partition(&FsStorage, dir, false).unwrap();
     assert!(!found.is_clean());
     assert_eq!(found.next_sequence, 25);
     assert_eq!(
@@ -739,10 +741,10 @@ fn check_partition_finds_and_repairs_a_torn_tail() {
         len - 3,
         "check alone changes nothing"
     );
-    let repaired = check_partition(dir, true).unwrap();
+    let repaired = check_partition(&FsStorage, dir, true).unwrap();
     let r = repaired.repaired.expect("repair ran");
     assert_eq!(r.lost_from_sequence, Some(25));
-    assert!(check_partition(dir, false).unwrap().is_clean());
+    assert!(check_partition(&FsStorage, dir, false).unwrap().is_clean());
     let (mut log, report) = open(dir, cfg(300));
     assert!(report.is_clean());
     assert_holds(&mut log, 1, 24);
@@ -809,7 +811,7 @@ proptest! {
         let mut got = Vec::new();
         log.read(1, usize::MAX, usize::MAX, |r| got.push(r.value.to_vec())).unwrap();
         prop_assert_eq!(got, flushed);
-        prop_assert!(check_partition(tmp.path(), false).unwrap().is_clean());
+        prop_assert!(check_partition(&FsStorage, tmp.path(), false).unwrap().is_clean());
     }
 }
 
