@@ -800,34 +800,4 @@ pub fn render_stats(s: &Snapshot, pretty: bool) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn json_strings_are_escaped() {
-        let doc = Json::Obj(vec![("k", Json::Str("a\"b\\c\n\u{1}é".into()))]);
-        assert_eq!(doc.render(false), r#"{"k":"a\"b\\c\n\u0001é"}"#);
-        assert!(doc.render(true).contains("\n  \"k\": "));
-    }
-
-    #[test]
-    fn metrics_have_help_and_type_for_every_family() {
-        let text = render_metrics(&Snapshot::default());
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let name = line.split(['{', ' ']).next().unwrap();
-            let family = name
-                .strip_suffix("_bucket")
-                .or(name.strip_suffix("_sum"))
-                .or(name.strip_suffix("_count"))
-                .unwrap_or(name);
-            assert!(
-                text.contains(&format!("# TYPE {family} ")),
-                "no TYPE for {name}"
-            );
-            assert!(
-                text.contains(&format!("# HELP {family} ")),
-                "no HELP for {name}"
-            );
-        }
-    }
-}
+mod tests;
