@@ -438,11 +438,6 @@ pub fn render_metrics(s: &Snapshot) -> String {
         "counter",
         "Records appended, by topic.",
     );
-    m.family(
-        "mortar_partition_last_sequence",
-        "gauge",
-        "Last written sequence, by partition.",
-    );
     for t in &s.topics {
         let appended: u64 = t.partitions.iter().map(|p| p.last_sequence).sum();
         m.sample(
@@ -451,6 +446,11 @@ pub fn render_metrics(s: &Snapshot) -> String {
             appended,
         );
     }
+    m.family(
+        "mortar_partition_last_sequence",
+        "gauge",
+        "Last written sequence, by partition.",
+    );
     let c = &s.groups.stats;
     m.single(
         "mortar_deliveries_total",
