@@ -1,4 +1,5 @@
 use super::*;
+use crate::broker::{FSYNC_BATCH_BUCKETS, FSYNC_LATENCY_BUCKETS_US};
 use crate::consume::{
     ConsumeStats, GroupSnapshot, MemberSnapshot, OwnershipState, PartitionSnapshot,
 };
@@ -158,6 +159,7 @@ fn busy() -> Snapshot {
         version: "0.1.0-golden",
         uptime_ms: 123_456,
         leader_epoch: 3,
+        rss_bytes: 6_680_576,
         data_dir: PathBuf::from("/var/lib/mortar \"q\""),
         connections_open: 4,
         connections_accepted: 17,
@@ -247,4 +249,62 @@ fn stats_match_the_golden_json() {
     assert_golden("stats.json", compact, &render_stats(&busy(), false));
     let pretty = include_str!("golden/stats.pretty.json");
     assert_golden("stats.pretty.json", pretty, &render_stats(&busy(), true));
+}
+
+#[test]
+fn the_resident_set_size_comes_from_the_snapshot() {
+    let s = busy();
+    assert!(render_metrics(&s).contains("\nmortar_rss_bytes 6680576\n"));
+    assert!(render_stats(&s, false).contains("\"rss_bytes\":6680576,"));
+}
+
+/// The rules the renderers rely on, and Prometheus naming: one row per family and per
+/// path, every path under a known section and through the arrays its `Read` walks,
+/// counters (only they) ending in `_total`, times exported in seconds.
+#[test]
+fn every_row_of_the_table_is_consistent() {
+    let (mut families, mut paths) = (Vec::new(), Vec::new());
+    for m in METRICS {
+        let name = m.family.or(m.path).expect("a row someone shows");
+        assert!(!m.help.is_empty(), "{name}: no HELP");
+        if let Some(family) = m.family {
+            assert!(!families.contains(&family), "{family} twice");
+            families.push(family);
+            assert!(family.starts_with("mortar_"), "{family}");
+            assert_ne!(m.kind, Kind::Info, "{family}: Info rows are never exported");
+            let counter = m.kind == Kind::Counter;
+            assert_eq!(
+                family.ends_with("_total"),
+                counter,
+                "{family}: _total and counter"
+            );
+            if matches!(m.unit, Unit::Milliseconds | Unit::Microseconds) {
+                assert!(
+                    family.ends_with("_seconds"),
+                    "{family}: exported in seconds"
+                );
+            }
+        }
+        let Some(path) = m.path else { continue };
+        assert!(!paths.contains(&path), "{path} twice");
+        paths.push(path);
+        let section = path.split(['.', '[']).next().unwrap();
+        assert!(STATS_SECTIONS.contains(&section), "{path}: unknown section");
+        let through = match m.read {
+            Read::Scalar(_) | Read::ByLabel(..) => "",
+            Read::PerTopic(_) => "topics[].",
+            Read::PerPartition(_) => "topics[].partitions[].",
+            Read::PerGroup(_) => "groups[].",
+            Read::PerMember(_) => "groups[].members[].",
+            Read::PerGroupPartition(_) => "groups[].partitions[].",
+            Read::Histogram { .. } | Read::Declared => panic!("{path}: only /metrics shows it"),
+        };
+        let rest = path
+            .strip_prefix(through)
+            .unwrap_or_else(|| panic!("{path}: {through}"));
+        assert!(
+            !rest.contains("[]"),
+            "{path}: more arrays than its Read walks"
+        );
+    }
 }

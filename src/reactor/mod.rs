@@ -840,6 +840,8 @@ impl Reactor {
             version: env!("CARGO_PKG_VERSION"),
             uptime_ms: now.mono_ms,
             leader_epoch: self.broker.leader_epoch(),
+            // Filled in by the admin thread: reading /proc is no work for the reactor.
+            rss_bytes: 0,
             data_dir: self.broker.data_dir().to_path_buf(),
             connections_open: self.conns.len() as u64,
             connections_accepted: c.accepted,
