@@ -218,22 +218,29 @@ fn mask_rss(text: &str) -> String {
         .collect()
 }
 
-/// Compares with a golden file, naming the first line that differs.
+/// Compares with a golden file, showing where the first difference is (the compact
+/// JSON document is a single line).
 fn assert_golden(file: &str, golden: &str, rendered: &str) {
+    const CONTEXT_CHARS: usize = 60;
     let rendered = mask_rss(rendered);
-    let line = golden
-        .lines()
-        .zip(rendered.lines())
+    let at = golden
+        .bytes()
+        .zip(rendered.bytes())
         .position(|(g, r)| g != r)
-        .unwrap_or(golden.lines().count().min(rendered.lines().count()));
+        .unwrap_or(golden.len().min(rendered.len()));
+    let line = golden[..at].matches('\n').count() + 1;
+    let near = |text: &str| {
+        let from = text.floor_char_boundary(at.saturating_sub(CONTEXT_CHARS));
+        let to = text.ceil_char_boundary((at + CONTEXT_CHARS).min(text.len()));
+        text[from..to].to_string()
+    };
     assert!(
         golden == rendered,
-        "src/admin/golden/{file} differs from the rendering at line {}:\n  golden:   {:?}\n  \
-         rendered: {:?}\n/metrics and /stats are read by scrapers, dashboards and \
+        "src/admin/golden/{file} differs from the rendering at line {line}:\n  golden:   \
+         {:?}\n  rendered: {:?}\n/metrics and /stats are read by scrapers, dashboards and \
          `mortarctl`: change the golden file only with them.",
-        line + 1,
-        golden.lines().nth(line),
-        rendered.lines().nth(line),
+        near(golden),
+        near(&rendered),
     );
 }
 
