@@ -18,41 +18,40 @@ pub fn render_metrics(s: &Snapshot) -> String {
         let Some(name) = m.family else { continue };
         let (help, kind) = (m.help, m.kind.name());
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        if let Read::Histogram {
-            bounds,
-            counts,
-            sum,
-        } = &m.read
-        {
-            histogram(
-                &mut out,
-                name,
-                bounds,
-                to_seconds(m.unit),
-                counts(s),
-                sum(s),
-            );
-        }
+        histogram(&mut out, name, m, s);
         for point in m.read.points(s) {
-            let value = match point.value {
-                Some(Json::Num(n)) if m.unit == Unit::Milliseconds => {
-                    (n / MILLISECONDS_PER_SECOND).to_string()
-                }
-                Some(Json::Num(n)) => n.to_string(),
-                Some(Json::Float(f)) => f.to_string(),
-                Some(Json::Bool(b)) => u8::from(b).to_string(),
-                // Text is never a sample (Info rows have no family), nor is a holder.
-                _ => continue,
-            };
-            sample(&mut out, name, &point.labels, value);
+            if let Some(value) = sample_value(m.unit, point.value) {
+                sample(&mut out, name, &point.labels, value);
+            }
         }
     }
     out
 }
 
-fn histogram(out: &mut String, name: &str, bounds: &[u64], scale: f64, counts: &[u64], sum: u64) {
-    let mut cumulative = 0;
-    for (i, count) in counts.iter().enumerate() {
+/// Text is never a sample (Info rows have no family), nor is a holder of entities.
+fn sample_value(unit: Unit, value: Option<Json>) -> Option<String> {
+    match value? {
+        Json::Num(n) if unit == Unit::Milliseconds => {
+            Some((n / MILLISECONDS_PER_SECOND).to_string())
+        }
+        Json::Num(n) => Some(n.to_string()),
+        Json::Float(f) => Some(f.to_string()),
+        Json::Bool(b) => Some(u8::from(b).to_string()),
+        Json::Str(_) | Json::Arr(_) | Json::Obj(_) => None,
+    }
+}
+
+fn histogram(out: &mut String, name: &str, m: &Metric, s: &Snapshot) {
+    let Read::Histogram {
+        bounds,
+        counts,
+        sum,
+    } = &m.read
+    else {
+        return;
+    };
+    let (scale, mut cumulative) = (to_seconds(m.unit), 0);
+    for (i, count) in counts(s).iter().enumerate() {
         cumulative += count;
         let le = bounds
             .get(i)
@@ -64,7 +63,7 @@ fn histogram(out: &mut String, name: &str, bounds: &[u64], scale: f64, counts: &
             cumulative,
         );
     }
-    sample(out, &format!("{name}_sum"), &[], sum as f64 * scale);
+    sample(out, &format!("{name}_sum"), &[], sum(s) as f64 * scale);
     sample(out, &format!("{name}_count"), &[], cumulative);
 }
 
