@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use getopts::{Matches, Options, ParsingStyle};
+use mortarmq::admin::Unit;
 use mortarmq::client::{Client, ClientError, Delivery, Push};
 use mortarmq::wire::limits::SUB_PARTITION_ANY;
 use mortarmq::wire::ops::*;
@@ -36,6 +37,8 @@ const STDIN_BUFFER_BYTES: usize = 64 * 1024;
 const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(3);
 /// Admin HTTP connect/read limit.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+/// `stats` also shows byte counts from this size up in KiB, MiB or GiB.
+const HUMAN_BYTES_MIN: u64 = 1024;
 /// Most records a bounded `sub --count` asks credit for at once (the broker's default).
 const SUB_CREDIT_MAX: u64 = 256;
 /// How often the `pub` progress line is redrawn, and how long `pub` runs before it shows.
@@ -573,30 +576,43 @@ fn human_bytes(n: u64) -> String {
     }
 }
 
-/// One `section.key  value` row per scalar, nested objects flattened with dots.
-fn flatten(prefix: &str, v: &Value, rows: &mut Vec<Vec<String>>) {
-    match v {
-        Value::Object(map) => {
-            for (k, child) in map {
-                let key = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
-                flatten(&key, child, rows);
+/// One `section.key  value` row per figure of the metrics table that `/stats` shows for
+/// the whole broker, in document order; per-label objects give a row per label, and
+/// topics and groups are counted (`topics list` and `groups list` show them).
+fn stats_rows(stats: &Value) -> Vec<Vec<String>> {
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    for metric in mortarmq::admin::in_stats_order() {
+        let path = metric.path.unwrap_or_default();
+        if let Some((list, _)) = path.split_once("[]") {
+            if !rows.iter().any(|r| r[0] == list) {
+                rows.push(vec![
+                    list.to_string(),
+                    array_of(stats, list).len().to_string(),
+                ]);
             }
+            continue;
         }
-        Value::Array(items) => rows.push(vec![prefix.to_string(), items.len().to_string()]),
-        Value::String(s) => rows.push(vec![prefix.to_string(), s.clone()]),
-        Value::Number(n) => {
-            let mut cell = n.to_string();
-            if prefix.ends_with("bytes") && n.as_u64().is_some_and(|b| b >= 1024) {
-                cell = format!("{cell} ({})", human_bytes(n.as_u64().unwrap_or(0)));
-            }
-            rows.push(vec![prefix.to_string(), cell]);
+        match stats.pointer(&format!("/{}", path.replace('.', "/"))) {
+            Some(Value::Object(by_label)) => rows.extend(
+                by_label
+                    .iter()
+                    .map(|(label, v)| vec![format!("{path}.{label}"), stat_cell(metric.unit, v)]),
+            ),
+            Some(v) => rows.push(vec![path.to_string(), stat_cell(metric.unit, v)]),
+            // A broker older than this mortarctl: nothing to show.
+            None => {}
         }
-        other => rows.push(vec![prefix.to_string(), other.to_string()]),
     }
+    rows
+}
+
+/// A value as JSON shows it, byte counts also in KiB/MiB/GiB.
+fn stat_cell(unit: Unit, v: &Value) -> String {
+    let mut cell = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+    if let (Unit::Bytes, Some(n)) = (unit, v.as_u64().filter(|n| *n >= HUMAN_BYTES_MIN)) {
+        cell = format!("{cell} ({})", human_bytes(n));
+    }
+    cell
 }
 
 // ---- read path ----
@@ -693,9 +709,7 @@ fn cmd_stats(ctx: &Ctx) -> Outcome {
         return Ok(());
     }
     let stats = ctx.stats()?;
-    let mut rows = Vec::new();
-    flatten("", &stats, &mut rows);
-    print!("{}", table(&["STAT", "VALUE"], &rows));
+    print!("{}", table(&["STAT", "VALUE"], &stats_rows(&stats)));
     Ok(())
 }
 

@@ -795,6 +795,40 @@ impl Reactor {
         frames_in.push(("RESERVED", c.frames_in_reserved));
         frames_in.push(("ILLEGAL", c.frames_in[0]));
         let errors: u64 = c.errors_sent.values().sum();
+        Snapshot {
+            version: env!("CARGO_PKG_VERSION"),
+            uptime_ms: now.mono_ms,
+            leader_epoch: self.broker.leader_epoch(),
+            // Filled in by the admin thread: reading /proc is no work for the reactor.
+            rss_bytes: 0,
+            data_dir: self.broker.data_dir().to_path_buf(),
+            connections_open: self.conns.len() as u64,
+            connections_accepted: c.accepted,
+            connections_refused: c.refused_connection_limit,
+            connections_closed: CloseReason::ALL
+                .iter()
+                .zip(c.closed.iter())
+                .map(|(r, n)| (r.name(), *n))
+                .collect(),
+            frames_in,
+            frames_out: vec![
+                ("OK", c.frames_out_answers.saturating_sub(errors)),
+                ("ERR", errors),
+                ("PUSH", c.pushes_out),
+            ],
+            errors_sent: c.errors_sent.clone(),
+            bytes_in: c.bytes_in,
+            bytes_out: c.bytes_out,
+            backpressure_pauses: c.backpressure_pauses,
+            buffered_bytes: self.buffered_bytes as u64,
+            broker: self.broker.counters.clone(),
+            topics: self.topic_figures(),
+            groups: self.broker.coordinator().snapshot(),
+        }
+    }
+
+    /// Every topic and its dead-letter twin, in registry order, with their partitions.
+    fn topic_figures(&self) -> Vec<TopicFigures> {
         let mut topics = Vec::new();
         let mut pairs: Vec<_> = self.broker.registry().pairs().collect();
         pairs.sort_by_key(|p| p.pair);
@@ -826,34 +860,7 @@ impl Reactor {
                 });
             }
         }
-        Snapshot {
-            version: env!("CARGO_PKG_VERSION"),
-            uptime_ms: now.mono_ms,
-            leader_epoch: self.broker.leader_epoch(),
-            data_dir: self.broker.data_dir().to_path_buf(),
-            connections_open: self.conns.len() as u64,
-            connections_accepted: c.accepted,
-            connections_refused: c.refused_connection_limit,
-            connections_closed: CloseReason::ALL
-                .iter()
-                .zip(c.closed.iter())
-                .map(|(r, n)| (r.name(), *n))
-                .collect(),
-            frames_in,
-            frames_out: vec![
-                ("OK", c.frames_out_answers.saturating_sub(errors)),
-                ("ERR", errors),
-                ("PUSH", c.pushes_out),
-            ],
-            errors_sent: c.errors_sent.clone(),
-            bytes_in: c.bytes_in,
-            bytes_out: c.bytes_out,
-            backpressure_pauses: c.backpressure_pauses,
-            buffered_bytes: self.buffered_bytes as u64,
-            broker: self.broker.counters.clone(),
-            topics,
-            groups: self.broker.coordinator().snapshot(),
-        }
+        topics
     }
 
     fn apply_effects(&mut self) {

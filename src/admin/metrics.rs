@@ -1,0 +1,414 @@
+//! The one table of metrics. A row names a figure once: Prometheus family, type, HELP,
+//! unit, place in `/stats`, and how to read it from a [`Snapshot`]. `/metrics`,
+//! `/stats` and `mortarctl stats` only walk [`METRICS`]; adding a figure is adding a
+//! row (and, for new data, the `Snapshot` field that feeds it).
+
+use std::borrow::Cow;
+
+use super::Json::{self, Bool, Float, Num, Str};
+use super::{PartitionFigures, Snapshot, TopicFigures};
+use crate::broker::{FSYNC_BATCH_BUCKETS, FSYNC_LATENCY_BUCKETS_US};
+use crate::consume::{GroupSnapshot, MemberSnapshot, PartitionSnapshot};
+use crate::wire::ErrorCode;
+
+/// The Prometheus type. `Info` rows name rather than measure (ids, names, flags,
+/// states): `/stats` shows them, `/metrics` never does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+}
+
+impl Kind {
+    /// The word on the `# TYPE` line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+            Kind::Info => "info",
+        }
+    }
+}
+
+/// The unit of a figure as `/stats` holds it; `/metrics` shows times in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// Events or things: connections, frames, requests, fsyncs, files.
+    Count,
+    Bytes,
+    Records,
+    /// A record's place in its partition: a position, not an amount.
+    Sequence,
+    /// A generation number that only grows (leader, membership, ownership).
+    Epoch,
+    Milliseconds,
+    Microseconds,
+    /// Not a quantity: an id, name, flag or state.
+    Label,
+}
+
+/// How a row reads its figure. The variant also says what tells its values apart:
+/// labels in `/metrics`, arrays on the row's `/stats` path (see [`Read::points`]).
+pub enum Read {
+    /// One value for the whole broker.
+    Scalar(fn(&Snapshot) -> Json),
+    /// One count per value of the label (op, close reason, error code); in `/stats` an
+    /// object keyed by that value.
+    ByLabel(&'static str, fn(&Snapshot) -> Vec<(&'static str, u64)>),
+    /// Labels `topic`; path `topics[]`.
+    PerTopic(fn(&TopicFigures) -> Json),
+    /// Labels `topic`, `partition`; path `topics[].partitions[]`.
+    PerPartition(fn(&PartitionFigures) -> Json),
+    /// Labels `group`, `topic`; path `groups[]`.
+    PerGroup(fn(&Snapshot, &GroupSnapshot) -> Json),
+    /// Labels `group`, `topic`, `member`; path `groups[].members[]`.
+    PerMember(fn(&MemberSnapshot) -> Json),
+    /// Labels `group`, `topic`, `partition`; path `groups[].partitions[]`.
+    PerGroupPartition(fn(&Snapshot, &GroupSnapshot, &PartitionSnapshot) -> Json),
+    /// Counts per bucket of `bounds` (a last one is +Inf) and the sum of what was
+    /// observed, in the row's unit.
+    Histogram {
+        bounds: &'static [u64],
+        counts: fn(&Snapshot) -> &[u64],
+        sum: fn(&Snapshot) -> u64,
+    },
+    /// HELP and TYPE only: a family `/metrics` announces and nothing feeds yet.
+    Declared,
+}
+
+pub struct Metric {
+    /// The Prometheus family; `None` when only `/stats` shows the figure.
+    pub family: Option<&'static str>,
+    pub kind: Kind,
+    pub help: &'static str,
+    pub unit: Unit,
+    /// Dotted place in `/stats`, `[]` marking an array with one element per entity;
+    /// `None` when only `/metrics` shows the figure.
+    pub path: Option<&'static str>,
+    pub read: Read,
+}
+
+/// The top-level sections of `/stats`, in document order.
+pub const STATS_SECTIONS: [&str; 8] = [
+    "broker",
+    "connections",
+    "topics",
+    "groups",
+    "delivery",
+    "storage",
+    "fsync",
+    "publish",
+];
+
+/// In the family column: not exported to Prometheus.
+const STATS_ONLY: &str = "";
+/// In the path column: not in `/stats`.
+const METRICS_ONLY: &str = "";
+
+const fn row(
+    kind: Kind,
+    unit: Unit,
+    family: &'static str,
+    path: &'static str,
+    help: &'static str,
+    read: Read,
+) -> Metric {
+    let (family, path) = (non_empty(family), non_empty(path));
+    Metric {
+        family,
+        kind,
+        help,
+        unit,
+        path,
+        read,
+    }
+}
+
+/// A row that names rather than measures, shown in `/stats` only.
+const fn info(path: &'static str, help: &'static str, read: Read) -> Metric {
+    row(Info, Label, STATS_ONLY, path, help, read)
+}
+
+const fn non_empty(text: &'static str) -> Option<&'static str> {
+    if text.is_empty() {
+        None
+    } else {
+        Some(text)
+    }
+}
+
+use Kind::{Counter, Gauge, Histogram, Info};
+use Read::{
+    ByLabel, Declared, PerGroup, PerGroupPartition, PerMember, PerPartition, PerTopic, Scalar,
+};
+use Unit::{Bytes, Count, Epoch, Label, Microseconds, Milliseconds, Records, Sequence};
+
+/// Every figure `/metrics`, `/stats` and `mortarctl stats` show, in `/metrics` order.
+#[rustfmt::skip]
+pub static METRICS: &[Metric] = &[
+    // kind, unit, Prometheus family, /stats path, HELP, read from the Snapshot
+    info("broker.version", "Version of the running broker.", Scalar(|s| Str(s.version.into()))),
+    row(Gauge, Milliseconds, "mortar_uptime_seconds", "broker.uptime_ms", "Seconds since start.",
+        Scalar(|s| Num(s.uptime_ms))),
+    row(Gauge, Epoch, "mortar_leader_epoch", "broker.leader_epoch", "The broker's leader epoch.",
+        Scalar(|s| Num(s.leader_epoch))),
+    row(Gauge, Bytes, "mortar_rss_bytes", "broker.rss_bytes", "Resident set size.",
+        Scalar(|s| Num(s.rss_bytes))),
+    info("broker.data_dir", "The data directory.",
+        Scalar(|s| Str(s.data_dir.display().to_string()))),
+    row(Gauge, Count, "mortar_connections_open", "connections.open", "Open client connections.",
+        Scalar(|s| Num(s.connections_open))),
+    row(Counter, Count, "mortar_connections_accepted_total", "connections.accepted",
+        "Client connections accepted.", Scalar(|s| Num(s.connections_accepted))),
+    row(Counter, Count, "mortar_connections_refused_total", "connections.refused",
+        "Connections refused over --max-connections.", Scalar(|s| Num(s.connections_refused))),
+    row(Counter, Count, "mortar_connections_closed_total", "connections.closed",
+        "Connections closed, by reason.", ByLabel("reason", |s| s.connections_closed.clone())),
+    row(Counter, Count, "mortar_frames_in_total", METRICS_ONLY, "Frames received, by op.",
+        ByLabel("op", |s| s.frames_in.clone())),
+    row(Counter, Count, "mortar_frames_out_total", METRICS_ONLY, "Frames sent, by op.",
+        ByLabel("op", |s| s.frames_out.clone())),
+    row(Counter, Count, "mortar_errors_total", METRICS_ONLY,
+        "ERR frames sent, by registry code.", ByLabel("code", errors_by_name)),
+    row(Counter, Bytes, "mortar_bytes_in_total", "connections.bytes_in",
+        "Bytes read from clients.", Scalar(|s| Num(s.bytes_in))),
+    row(Counter, Bytes, "mortar_bytes_out_total", "connections.bytes_out",
+        "Bytes written to clients.", Scalar(|s| Num(s.bytes_out))),
+    row(Counter, Count, "mortar_backpressure_pauses_total", "connections.backpressure_pauses",
+        "Times a connection stopped being read (output or pending-request high water).",
+        Scalar(|s| Num(s.backpressure_pauses))),
+    row(Gauge, Bytes, STATS_ONLY, "connections.buffered_bytes",
+        "Bytes held by connection buffers (what --max-memory limits).",
+        Scalar(|s| Num(s.buffered_bytes))),
+    row(Counter, Count, "mortar_pubs_total", "publish.pubs", "PUB requests accepted for checking.",
+        Scalar(|s| Num(s.broker.pubs))),
+    row(Counter, Count, "mortar_pubs_deduplicated_total", "publish.deduplicated",
+        "PUBs answered as duplicates of an earlier record.",
+        Scalar(|s| Num(s.broker.pubs_deduplicated))),
+    row(Counter, Count, "mortar_pubs_non_idempotent_total", "publish.non_idempotent",
+        "PUBs with producer_id 0.", Scalar(|s| Num(s.broker.pubs_non_idempotent))),
+    row(Counter, Records, STATS_ONLY, "publish.records_appended", "Records appended since start.",
+        Scalar(|s| Num(s.broker.records_appended))),
+    row(Counter, Count, "mortar_fsyncs_total", "fsync.count", "Completed group-commit fdatasyncs.",
+        Scalar(|s| Num(s.broker.fsyncs))),
+    row(Counter, Count, "mortar_fsync_failures_total", "fsync.failures", "Failed fdatasyncs.",
+        Scalar(|s| Num(s.broker.fsync_failures))),
+    row(Counter, Records, STATS_ONLY, "fsync.records", "Records made durable by fdatasyncs.",
+        Scalar(|s| Num(s.broker.fsync_records))),
+    row(Gauge, Milliseconds, STATS_ONLY, "fsync.mean_ms", "Mean fdatasync latency.",
+        Scalar(|s| Float(per_fsync(s, s.broker.fsync_micros_total) / MICROSECONDS_PER_MS))),
+    row(Gauge, Records, STATS_ONLY, "fsync.mean_batch_records",
+        "Mean records made durable by one fdatasync.",
+        Scalar(|s| Float(per_fsync(s, s.broker.fsync_records)))),
+    row(Histogram, Microseconds, "mortar_fsync_seconds", METRICS_ONLY, "fdatasync latency.",
+        Read::Histogram { bounds: &FSYNC_LATENCY_BUCKETS_US, counts: |s| &s.broker.fsync_latency,
+                          sum: |s| s.broker.fsync_micros_total }),
+    row(Histogram, Records, "mortar_fsync_batch_records", METRICS_ONLY,
+        "Records made durable by one fdatasync (group commit).",
+        Read::Histogram { bounds: &FSYNC_BATCH_BUCKETS, counts: |s| &s.broker.fsync_batch,
+                          sum: |s| s.broker.fsync_records }),
+    row(Gauge, Bytes, STATS_ONLY, "storage.bytes", "Bytes in segment files.",
+        Scalar(|s| Num(partitions(s).map(|p| p.bytes).sum()))),
+    row(Gauge, Count, STATS_ONLY, "storage.segments", "Segment files.",
+        Scalar(|s| Num(partitions(s).map(|p| u64::from(p.segments)).sum()))),
+    row(Counter, Count, "mortar_recovery_truncations_total", "storage.recovery_truncations",
+        "Partitions whose torn or corrupt tail recovery truncated at start.",
+        Scalar(|s| Num(s.broker.recovery_truncations))),
+    row(Counter, Bytes, STATS_ONLY, "storage.recovery_truncated_bytes",
+        "Bytes recovery cut off torn or corrupt tails at start.",
+        Scalar(|s| Num(s.broker.recovery_truncated_bytes))),
+    row(Counter, Records, "mortar_corrupt_records_total", "storage.corrupt_records",
+        "Records that failed their CRC when read (never delivered).",
+        Scalar(|s| Num(s.broker.corrupt_records_found))),
+    info("topics[].topic_id", "Topic id.", PerTopic(|t| Num(t.topic_id.into()))),
+    info("topics[].name", "Topic name.", PerTopic(|t| Str(t.name.clone()))),
+    info("topics[].dlq_twin", "Whether it is a dead-letter twin.", PerTopic(|t| Bool(t.dlq_twin))),
+    row(Counter, Records, "mortar_records_appended_total", METRICS_ONLY,
+        "Records appended, by topic.",
+        PerTopic(|t| Num(t.partitions.iter().map(|p| p.last_sequence).sum()))),
+    row(Gauge, Sequence, "mortar_partition_last_sequence", METRICS_ONLY,
+        "Last written sequence, by partition.", Declared),
+    info("topics[].partitions[].partition", "Partition index.",
+        PerPartition(|p| Num(p.partition.into()))),
+    row(Gauge, Sequence, STATS_ONLY, "topics[].partitions[].first_sequence",
+        "Oldest retained sequence.", PerPartition(|p| Num(p.first_sequence))),
+    row(Gauge, Sequence, STATS_ONLY, "topics[].partitions[].last_sequence",
+        "Last written sequence.", PerPartition(|p| Num(p.last_sequence))),
+    row(Gauge, Sequence, STATS_ONLY, "topics[].partitions[].commit_sequence",
+        "Last fsynced sequence.", PerPartition(|p| Num(p.commit_sequence))),
+    row(Gauge, Bytes, STATS_ONLY, "topics[].partitions[].bytes", "Bytes in segment files.",
+        PerPartition(|p| Num(p.bytes))),
+    row(Gauge, Count, STATS_ONLY, "topics[].partitions[].segments", "Segment files.",
+        PerPartition(|p| Num(p.segments.into()))),
+    info("topics[].partitions[].poisoned", "Whether an I/O error stopped its appends.",
+        PerPartition(|p| Bool(p.poisoned))),
+    row(Counter, Count, "mortar_deliveries_total", "delivery.deliveries",
+        "MSGs delivered (pushed or pulled).", Scalar(|s| Num(s.groups.stats.deliveries))),
+    row(Counter, Count, "mortar_redeliveries_total", "delivery.redeliveries",
+        "Deliveries with attempt > 1.", Scalar(|s| Num(s.groups.stats.redeliveries))),
+    row(Counter, Count, "mortar_delivery_expiries_total", "delivery.expired",
+        "Deliveries past --ack-wait.", Scalar(|s| Num(s.groups.stats.expired))),
+    row(Counter, Records, "mortar_dead_letters_total", "delivery.dead_letters",
+        "Records dead-lettered.", Scalar(|s| Num(s.groups.stats.dead_letters))),
+    row(Counter, Count, "mortar_acks_total", METRICS_ONLY, "ACK frames received.",
+        Scalar(|s| Num(frames_in(s, "ACK")))),
+    row(Counter, Count, "mortar_nacks_total", METRICS_ONLY, "NACK frames received.",
+        Scalar(|s| Num(frames_in(s, "NACK")))),
+    info("groups[].group", "Group name.", PerGroup(|_, g| Str(group_name(g).into_owned()))),
+    info("groups[].group_id", "Group id.", PerGroup(|_, g| Num(g.group_id.into()))),
+    info("groups[].topic_id", "Topic id.", PerGroup(|_, g| Num(g.topic_id.into()))),
+    info("groups[].topic", "Topic name.", PerGroup(|s, g| Str(topic_name(s, g).into()))),
+    info("groups[].members[].member_id", "Member id.", PerMember(|m| Num(m.member_id))),
+    row(Gauge, Epoch, STATS_ONLY, "groups[].members[].membership_epoch",
+        "Epoch of the membership.", PerMember(|m| Num(m.membership_epoch.into()))),
+    row(Gauge, Epoch, STATS_ONLY, "groups[].members[].assignment_epoch",
+        "Epoch of the member's assignment.", PerMember(|m| Num(m.assignment_epoch.into()))),
+    info("groups[].members[].subscription_id", "Subscription id on its connection.",
+        PerMember(|m| Num(m.subscription_id.into()))),
+    info("groups[].members[].pull_mode", "Whether it pulls.", PerMember(|m| Bool(m.pull_mode))),
+    row(Gauge, Records, STATS_ONLY, "groups[].members[].credit_count", "Records of credit left.",
+        PerMember(|m| Num(m.credit_count.into()))),
+    row(Gauge, Bytes, STATS_ONLY, "groups[].members[].credit_bytes", "Bytes of credit left.",
+        PerMember(|m| Num(m.credit_bytes.into()))),
+    row(Gauge, Records, STATS_ONLY, "groups[].members[].outstanding_count",
+        "Deliveries not yet settled.", PerMember(|m| Num(m.outstanding_count.into()))),
+    row(Gauge, Bytes, STATS_ONLY, "groups[].members[].outstanding_bytes",
+        "Bytes of deliveries not yet settled.", PerMember(|m| Num(m.outstanding_bytes))),
+    info("groups[].partitions[].partition", "Partition index.",
+        PerGroupPartition(|_, _, p| Num(p.partition.into()))),
+    info("groups[].partitions[].owner", "Owning member id (0: none).",
+        PerGroupPartition(|_, _, p| Num(p.owner.unwrap_or(0)))),
+    info("groups[].partitions[].state", "Ownership state.",
+        PerGroupPartition(|_, _, p| Str(format!("{:?}", p.state).to_lowercase()))),
+    row(Gauge, Epoch, STATS_ONLY, "groups[].partitions[].ownership_epoch", "Ownership epoch.",
+        PerGroupPartition(|_, _, p| Num(p.ownership_epoch))),
+    row(Gauge, Sequence, STATS_ONLY, "groups[].partitions[].committed",
+        "Committed position.", PerGroupPartition(|_, _, p| Num(p.committed))),
+    row(Gauge, Records, "mortar_consumer_lag_records", "groups[].partitions[].lag",
+        "Records above the committed position.", PerGroupPartition(|s, g, p| Num(lag(s, g, p)))),
+    row(Gauge, Records, STATS_ONLY, "groups[].partitions[].outstanding",
+        "Deliveries not yet settled.", PerGroupPartition(|_, _, p| Num(p.outstanding as u64))),
+    row(Gauge, Records, STATS_ONLY, "groups[].partitions[].pending_redeliveries",
+        "Deliveries waiting to be sent again.",
+        PerGroupPartition(|_, _, p| Num(p.pending_redeliveries as u64))),
+];
+
+/// One value of a row: its labels in `/metrics`, its element in each array on its
+/// `/stats` path, and the value. A point without a value is an entity that holds the
+/// row's entities, so that `/stats` shows its array even when empty.
+pub struct Point<'a> {
+    pub labels: Labels<'a>,
+    pub at: Vec<usize>,
+    pub value: Option<Json>,
+}
+
+pub type Labels<'a> = Vec<(&'static str, Cow<'a, str>)>;
+
+impl Read {
+    /// Every value the row reads from `s`, in snapshot order (none for histograms).
+    pub fn points<'a>(&self, s: &'a Snapshot) -> Vec<Point<'a>> {
+        let mut out = Vec::new();
+        let mut put = |labels, at, value| out.push(Point { labels, at, value });
+        let (topics, groups) = (
+            s.topics.iter().enumerate(),
+            s.groups.groups.iter().enumerate(),
+        );
+        let topic = |t: &'a TopicFigures| vec![("topic", Cow::from(t.name.as_str()))];
+        let group = |g| vec![("group", group_name(g)), ("topic", topic_name(s, g).into())];
+        let and = |mut labels: Labels<'a>, name, value: String| {
+            labels.push((name, value.into()));
+            labels
+        };
+        match self {
+            Read::Scalar(read) => put(vec![], vec![], Some(read(s))),
+            Read::ByLabel(label, read) => {
+                for (value, n) in read(s) {
+                    put(vec![(*label, value.into())], vec![], Some(Num(n)));
+                }
+            }
+            Read::PerTopic(read) => topics.for_each(|(i, t)| put(topic(t), vec![i], Some(read(t)))),
+            Read::PerGroup(read) => {
+                groups.for_each(|(i, g)| put(group(g), vec![i], Some(read(s, g))))
+            }
+            Read::PerPartition(read) => {
+                for (i, t) in topics {
+                    put(topic(t), vec![i], None);
+                    for (j, p) in t.partitions.iter().enumerate() {
+                        let labels = and(topic(t), "partition", p.partition.to_string());
+                        put(labels, vec![i, j], Some(read(p)));
+                    }
+                }
+            }
+            Read::PerMember(read) => {
+                for (i, g) in groups {
+                    put(group(g), vec![i], None);
+                    for (j, m) in g.members.iter().enumerate() {
+                        let labels = and(group(g), "member", m.member_id.to_string());
+                        put(labels, vec![i, j], Some(read(m)));
+                    }
+                }
+            }
+            Read::PerGroupPartition(read) => {
+                for (i, g) in groups {
+                    put(group(g), vec![i], None);
+                    for (j, p) in g.partitions.iter().enumerate() {
+                        let labels = and(group(g), "partition", p.partition.to_string());
+                        put(labels, vec![i, j], Some(read(s, g, p)));
+                    }
+                }
+            }
+            Read::Histogram { .. } | Read::Declared => {}
+        }
+        out
+    }
+}
+
+/// `fsync.mean_ms` is summed in µs and shown in ms.
+const MICROSECONDS_PER_MS: f64 = 1e3;
+
+/// `total` per completed fsync (0 before the first).
+fn per_fsync(s: &Snapshot, total: u64) -> f64 {
+    match s.broker.fsyncs {
+        0 => 0.0,
+        fsyncs => total as f64 / fsyncs as f64,
+    }
+}
+
+fn errors_by_name(s: &Snapshot) -> Vec<(&'static str, u64)> {
+    let name = |code| ErrorCode::from_code(code).map_or("UNKNOWN", |c| c.name());
+    s.errors_sent.iter().map(|(c, n)| (name(*c), *n)).collect()
+}
+
+fn frames_in(s: &Snapshot, op: &str) -> u64 {
+    s.frames_in
+        .iter()
+        .find(|(o, _)| *o == op)
+        .map_or(0, |f| f.1)
+}
+
+fn partitions(s: &Snapshot) -> impl Iterator<Item = &PartitionFigures> {
+    s.topics.iter().flat_map(|t| &t.partitions)
+}
+
+fn group_name(g: &GroupSnapshot) -> Cow<'_, str> {
+    String::from_utf8_lossy(&g.name)
+}
+
+fn topic_of<'a>(s: &'a Snapshot, g: &GroupSnapshot) -> Option<&'a TopicFigures> {
+    s.topics.iter().find(|t| t.topic_id == g.topic_id)
+}
+
+/// The group's topic name, empty when the topic is gone.
+fn topic_name<'a>(s: &'a Snapshot, g: &GroupSnapshot) -> &'a str {
+    topic_of(s, g).map_or("", |t| &t.name)
+}
+
+fn lag(s: &Snapshot, g: &GroupSnapshot, p: &PartitionSnapshot) -> u64 {
+    let last = topic_of(s, g)
+        .and_then(|t| t.partitions.iter().find(|q| q.partition == p.partition))
+        .map_or(0, |q| q.last_sequence);
+    last.saturating_sub(p.committed)
+}

@@ -1,0 +1,317 @@
+use super::*;
+use crate::broker::{FSYNC_BATCH_BUCKETS, FSYNC_LATENCY_BUCKETS_US};
+use crate::consume::{
+    ConsumeStats, GroupSnapshot, MemberSnapshot, OwnershipState, PartitionSnapshot,
+};
+
+#[test]
+fn json_strings_are_escaped() {
+    let doc = Json::Obj(vec![("k", Json::Str("a\"b\\c\n\u{1}é".into()))]);
+    assert_eq!(doc.render(false), r#"{"k":"a\"b\\c\n\u0001é"}"#);
+    assert!(doc.render(true).contains("\n  \"k\": "));
+}
+
+#[test]
+fn metrics_have_help_and_type_for_every_family() {
+    let text = render_metrics(&Snapshot::default());
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let name = line.split(['{', ' ']).next().unwrap();
+        let family = name
+            .strip_suffix("_bucket")
+            .or(name.strip_suffix("_sum"))
+            .or(name.strip_suffix("_count"))
+            .unwrap_or(name);
+        assert!(
+            text.contains(&format!("# TYPE {family} ")),
+            "no TYPE for {name}"
+        );
+        assert!(
+            text.contains(&format!("# HELP {family} ")),
+            "no HELP for {name}"
+        );
+    }
+}
+
+fn partition(partition: u16, first: u64, last: u64, bytes: u64) -> PartitionFigures {
+    PartitionFigures {
+        partition,
+        first_sequence: first,
+        last_sequence: last,
+        commit_sequence: last.saturating_sub(1),
+        bytes,
+        segments: u32::from(partition) + 1,
+        poisoned: false,
+    }
+}
+
+fn member(member_id: u64, pull_mode: bool) -> MemberSnapshot {
+    MemberSnapshot {
+        member_id,
+        membership_epoch: 2,
+        assignment_epoch: 3,
+        conn: 7,
+        subscription_id: 4,
+        pull_mode,
+        credit_count: 16,
+        credit_bytes: 65_536,
+        credit_epoch: 1,
+        outstanding_count: 5,
+        outstanding_bytes: 2_048,
+        pending_pulls: 0,
+    }
+}
+
+fn group_partition(partition: u16, owner: Option<u64>, state: OwnershipState) -> PartitionSnapshot {
+    PartitionSnapshot {
+        partition,
+        owner,
+        state,
+        ownership_epoch: 9,
+        committed: 40,
+        next_sequence: 45,
+        outstanding: 3,
+        pending_redeliveries: 1,
+        dead_letter_pending: 0,
+    }
+}
+
+/// A broker with something in every part of the snapshot: several topics (one with
+/// a name that needs escaping, one poisoned, one without partitions), groups with and
+/// without members, on known and unknown topics, errors with known and unknown codes,
+/// and both histograms filled.
+fn busy() -> Snapshot {
+    let mut broker = BrokerCounters {
+        pubs: 120,
+        pubs_deduplicated: 3,
+        pubs_non_idempotent: 17,
+        records_appended: 117,
+        fsyncs: 7,
+        fsync_records: 117,
+        fsync_failures: 1,
+        fsync_micros_total: 12_345,
+        recovery_truncations: 1,
+        recovery_truncated_bytes: 77,
+        producers_expired: 2,
+        dead_letters_appended: 4,
+        corrupt_records_found: 2,
+        ..BrokerCounters::default()
+    };
+    broker.fsync_latency[0] = 1;
+    broker.fsync_latency[3] = 4;
+    broker.fsync_latency[FSYNC_LATENCY_BUCKETS_US.len()] = 2;
+    broker.fsync_batch[2] = 5;
+    broker.fsync_batch[FSYNC_BATCH_BUCKETS.len()] = 2;
+    let mut poisoned = partition(0, 1, 9, 900);
+    poisoned.poisoned = true;
+    let topics = vec![
+        TopicFigures {
+            topic_id: 1,
+            name: "orders".into(),
+            dlq_twin: false,
+            partitions: vec![partition(0, 1, 60, 6_000), partition(1, 5, 57, 2_000_000)],
+        },
+        TopicFigures {
+            topic_id: 2,
+            name: "orders.dlq".into(),
+            dlq_twin: true,
+            partitions: vec![partition(0, 0, 0, 0), partition(1, 1, 4, 400)],
+        },
+        TopicFigures {
+            topic_id: 3,
+            name: "we\"ird\\name".into(),
+            dlq_twin: false,
+            partitions: vec![poisoned],
+        },
+        TopicFigures {
+            topic_id: 5,
+            name: "empty".into(),
+            dlq_twin: false,
+            partitions: vec![],
+        },
+    ];
+    let groups = vec![
+        GroupSnapshot {
+            group_id: 1,
+            name: b"billing".to_vec(),
+            topic_id: 1,
+            members: vec![member(11, false), member(12, true)],
+            partitions: vec![
+                group_partition(0, Some(11), OwnershipState::Owned),
+                group_partition(1, None, OwnershipState::Unowned),
+            ],
+        },
+        GroupSnapshot {
+            group_id: 2,
+            name: b"au\"dit".to_vec(),
+            topic_id: 3,
+            members: vec![],
+            partitions: vec![group_partition(0, Some(13), OwnershipState::Revoking)],
+        },
+        GroupSnapshot {
+            group_id: 3,
+            name: b"orphan".to_vec(),
+            topic_id: 9,
+            members: vec![member(14, false)],
+            partitions: vec![group_partition(2, Some(14), OwnershipState::Assigning)],
+        },
+    ];
+    Snapshot {
+        version: "0.1.0-golden",
+        uptime_ms: 123_456,
+        leader_epoch: 3,
+        rss_bytes: 6_680_576,
+        data_dir: PathBuf::from("/var/lib/mortar \"q\""),
+        connections_open: 4,
+        connections_accepted: 17,
+        connections_refused: 2,
+        connections_closed: vec![("peer_closed", 9), ("protocol_error", 1), ("shutdown", 0)],
+        frames_in: vec![
+            ("PUB", 120),
+            ("ACK", 30),
+            ("NACK", 2),
+            ("RESERVED", 1),
+            ("ILLEGAL", 0),
+        ],
+        frames_out: vec![("OK", 140), ("ERR", 4), ("PUSH", 33)],
+        errors_sent: BTreeMap::from([(0x2001, 1), (0x4004, 2), (0xFFFF, 1)]),
+        bytes_in: 65_432,
+        bytes_out: 1_234_567,
+        backpressure_pauses: 6,
+        buffered_bytes: 3_000,
+        broker,
+        topics,
+        groups: CoordinatorSnapshot {
+            groups,
+            stats: ConsumeStats {
+                deliveries: 33,
+                redeliveries: 5,
+                expired: 2,
+                dead_letters: 1,
+                skipped_records: 8,
+                notices: 6,
+            },
+        },
+    }
+}
+
+/// The resident set size is read from /proc when rendering; everything else is the
+/// snapshot's, so only that value is masked.
+fn mask_rss(text: &str) -> String {
+    text.split_inclusive('\n')
+        .map(|line| {
+            let sample = "mortar_rss_bytes ";
+            let keep = if line.starts_with(sample) {
+                Some(sample.len())
+            } else {
+                ["\"rss_bytes\": ", "\"rss_bytes\":"]
+                    .iter()
+                    .find_map(|p| line.find(p).map(|at| at + p.len()))
+            };
+            match keep {
+                Some(end) => {
+                    let rest = line[end..].trim_start_matches(|c: char| c.is_ascii_digit());
+                    format!("{}RSS{rest}", &line[..end])
+                }
+                None => line.to_string(),
+            }
+        })
+        .collect()
+}
+
+/// Compares with a golden file, showing where the first difference is (the compact
+/// JSON document is a single line).
+fn assert_golden(file: &str, golden: &str, rendered: &str) {
+    const CONTEXT_CHARS: usize = 60;
+    let rendered = mask_rss(rendered);
+    let at = golden
+        .bytes()
+        .zip(rendered.bytes())
+        .position(|(g, r)| g != r)
+        .unwrap_or(golden.len().min(rendered.len()));
+    let line = golden[..at].matches('\n').count() + 1;
+    let near = |text: &str| {
+        let from = text.floor_char_boundary(at.saturating_sub(CONTEXT_CHARS));
+        let to = text.ceil_char_boundary((at + CONTEXT_CHARS).min(text.len()));
+        text[from..to].to_string()
+    };
+    assert!(
+        golden == rendered,
+        "src/admin/golden/{file} differs from the rendering at line {line}:\n  golden:   \
+         {:?}\n  rendered: {:?}\n/metrics and /stats are read by scrapers, dashboards and \
+         `mortarctl`: change the golden file only with them.",
+        near(golden),
+        near(&rendered),
+    );
+}
+
+#[test]
+fn metrics_match_the_golden_text() {
+    let golden = include_str!("golden/metrics.txt");
+    assert_golden("metrics.txt", golden, &render_metrics(&busy()));
+}
+
+#[test]
+fn stats_match_the_golden_json() {
+    let compact = include_str!("golden/stats.json");
+    assert_golden("stats.json", compact, &render_stats(&busy(), false));
+    let pretty = include_str!("golden/stats.pretty.json");
+    assert_golden("stats.pretty.json", pretty, &render_stats(&busy(), true));
+}
+
+#[test]
+fn the_resident_set_size_comes_from_the_snapshot() {
+    let s = busy();
+    assert!(render_metrics(&s).contains("\nmortar_rss_bytes 6680576\n"));
+    assert!(render_stats(&s, false).contains("\"rss_bytes\":6680576,"));
+}
+
+/// The rules the renderers rely on, and Prometheus naming: one row per family and per
+/// path, every path under a known section and through the arrays its `Read` walks,
+/// counters (only they) ending in `_total`, times exported in seconds.
+#[test]
+fn every_row_of_the_table_is_consistent() {
+    let (mut families, mut paths) = (Vec::new(), Vec::new());
+    for m in METRICS {
+        let name = m.family.or(m.path).expect("a row someone shows");
+        assert!(!m.help.is_empty(), "{name}: no HELP");
+        if let Some(family) = m.family {
+            assert!(!families.contains(&family), "{family} twice");
+            families.push(family);
+            assert!(family.starts_with("mortar_"), "{family}");
+            assert_ne!(m.kind, Kind::Info, "{family}: Info rows are never exported");
+            let counter = m.kind == Kind::Counter;
+            assert_eq!(
+                family.ends_with("_total"),
+                counter,
+                "{family}: _total and counter"
+            );
+            if matches!(m.unit, Unit::Milliseconds | Unit::Microseconds) {
+                assert!(
+                    family.ends_with("_seconds"),
+                    "{family}: exported in seconds"
+                );
+            }
+        }
+        let Some(path) = m.path else { continue };
+        assert!(!paths.contains(&path), "{path} twice");
+        paths.push(path);
+        let section = path.split(['.', '[']).next().unwrap();
+        assert!(STATS_SECTIONS.contains(&section), "{path}: unknown section");
+        let through = match m.read {
+            Read::Scalar(_) | Read::ByLabel(..) => "",
+            Read::PerTopic(_) => "topics[].",
+            Read::PerPartition(_) => "topics[].partitions[].",
+            Read::PerGroup(_) => "groups[].",
+            Read::PerMember(_) => "groups[].members[].",
+            Read::PerGroupPartition(_) => "groups[].partitions[].",
+            Read::Histogram { .. } | Read::Declared => panic!("{path}: only /metrics shows it"),
+        };
+        let rest = path
+            .strip_prefix(through)
+            .unwrap_or_else(|| panic!("{path}: {through}"));
+        assert!(
+            !rest.contains("[]"),
+            "{path}: more arrays than its Read walks"
+        );
+    }
+}
