@@ -16,6 +16,7 @@ use super::dlq::{self, RECORD_FLAG_ORIGIN};
 use super::idhash::IdMap;
 use super::positions::Positions;
 use super::publish::Partitions;
+use super::registry::TopicRegistry;
 use super::topics::{pair_of, Registry, TopicPair};
 use super::{Broker, ConnRef, Effect, Handled, Now, PartitionKey};
 
@@ -42,7 +43,7 @@ pub struct ConsumeDriver {
 
 /// The log as the coordinator sees it: only flushed records are deliverable.
 struct LogRecords<'a> {
-    registry: &'a Registry,
+    topics: &'a TopicRegistry,
     partitions: &'a mut Partitions,
     /// Bumped for every record that fails its CRC on read.
     corrupt: &'a mut u64,
@@ -50,9 +51,7 @@ struct LogRecords<'a> {
 
 impl Records for LogRecords<'_> {
     fn partition_count(&self, topic_id: u16) -> Option<u16> {
-        self.registry
-            .by_topic_id(topic_id)
-            .map(|(p, _)| p.partition_count)
+        self.topics.usable(topic_id).map(|p| p.partition_count)
     }
 
     fn first_sequence(&self, topic_id: u16, partition: u16) -> u64 {
@@ -243,7 +242,7 @@ impl Broker {
         (
             &mut self.consume.coordinator,
             LogRecords {
-                registry: self.topics.registry(),
+                topics: &self.topics,
                 partitions: &mut self.partitions,
                 corrupt: &mut self.counters.corrupt_records_found,
             },

@@ -6,7 +6,7 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::log::{meta, Storage, SyncJob};
+use crate::log::{meta, LogConfig, PartitionLog, Storage, SyncJob};
 
 use super::PartitionKey;
 
@@ -17,9 +17,28 @@ pub struct DurableJob {
     pub work: Work,
 }
 
+/// The partition logs a [`Work::CreateTopic`] opened, handed back to the reactor.
+#[derive(Default)]
+pub struct OpenedLogs(pub Vec<(PartitionKey, PartitionLog)>);
+
+impl std::fmt::Debug for OpenedLogs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(key, _)| key))
+            .finish()
+    }
+}
+
 /// What a [`DurableJob`] does.
 #[derive(Debug)]
 pub enum Work {
+    /// A new topic pair's directories and first segments, made durable; the logs come
+    /// back open in `opened`.
+    CreateTopic {
+        plan: Vec<(PartitionKey, PathBuf)>,
+        config: LogConfig,
+        opened: OpenedLogs,
+    },
     /// fdatasync of what a partition wrote before the job was taken (group commit).
     SyncPartition {
         key: PartitionKey,
@@ -49,8 +68,22 @@ pub enum Work {
 
 impl crate::fsync::Job for DurableJob {
     fn run(&mut self) -> io::Result<()> {
+        if let Work::CreateTopic {
+            plan,
+            config,
+            opened,
+        } = &mut self.work
+        {
+            for (key, dir) in plan.iter() {
+                let (log, _) =
+                    PartitionLog::open(&self.storage, dir, *config).map_err(|e| e.into_io())?;
+                opened.0.push((*key, log));
+            }
+            return Ok(());
+        }
         let storage = &*self.storage;
         match &self.work {
+            Work::CreateTopic { .. } => Ok(()),
             Work::SyncPartition { sync, .. } => sync.run(),
             Work::WriteRegistry { path, bytes, .. }
             | Work::WritePositions { path, bytes }

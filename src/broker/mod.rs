@@ -257,7 +257,7 @@ impl Broker {
                 "REPLICATED durability needs replicas; this broker is a single node".into(),
             );
         }
-        let Some((pair, _)) = self.topics.registry().by_topic_id(p.topic_id) else {
+        let Some(pair) = self.topics.usable(p.topic_id) else {
             return fail(
                 ErrorCode::UnknownTopic,
                 format!("no topic with id {}", p.topic_id),
@@ -288,7 +288,7 @@ impl Broker {
             |(topic, partition)| coordinator.records_available(topic, partition),
         );
         self.partitions.take_sync_jobs(&mut self.jobs);
-        self.jobs.extend(self.topics.take_write_job());
+        self.jobs.extend(self.topics.take_write_job(now.mono_ms));
         self.consume.settle_dead_letters(&self.partitions);
         self.pump_consume(now);
         self.jobs.extend(self.consume.positions_job(now, false));
@@ -297,7 +297,7 @@ impl Broker {
     }
 
     /// A durable-I/O job finished on a worker.
-    pub fn job_done(&mut self, done: JobDone) {
+    pub fn job_done(&mut self, done: JobDone, now: Now) {
         let JobDone {
             job,
             result,
@@ -322,8 +322,11 @@ impl Broker {
                     .sync_done(done, &mut self.effects, &mut self.counters);
                 self.consume.settle_dead_letters(&self.partitions);
             }
+            Work::CreateTopic { opened, .. } => self.topic_created(opened, &result, now),
             Work::WriteRegistry { version, .. } => {
-                let removal = self.topics.write_done(version, &result, &mut self.effects);
+                let removal =
+                    self.topics
+                        .write_done(version, &result, now.mono_ms, &mut self.effects);
                 self.jobs.extend(removal);
                 self.submit_jobs();
             }

@@ -18,7 +18,7 @@ use crate::wire::{Durability, ErrorCode, Op, Response};
 
 use super::counters::{bucket_of, BrokerCounters, FSYNC_BATCH_BUCKETS, FSYNC_LATENCY_BUCKETS_US};
 use super::idhash::IdMap;
-use super::jobs::{DurableJob, Work};
+use super::jobs::{DurableJob, OpenedLogs, Work};
 use super::partition::{Partition, Waiter};
 use super::producers::{self, Idempotence, Producers};
 use super::topics::{partition_dir, TopicPair};
@@ -193,6 +193,40 @@ impl Partitions {
             counters.corrupt_records_found += 1;
         }
         (producers, first - 1)
+    }
+
+    /// The job that makes a new pair's partition directories and first segments on the
+    /// fsync pool (directory and file creation fsync: not on the reactor thread).
+    pub(super) fn create_job(&self, pair: &TopicPair) -> DurableJob {
+        let mut plan = Vec::new();
+        for (topic_id, name) in pair.topics() {
+            for index in 0..pair.partition_count {
+                let dir = partition_dir(&self.topics_dir, topic_id, &name, index);
+                plan.push(((topic_id, index), dir));
+            }
+        }
+        DurableJob {
+            storage: Arc::clone(&self.storage),
+            work: Work::CreateTopic {
+                plan,
+                config: self.log_config,
+                opened: OpenedLogs::default(),
+            },
+        }
+    }
+
+    /// Takes over the logs a creation job opened: new, empty partitions.
+    pub(super) fn install(&mut self, opened: OpenedLogs) {
+        for (key, log) in opened.0 {
+            self.data_bytes += log.stats().bytes;
+            self.map.insert(key, Partition::new(key.0, key.1, log));
+        }
+    }
+
+    /// The `--max-data-size` cap when `extra_bytes` more would pass it.
+    pub(super) fn over_data_cap(&self, extra_bytes: u64) -> Option<u64> {
+        let cap = self.max_data_bytes;
+        (cap > 0 && self.data_bytes + extra_bytes > cap).then_some(cap)
     }
 
     /// Forgets a pair's partitions; PUBs still waiting on them are answered now.

@@ -6,21 +6,38 @@
 //! answers every DECLARE up to the version it wrote. A failed write fails the DECLAREs
 //! waiting on it, and the next mutation writes the whole registry again.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::log::{meta, Storage};
+use crate::log::{meta, Storage, SEGMENT_HEADER_BYTES};
 use crate::wire::ops::{Declare, DeclareResult};
 use crate::wire::{DeclareCreated, DeclareFlags, ErrorCode, Op, Response};
 
-use super::jobs::{DurableJob, Work};
+use super::jobs::{DurableJob, OpenedLogs, Work};
 use super::topics::{topic_dir, valid_name, Registry, TopicPair, DLQ_SUFFIX};
 use super::{Broker, ConnRef, Effect, Handled, Now};
 
 /// The registry file in the data directory.
 pub const REGISTRY_FILE: &str = "registry";
+
+/// A DECLARE that arrived while a topic's files were being created: DECLAREs that change
+/// the registry run one at a time, so a creation never races a delete of the same pair.
+struct QueuedDeclare {
+    conn: ConnRef,
+    slot: u64,
+    topic: Vec<u8>,
+    partition_count: u16,
+    flags: DeclareFlags,
+}
+
+/// The topic whose files the fsync pool is creating, and the DECLARE that asked for it.
+struct Creating {
+    pair: TopicPair,
+    conn: ConnRef,
+    slot: u64,
+}
 
 /// A DECLARE answered once the registry version it changed (or saw) is durable.
 struct RegistryWaiter {
@@ -44,7 +61,18 @@ pub struct TopicRegistry {
     waiters: VecDeque<RegistryWaiter>,
     /// Directories of deleted pairs, removed once the registry without them is durable.
     doomed_dirs: Vec<PathBuf>,
+    creating: Option<Creating>,
+    queued: VecDeque<QueuedDeclare>,
+    /// Pairs whose files exist but whose registry version is not yet durable, with that
+    /// version: nobody may PUB to or SUB on them yet (a crash would delete their files).
+    unwritten: BTreeMap<u16, u64>,
+    /// No registry write before this (after a failure: the disk may be full).
+    retry_after_ms: u64,
 }
+
+/// After a failed registry write the next one waits this long, so a full disk is not
+/// hammered with a write every reactor pass.
+pub const REGISTRY_RETRY_MS: u64 = 1_000;
 
 fn io_code(e: &io::Error) -> ErrorCode {
     if crate::log::is_no_space_io(e) {
@@ -77,11 +105,26 @@ impl TopicRegistry {
             removing: false,
             waiters: VecDeque::new(),
             doomed_dirs: Vec::new(),
+            creating: None,
+            queued: VecDeque::new(),
+            unwritten: BTreeMap::new(),
+            retry_after_ms: 0,
         })
     }
 
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// The pair of `topic_id` if clients may use it: its files exist and the registry
+    /// naming it is durable (`man/mortarmq.7`, DECLARE).
+    pub fn usable(&self, topic_id: u16) -> Option<&TopicPair> {
+        let (pair, _) = self.registry.by_topic_id(topic_id)?;
+        let creating = self
+            .creating
+            .as_ref()
+            .is_some_and(|c| c.pair.pair == pair.pair);
+        (!creating && !self.unwritten.contains_key(&pair.pair)).then_some(pair)
     }
 
     fn job(&self, work: Work) -> DurableJob {
@@ -91,15 +134,15 @@ impl TopicRegistry {
         }
     }
 
-    /// Answers now if every mutation so far is durable, else when it is.
-    fn answer_when_durable(&mut self, conn: ConnRef, slot: u64, response: Response) -> Handled {
-        if self.durable >= self.version {
+    /// Answers now if registry `version` is durable, else when it is.
+    fn answer_at(&mut self, version: u64, conn: ConnRef, slot: u64, response: Response) -> Handled {
+        if self.durable >= version {
             return Handled::Answer(response);
         }
         self.waiters.push_back(RegistryWaiter {
             conn,
             slot,
-            version: self.version,
+            version,
             response,
         });
         Handled::Wait
@@ -107,10 +150,16 @@ impl TopicRegistry {
 
     /// The write of the whole registry, when a mutation is not yet on disk and no write
     /// runs.
-    pub(super) fn take_write_job(&mut self) -> Option<DurableJob> {
-        // One at a time, and none while directories are removed: a later write would
-        // answer DELETEs before their directories are gone.
-        if self.write_in_flight || self.removing || self.durable >= self.version {
+    pub(super) fn take_write_job(&mut self, now_ms: u64) -> Option<DurableJob> {
+        // One at a time; none while directories are removed (a later write would answer
+        // DELETEs before their directories are gone) nor while a topic's files are made
+        // (the registry must not name a pair whose creation may still fail).
+        if self.write_in_flight
+            || self.removing
+            || self.creating.is_some()
+            || self.durable >= self.version
+            || now_ms < self.retry_after_ms
+        {
             return None;
         }
         self.write_in_flight = true;
@@ -128,10 +177,12 @@ impl TopicRegistry {
         &mut self,
         version: u64,
         result: &io::Result<()>,
+        now_ms: u64,
         effects: &mut Vec<Effect>,
     ) -> Option<DurableJob> {
         self.write_in_flight = false;
         if let Err(e) = result {
+            self.retry_after_ms = now_ms + REGISTRY_RETRY_MS;
             log::error!("writing the topic registry failed: {e}");
             let code = io_code(e);
             for w in self.waiters.drain(..) {
@@ -145,11 +196,11 @@ impl TopicRegistry {
                     ),
                 });
             }
-            // The next mutation retries the write with the whole registry.
-            self.durable = self.version.saturating_sub(1);
+            // The next write (after REGISTRY_RETRY_MS) is of the whole registry again.
             return None;
         }
         self.durable = version;
+        self.unwritten.retain(|_, v| *v > version);
         if self.doomed_dirs.is_empty() {
             self.answer_durable(version, effects);
             return None;
@@ -180,6 +231,14 @@ impl TopicRegistry {
 
     pub(super) fn check_invariants(&self) {
         assert!(self.durable <= self.version);
+        assert!(self
+            .unwritten
+            .values()
+            .all(|&v| v > self.durable && v <= self.version));
+        assert!(
+            self.creating.is_some() || self.queued.is_empty(),
+            "queued behind nothing"
+        );
         let mut last = 0;
         for w in &self.waiters {
             assert!(
@@ -230,6 +289,16 @@ impl Broker {
             Ok(name) => name,
             Err(refused) => return refused,
         };
+        if self.topics.creating.is_some() {
+            self.topics.queued.push_back(QueuedDeclare {
+                conn,
+                slot,
+                topic: d.topic.to_vec(),
+                partition_count: d.partition_count,
+                flags: d.flags,
+            });
+            return Handled::Wait;
+        }
         let existing = self.topics.registry.lookup(name).cloned();
         if d.flags.contains(DeclareFlags::DELETE) {
             return match existing {
@@ -248,24 +317,26 @@ impl Broker {
                     ),
                 );
             }
-            // A topic created by a DECLARE still waiting for its registry write must not
-            // be confirmed to anyone before that write is durable.
+            // A topic whose registry write is not yet durable is confirmed to nobody
+            // before it is.
+            let version = self.topics.unwritten.get(&pair.pair).copied().unwrap_or(0);
             let response = declared(&pair, DeclareCreated::IdempotentOk);
-            return self.topics.answer_when_durable(conn, slot, response);
+            return self.topics.answer_at(version, conn, slot, response);
         }
         if d.flags.contains(DeclareFlags::PASSIVE) {
             return declare_err(ErrorCode::UnknownTopic, format!("no topic '{name}'"));
         }
-        self.create_topic(conn, slot, name, d.partition_count, now)
+        self.create_topic(conn, slot, name, d.partition_count)
     }
 
+    /// Registers the pair and hands the making of its files to the fsync pool; the
+    /// DECLARE is answered once they exist and the registry naming the pair is durable.
     fn create_topic(
         &mut self,
         conn: ConnRef,
         slot: u64,
         name: &str,
         partition_count: u16,
-        now: Now,
     ) -> Handled {
         if partition_count == 0 || partition_count > self.config.max_partitions {
             let max = self.config.max_partitions;
@@ -274,35 +345,91 @@ impl Broker {
                 format!("partition_count must be 1..={max}"),
             );
         }
+        // Each partition of the source and the twin starts with a segment header.
+        let new_bytes = 2 * u64::from(partition_count) * SEGMENT_HEADER_BYTES as u64;
+        if let Some(cap) = self.partitions.over_data_cap(new_bytes) {
+            return declare_err(
+                ErrorCode::StorageFull,
+                format!("data directory cap of {cap} bytes reached"),
+            );
+        }
         let pair = match self.topics.registry.create(name, partition_count) {
             Ok(pair) => pair,
             Err(code) => return declare_err(code, "all 32767 topic pairs are in use".into()),
         };
-        for (topic_id, topic_name) in pair.topics() {
-            for index in 0..pair.partition_count {
-                let opened =
-                    self.partitions
-                        .open((topic_id, index), &topic_name, now, &mut self.counters);
-                if let Err(e) = opened {
-                    log::error!("cannot create topic '{name}': {e}");
-                    self.partitions.remove_pair(&pair, &mut self.effects);
-                    self.topics.registry.delete(pair.pair);
-                    let code = if e.is_no_space() {
-                        ErrorCode::StorageFull
-                    } else {
-                        ErrorCode::InternalError
-                    };
-                    return declare_err(code, format!("cannot create topic files: {e}"));
-                }
+        let job = self.partitions.create_job(&pair);
+        self.topics.creating = Some(Creating { pair, conn, slot });
+        self.sink.submit(job);
+        Handled::Wait
+    }
+
+    /// The fsync pool made (or failed to make) the files of the topic being created.
+    pub(super) fn topic_created(&mut self, opened: OpenedLogs, result: &io::Result<()>, now: Now) {
+        let Some(Creating { pair, conn, slot }) = self.topics.creating.take() else {
+            return;
+        };
+        let response = match result {
+            Ok(()) => {
+                self.partitions.install(opened);
+                log::info!(
+                    "created topic '{}' id {} with {} partitions",
+                    pair.name,
+                    pair.source_id(),
+                    pair.partition_count
+                );
+                let topics = &mut self.topics;
+                topics.version += 1;
+                topics.unwritten.insert(pair.pair, topics.version);
+                topics.waiters.push_back(RegistryWaiter {
+                    conn,
+                    slot,
+                    version: topics.version,
+                    response: declared(&pair, DeclareCreated::Created),
+                });
+                None
+            }
+            Err(e) => {
+                // What was made stays as an orphan directory; start-up removes it.
+                log::error!("cannot create topic '{}': {e}", pair.name);
+                self.topics.registry.delete(pair.pair);
+                let code = if crate::log::is_no_space_io(e) {
+                    ErrorCode::StorageFull
+                } else {
+                    ErrorCode::InternalError
+                };
+                let message = format!("cannot create topic files: {e}");
+                Some(Response::err(code, Op::Declare as u8, message))
+            }
+        };
+        if let Some(response) = response {
+            self.effects.push(Effect::Answer {
+                conn,
+                slot,
+                response,
+            });
+        }
+        self.run_queued_declares(now);
+    }
+
+    /// DECLAREs that waited for a creation, in order, until one starts another.
+    fn run_queued_declares(&mut self, now: Now) {
+        while self.topics.creating.is_none() {
+            let Some(q) = self.topics.queued.pop_front() else {
+                return;
+            };
+            let d = Declare {
+                topic: &q.topic,
+                partition_count: q.partition_count,
+                flags: q.flags,
+            };
+            if let Handled::Answer(response) = self.declare(q.conn, q.slot, &d, now) {
+                self.effects.push(Effect::Answer {
+                    conn: q.conn,
+                    slot: q.slot,
+                    response,
+                });
             }
         }
-        log::info!(
-            "created topic '{name}' id {} with {partition_count} partitions",
-            pair.source_id()
-        );
-        self.topics.version += 1;
-        let response = declared(&pair, DeclareCreated::Created);
-        self.topics.answer_when_durable(conn, slot, response)
     }
 
     fn delete_topic(
@@ -322,6 +449,7 @@ impl Broker {
         self.partitions.remove_pair(pair, &mut self.effects);
         let topics = &mut self.topics;
         topics.registry.delete(pair.pair);
+        topics.unwritten.remove(&pair.pair);
         topics.version += 1;
         for (topic_id, name) in pair.topics() {
             let dir = topic_dir(&topics.topics_dir, topic_id, &name);
@@ -331,6 +459,7 @@ impl Broker {
         self.consume.topic_deleted(pair, now);
         self.collect_consume_effects(now);
         let response = declared(pair, DeclareCreated::Deleted);
-        self.topics.answer_when_durable(conn, slot, response)
+        let version = self.topics.version;
+        self.topics.answer_at(version, conn, slot, response)
     }
 }

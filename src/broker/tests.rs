@@ -6,10 +6,12 @@
 use std::cell::RefCell;
 use std::io;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
 use crate::fsync::{Completion, Job as _};
+use crate::log::simdisk::{FaultRates, SimDisk};
 use crate::wire::ops::{Declare, Pub, PubResult};
 use crate::wire::{DeclareFlags, PubFlags, PubResultFlags};
 
@@ -37,11 +39,12 @@ impl HeldJobs {
             } else {
                 job.run()
             };
-            broker.job_done(Completion {
+            let done = Completion {
                 job,
                 result,
                 elapsed: Duration::from_micros(50),
-            });
+            };
+            broker.job_done(done, Now::default());
             broker.check_invariants();
         }
     }
@@ -50,20 +53,24 @@ impl HeldJobs {
 const CONN: ConnRef = ConnRef { id: 1, serial: 1 };
 
 fn open(dir: &std::path::Path) -> (Broker, HeldJobs) {
+    open_on(dir, crate::log::FsStorage::shared(), 0)
+}
+
+fn open_on(
+    dir: &std::path::Path,
+    storage: Arc<dyn crate::log::Storage>,
+    max_data_bytes: u64,
+) -> (Broker, HeldJobs) {
     let jobs = HeldJobs::default();
     let config = BrokerConfig {
         data_dir: dir.to_path_buf(),
         max_partitions: 8,
         producer_ttl_ms: 60_000,
+        max_data_bytes,
         ..BrokerConfig::default()
     };
-    let (broker, _) = Broker::open(
-        config,
-        crate::log::FsStorage::shared(),
-        Box::new(jobs.clone()),
-        Now::default(),
-    )
-    .unwrap();
+    let (broker, _) =
+        Broker::open(config, storage, Box::new(jobs.clone()), Now::default()).unwrap();
     (broker, jobs)
 }
 
@@ -91,11 +98,21 @@ fn declare(broker: &mut Broker, jobs: &HeldJobs, name: &str, partitions: u16) ->
         broker.declare(CONN, 0, &d, Now::default()),
         Handled::Wait
     ));
-    broker.end_pass(Now::default());
-    jobs.run(broker, |_| false);
+    settle(broker, jobs);
     match answers(broker).pop() {
         Some((_, Response::Declare(r))) => r.topic_id,
         other => panic!("declare answered {other:?}"),
+    }
+}
+
+/// Passes and job runs until no job is left (a creation, then its registry write).
+fn settle(broker: &mut Broker, jobs: &HeldJobs) {
+    loop {
+        broker.end_pass(Now::default());
+        if jobs.len() == 0 {
+            return;
+        }
+        jobs.run(broker, |_| false);
     }
 }
 
@@ -286,19 +303,33 @@ fn a_failed_registry_write_fails_the_declare_and_is_retried_by_the_next_one() {
     };
     broker.declare(CONN, 0, &d, Now::default());
     broker.end_pass(Now::default());
-    jobs.run(&mut broker, |_| true);
+    jobs.run(&mut broker, |_| false); // the topic's files
+    broker.end_pass(Now::default());
+    jobs.run(&mut broker, |_| true); // the registry write fails
     assert_eq!(
         answers(&mut broker)[0].1.error_code(),
         Some(ErrorCode::InternalError)
+    );
+    let topic_a = broker.registry().lookup("a").unwrap().source_id();
+    let p = publish(&mut broker, 1, topic_a, 0, (0, 0));
+    assert!(
+        matches!(p, Handled::Answer(ref r) if r.error_code() == Some(ErrorCode::UnknownTopic)),
+        "no PUB to a topic whose registry entry is not durable"
     );
     let d2 = Declare {
         topic: b"b",
         partition_count: 1,
         flags: DeclareFlags::empty(),
     };
-    broker.declare(CONN, 1, &d2, Now::default());
+    broker.declare(CONN, 2, &d2, Now::default());
     broker.end_pass(Now::default());
-    jobs.run(&mut broker, |_| false);
+    jobs.run(&mut broker, |_| false); // b's files
+    let later = Now {
+        mono_ms: registry::REGISTRY_RETRY_MS,
+        wall_ms: 0,
+    };
+    broker.end_pass(later);
+    jobs.run(&mut broker, |_| false); // the write that names both
     assert!(matches!(answers(&mut broker)[0].1, Response::Declare(_)));
     let on_disk = meta::read_checked(
         &crate::log::FsStorage,
@@ -308,4 +339,46 @@ fn a_failed_registry_write_fails_the_declare_and_is_retried_by_the_next_one() {
     .unwrap();
     let registry = Registry::decode(&on_disk).unwrap();
     assert!(registry.lookup("a").is_some() && registry.lookup("b").is_some());
+}
+
+/// DECLARE on a full disk answers STORAGE_FULL (it used to match an error text and say
+/// INTERNAL_ERROR), and a new topic counts against `--max-data-size`.
+#[test]
+fn declare_on_a_full_disk_or_over_the_data_cap_is_storage_full() {
+    let dir = std::path::Path::new("/data");
+    let on_sim = |disk: &SimDisk, cap| open_on(dir, Arc::new(disk.clone()), cap);
+    let storage_full = |h: &Handled| matches!(h, Handled::Answer(r) if r.error_code() == Some(ErrorCode::StorageFull));
+    let declare_frame = |topic| Declare {
+        topic,
+        partition_count: 2,
+        flags: DeclareFlags::empty(),
+    };
+
+    // Two partitions of source and twin start with 4 segment headers of 16 bytes.
+    let (mut broker, jobs) = on_sim(&SimDisk::seeded(1), 100);
+    declare(&mut broker, &jobs, "fits", 2);
+    let refused = broker.declare(CONN, 1, &declare_frame(b"over"), Now::default());
+    assert!(storage_full(&refused), "over --max-data-size");
+
+    let disk = SimDisk::seeded(2);
+    let (mut broker, jobs) = on_sim(&disk, 0);
+    disk.set_faults(FaultRates {
+        write_enospc: 1_000_000,
+        ..FaultRates::default()
+    });
+    let d = declare_frame(b"x");
+    assert!(matches!(
+        broker.declare(CONN, 2, &d, Now::default()),
+        Handled::Wait
+    ));
+    settle(&mut broker, &jobs);
+    assert_eq!(
+        answers(&mut broker)[0].1.error_code(),
+        Some(ErrorCode::StorageFull),
+        "ENOSPC while making the topic's files"
+    );
+    assert!(
+        broker.registry().lookup("x").is_none(),
+        "the pair is given back"
+    );
 }

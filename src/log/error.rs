@@ -37,6 +37,16 @@ pub enum StorageError {
 }
 
 impl StorageError {
+    /// The error as an `io::Error` of the same kind (ENOSPC stays ENOSPC), for callers
+    /// that report I/O results uniformly.
+    pub fn into_io(self) -> io::Error {
+        match self {
+            StorageError::Io { source, .. } => source,
+            StorageError::NoSpace { .. } => io::Error::from_raw_os_error(ENOSPC),
+            other => io::Error::other(other.to_string()),
+        }
+    }
+
     /// True when the caller should answer "storage full" and may retry later.
     pub fn is_no_space(&self) -> bool {
         matches!(self, StorageError::NoSpace { .. })
@@ -55,6 +65,9 @@ impl StorageError {
         }
     }
 }
+
+/// errno of a full file system.
+const ENOSPC: i32 = 28;
 
 /// ENOSPC. EDQUOT is left as `Io`: its ErrorKind is newer than the toolchain we target.
 pub fn is_no_space_io(e: &io::Error) -> bool {

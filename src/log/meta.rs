@@ -105,8 +105,8 @@ pub fn read_checked(storage: &dyn Storage, path: &Path) -> io::Result<Option<Vec
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use super::super::storage::FsStorage;
+    use super::*;
     use std::fs;
 
     const FS: FsStorage = FsStorage;

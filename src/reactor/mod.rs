@@ -713,7 +713,7 @@ impl Reactor {
             pool.drain_completions(&mut self.completions);
         }
         for done in self.completions.drain(..) {
-            self.broker.job_done(done);
+            self.broker.job_done(done, now);
         }
         self.broker.end_pass(now);
         self.apply_effects();
@@ -1028,7 +1028,7 @@ impl Reactor {
         self.broker.end_pass(self.now());
         if let Some(pool) = self.pool.take() {
             for done in pool.shutdown() {
-                self.broker.job_done(done);
+                self.broker.job_done(done, self.now());
             }
         }
         if let Err(e) = self.broker.shutdown_sync(self.now()) {
