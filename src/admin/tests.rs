@@ -188,6 +188,7 @@ fn busy() -> Snapshot {
                 expired: 2,
                 dead_letters: 1,
                 skipped_records: 8,
+                read_retries: 4,
                 notices: 6,
             },
         },

@@ -4,14 +4,15 @@
 
 use std::collections::HashMap;
 
-use crate::consume::{self, Coordinator, Records};
-use crate::log::RecordView;
+use crate::consume::{self, Coordinator, RecordBytes, Records};
+use crate::log::{RecordView, StorageError};
 use crate::wire::ops::{
     begin_frame, encode_ok_empty, end_frame, Ack, ControlAck, Credit, Heartbeat, Message, Msg,
     MsgRecord, Nack, Origin, Pull, Sub,
 };
 use crate::wire::{ErrorCode, Op, Response};
 
+use super::counters::BrokerCounters;
 use super::dlq::{self, RECORD_FLAG_ORIGIN};
 use super::idhash::IdMap;
 use super::positions::Positions;
@@ -20,14 +21,27 @@ use super::registry::TopicRegistry;
 use super::topics::{pair_of, Registry, TopicPair};
 use super::{Broker, ConnRef, Effect, Handled, Now, PartitionKey};
 
+/// What reading the record a dead letter copies found.
+enum SourceRead {
+    Record(Vec<u8>, Vec<u8>),
+    /// It can never be copied: settled in its group without a dead letter.
+    Settle(String),
+    /// It could not be read just now: appended again later.
+    Retry,
+}
+
 /// A dead letter appended to a twin, settled in its group once durable.
 struct DeadLetterWait {
     twin: PartitionKey,
     twin_sequence: u64,
     group_id: u16,
-    topic_id: u16,
-    partition: u16,
-    sequence: u64,
+    origin: Origin,
+}
+
+impl DeadLetterWait {
+    fn origin(&self) -> Origin {
+        self.origin
+    }
 }
 
 /// The coordinator and what the broker keeps beside it.
@@ -38,6 +52,10 @@ pub struct ConsumeDriver {
     /// Reused between calls: the coordinator's effects being translated.
     scratch: Vec<consume::Effect>,
     dead_letters: Vec<DeadLetterWait>,
+    /// Dead letters whose source could not be read or whose twin append or flush
+    /// failed: tried again by housekeeping, never dropped (their group's committed
+    /// position waits for them).
+    dead_letter_retries: Vec<(u16, Origin)>,
     positions: Positions,
 }
 
@@ -66,16 +84,23 @@ impl Records for LogRecords<'_> {
             .map_or(1, |p| p.log.written_sequence() + 1)
     }
 
-    fn record_bytes(&mut self, topic_id: u16, partition: u16, sequence: u64) -> Option<u32> {
-        let part = self.partitions.get_mut((topic_id, partition))?;
+    fn record_bytes(&mut self, topic_id: u16, partition: u16, sequence: u64) -> RecordBytes {
+        let Some(part) = self.partitions.get_mut((topic_id, partition)) else {
+            return RecordBytes::Gone;
+        };
         match part.log.read_one(sequence) {
-            Ok(Some(r)) => Some((r.key.len() + r.value.len()) as u32),
-            Ok(None) => None,
-            Err(e) => {
-                // Skipped, never delivered wrong: the coordinator treats it as gone.
+            Ok(Some(r)) => RecordBytes::Size((r.key.len() + r.value.len()) as u32),
+            Ok(None) => RecordBytes::Gone,
+            Err(e @ StorageError::Corrupt { .. }) => {
+                // Skipped, never delivered wrong: its CRC proved it damaged.
                 log::error!("topic {topic_id} partition {partition} seq {sequence}: {e}");
                 *self.corrupt += 1;
-                None
+                RecordBytes::Gone
+            }
+            Err(e) => {
+                // EIO, EMFILE, ENOMEM: the record may read fine in a moment.
+                log::warn!("topic {topic_id} partition {partition} seq {sequence}: {e}; retrying");
+                RecordBytes::Unreadable
             }
         }
     }
@@ -98,6 +123,7 @@ impl ConsumeDriver {
             conn_serials: IdMap::default(),
             scratch: Vec::new(),
             dead_letters: Vec::new(),
+            dead_letter_retries: Vec::new(),
             positions: Positions::new(storage, &config.data_dir, config.commit_interval_ms),
         }
     }
@@ -156,9 +182,29 @@ impl ConsumeDriver {
                 .get(d.twin)
                 .is_none_or(|p| p.log.synced_sequence() >= d.twin_sequence);
             if durable {
-                coordinator.dead_lettered(d.group_id, d.topic_id, d.partition, d.sequence);
+                let o = &d.origin;
+                coordinator.dead_lettered(
+                    d.group_id,
+                    o.origin_topic_id,
+                    o.origin_partition,
+                    o.origin_sequence,
+                );
             }
             !durable
+        });
+    }
+
+    /// A twin's flush failed: its records above `written` never reached the file, so the
+    /// dead letters that waited for them are appended again (the sequences they waited
+    /// for will be given to other records).
+    pub(super) fn twin_flush_failed(&mut self, twin: PartitionKey, written: u64) {
+        let retries = &mut self.dead_letter_retries;
+        self.dead_letters.retain(|d| {
+            let lost = d.twin == twin && d.twin_sequence > written;
+            if lost {
+                retries.push((d.group_id, d.origin()));
+            }
+            !lost
         });
     }
 
@@ -184,6 +230,7 @@ impl ConsumeDriver {
         &mut self,
         registry: &Registry,
         partitions: &mut Partitions,
+        counters: &mut BrokerCounters,
     ) -> Result<usize, String> {
         let positions = self.positions.read()?.to_vec();
         // (group, topic) -> committed position per partition.
@@ -205,7 +252,8 @@ impl ConsumeDriver {
         for twin in twins {
             let part = partitions.get_mut(twin).expect("listed");
             let mut found = Vec::new();
-            dlq::scan_dead_letters(&mut part.log, &mut found).map_err(|e| e.to_string())?;
+            counters.corrupt_records_found +=
+                dlq::scan_dead_letters(&mut part.log, &mut found).map_err(|e| e.to_string())?;
             for (group, origin) in found {
                 let committed = known
                     .get(&(group.clone(), origin.origin_topic_id))
@@ -399,7 +447,9 @@ impl Broker {
                     r.partition,
                     r.sequence
                 );
-                self.counters.corrupt_records_found += 1;
+                if matches!(e, StorageError::Corrupt { .. }) {
+                    self.counters.corrupt_records_found += 1;
+                }
                 return false;
             }
         };
@@ -425,49 +475,38 @@ impl Broker {
     /// group settles it once the append is durable.
     fn dead_letter(&mut self, group_id: u16, origin: Origin, now: Now) {
         let source = (origin.origin_topic_id, origin.origin_partition);
-        let settle_now = |b: &mut Broker, why: &str| {
-            log::warn!(
-                "dead letter of topic {} seq {} dropped: {why}",
-                source.0,
-                origin.origin_sequence
-            );
-            b.consume.coordinator.dead_lettered(
-                group_id,
-                source.0,
-                source.1,
-                origin.origin_sequence,
-            );
+        let (key, value) = match self.dead_letter_source(&origin) {
+            SourceRead::Record(key, value) => (key, value),
+            SourceRead::Retry => return self.consume.dead_letter_retries.push((group_id, origin)),
+            SourceRead::Settle(why) => {
+                log::warn!(
+                    "dead letter of topic {} seq {} dropped: {why}",
+                    source.0,
+                    origin.origin_sequence
+                );
+                let coordinator = &mut self.consume.coordinator;
+                return coordinator.dead_lettered(
+                    group_id,
+                    source.0,
+                    source.1,
+                    origin.origin_sequence,
+                );
+            }
         };
-        let Some((_, is_twin)) = pair_of(source.0) else {
-            return settle_now(self, "unknown topic");
-        };
-        if is_twin {
-            // A record read from a twin has nowhere further to go.
-            return settle_now(self, "the record is itself a dead letter");
-        }
         let twin = (source.0 + 1, source.1);
-        let Some(part) = self.partitions.get_mut(source) else {
-            return settle_now(self, "no partition");
-        };
-        let (key, value) = match part.log.read_one(origin.origin_sequence) {
-            Ok(Some(r)) => (r.key.to_vec(), r.value.to_vec()),
-            Ok(None) => return settle_now(self, "retention removed the record"),
-            Err(e) => return settle_now(self, &e.to_string()),
-        };
         let group = self
             .consume
             .coordinator
             .group_name(group_id)
             .unwrap_or_default();
         let value = dlq::dead_letter_value(&value, &origin, group);
-        let producer_id = dlq::dlq_producer_id(group);
-        let Some(twin_part) = self.partitions.get(twin) else {
-            return settle_now(self, "no twin");
-        };
         let record = RecordView {
-            sequence: twin_part.log.next_sequence(),
+            sequence: self
+                .partitions
+                .get(twin)
+                .map_or(0, |p| p.log.next_sequence()),
             timestamp_ms: now.wall_ms,
-            producer_id,
+            producer_id: dlq::dlq_producer_id(group),
             producer_seq: origin.origin_sequence,
             flags: RECORD_FLAG_ORIGIN,
             key: &key,
@@ -479,15 +518,49 @@ impl Broker {
                     twin,
                     twin_sequence,
                     group_id,
-                    topic_id: source.0,
-                    partition: source.1,
-                    sequence: origin.origin_sequence,
+                    origin,
                 });
                 self.counters.dead_letters_appended += 1;
             }
             // The record stays unsettled in its group (holding the committed position)
-            // and is retried at the next expiry: better late than lost.
-            Err(e) => log::error!("dead-letter append to topic {} failed: {e}", twin.0),
+            // and is appended again by housekeeping: better late than lost.
+            Err(e) => {
+                log::error!("dead-letter append to topic {} failed: {e}", twin.0);
+                self.consume.dead_letter_retries.push((group_id, origin));
+            }
+        }
+    }
+
+    /// The key and value of the record a dead letter copies, or why there is none.
+    fn dead_letter_source(&mut self, origin: &Origin) -> SourceRead {
+        let source = (origin.origin_topic_id, origin.origin_partition);
+        match pair_of(source.0) {
+            None => return SourceRead::Settle("unknown topic".into()),
+            // A record read from a twin has nowhere further to go.
+            Some((_, true)) => return SourceRead::Settle("the record is a dead letter".into()),
+            Some((_, false)) => {}
+        }
+        if self.partitions.get((source.0 + 1, source.1)).is_none() {
+            return SourceRead::Settle("no twin".into());
+        }
+        let Some(part) = self.partitions.get_mut(source) else {
+            return SourceRead::Settle("no partition".into());
+        };
+        match part.log.read_one(origin.origin_sequence) {
+            Ok(Some(r)) => SourceRead::Record(r.key.to_vec(), r.value.to_vec()),
+            Ok(None) => SourceRead::Settle("retention removed the record".into()),
+            Err(e @ StorageError::Corrupt { .. }) => SourceRead::Settle(e.to_string()),
+            Err(e) => {
+                log::warn!("dead letter of topic {} waits: {e}", source.0);
+                SourceRead::Retry
+            }
+        }
+    }
+
+    /// Appends again the dead letters that could not be (housekeeping, once a second).
+    pub(super) fn retry_dead_letters(&mut self, now: Now) {
+        for (group_id, origin) in std::mem::take(&mut self.consume.dead_letter_retries) {
+            self.dead_letter(group_id, origin, now);
         }
     }
 }

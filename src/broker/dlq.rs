@@ -15,7 +15,7 @@
 //! persisted. The record's producer_id is a hash of the group name with the top bit set
 //! and its producer_seq the origin sequence, for tools reading the twin.
 
-use crate::log::{PartitionLog, StorageError};
+use crate::log::{PartitionLog, RecordView, StorageError};
 use crate::wire::ops::Origin;
 
 /// Log record flag bit0: the value ends with an origin trailer (a dead letter).
@@ -75,22 +75,46 @@ pub fn split_origin(flags: u16, value: &[u8]) -> (&[u8], Option<Origin>) {
     (original, dead.map(|(origin, _)| origin))
 }
 
-/// Every dead letter stored in a twin: (group name, origin).
+/// Every dead letter stored in a twin: (group name, origin). A record whose CRC fails is
+/// skipped and counted, like a corrupt record anywhere else: one flipped byte must not
+/// keep the broker from starting. Returns how many were skipped.
 pub fn scan_dead_letters(
     log: &mut PartitionLog,
     found: &mut Vec<(Vec<u8>, Origin)>,
-) -> Result<(), StorageError> {
-    let mut from = log.first_sequence();
-    loop {
-        let outcome = log.read(from, DLQ_SCAN_BATCH_RECORDS, usize::MAX, |r| {
-            if let (_, Some((origin, group))) = split_dead_letter(r.flags, r.value) {
-                found.push((group.to_vec(), origin));
-            }
-        })?;
-        if outcome.records == 0 {
-            return Ok(());
+) -> Result<u64, StorageError> {
+    let push = |found: &mut Vec<(Vec<u8>, Origin)>, r: RecordView<'_>| {
+        if let (_, Some((origin, group))) = split_dead_letter(r.flags, r.value) {
+            found.push((group.to_vec(), origin));
         }
-        from = outcome.next_sequence;
+    };
+    let mut corrupt = 0;
+    let mut from = log.first_sequence();
+    let mut batch = Vec::new();
+    loop {
+        batch.clear();
+        match log.read(from, DLQ_SCAN_BATCH_RECORDS, usize::MAX, |r| {
+            push(&mut batch, r)
+        }) {
+            Ok(outcome) if outcome.records == 0 => return Ok(corrupt),
+            Ok(outcome) => {
+                found.append(&mut batch);
+                from = outcome.next_sequence;
+            }
+            // Somewhere in this batch: find it record by record.
+            Err(StorageError::Corrupt { .. }) => {
+                let end = from.saturating_add(DLQ_SCAN_BATCH_RECORDS as u64);
+                while from < end {
+                    match log.read_one(from) {
+                        Ok(Some(r)) => push(found, r),
+                        Ok(None) => return Ok(corrupt),
+                        Err(StorageError::Corrupt { .. }) => corrupt += 1,
+                        Err(e) => return Err(e),
+                    }
+                    from += 1;
+                }
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 

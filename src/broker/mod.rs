@@ -179,9 +179,11 @@ impl Broker {
             }
         }
         report.truncations = broker.counters.recovery_truncations;
-        report.group_positions = broker
-            .consume
-            .restore(broker.topics.registry(), &mut broker.partitions)?;
+        report.group_positions = broker.consume.restore(
+            broker.topics.registry(),
+            &mut broker.partitions,
+            &mut broker.counters,
+        )?;
         report.orphan_dirs_removed = broker.remove_orphan_dirs(&pairs);
         Ok((broker, report))
     }
@@ -281,12 +283,13 @@ impl Broker {
     /// fdatasyncs and registry writes (group commit: every PUB written before a sync
     /// starts rides it).
     pub fn end_pass(&mut self, now: Now) {
-        let coordinator = &mut self.consume;
-        self.partitions.flush_dirty(
-            &mut self.effects,
-            &mut self.counters,
-            |(topic, partition)| coordinator.records_available(topic, partition),
-        );
+        let consume = &mut self.consume;
+        let flushed = |key: PartitionKey, written: Result<(), u64>| match written {
+            Ok(()) => consume.records_available(key.0, key.1),
+            Err(written) => consume.twin_flush_failed(key, written),
+        };
+        self.partitions
+            .flush_dirty(&mut self.effects, &mut self.counters, flushed);
         self.partitions.take_sync_jobs(&mut self.jobs);
         self.jobs.extend(self.topics.take_write_job(now.mono_ms));
         self.consume.settle_dead_letters(&self.partitions);
@@ -356,6 +359,7 @@ impl Broker {
     pub fn housekeeping(&mut self, now: Now) {
         self.partitions
             .housekeeping(now, &mut self.counters, &mut self.jobs);
+        self.retry_dead_letters(now);
         self.submit_jobs();
     }
 

@@ -339,12 +339,13 @@ impl Partitions {
 
     /// Writes each dirty partition's buffered records with one write and answers the
     /// PUBs that needed only WRITTEN. Calls `flushed` for every partition flushed, so the
-    /// caller can wake its consumers.
+    /// caller can wake its consumers: with `Ok`, or with `Err(written)` when the write
+    /// failed and every record above `written` is gone.
     pub(super) fn flush_dirty(
         &mut self,
         effects: &mut Vec<Effect>,
         counters: &mut BrokerCounters,
-        mut flushed: impl FnMut(PartitionKey),
+        mut flushed: impl FnMut(PartitionKey, Result<(), u64>),
     ) {
         let mut flush_list = std::mem::take(&mut self.flush_list);
         for key in flush_list.drain(..) {
@@ -354,7 +355,7 @@ impl Partitions {
             part.dirty = false;
             let before = part.log.written_sequence();
             let pending = part.log.pending_bytes() as u64;
-            match part.log.flush() {
+            let outcome = match part.log.flush() {
                 Ok(()) => {
                     counters.records_appended += part.log.written_sequence() - before;
                     self.data_bytes += pending;
@@ -362,11 +363,15 @@ impl Partitions {
                     if part.syncs_in_flight < SYNCS_IN_FLIGHT_PER_PARTITION_MAX {
                         self.sync_list.push(key);
                     }
+                    Ok(())
                 }
-                Err(e) => fail_unwritten(part, &e, effects),
-            }
+                Err(e) => {
+                    fail_unwritten(part, &e, effects);
+                    Err(part.log.written_sequence())
+                }
+            };
             self.answer_ready(key, effects);
-            flushed(key);
+            flushed(key, outcome);
         }
         self.flush_list = flush_list;
     }

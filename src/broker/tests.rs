@@ -347,7 +347,10 @@ fn a_failed_registry_write_fails_the_declare_and_is_retried_by_the_next_one() {
 fn declare_on_a_full_disk_or_over_the_data_cap_is_storage_full() {
     let dir = std::path::Path::new("/data");
     let on_sim = |disk: &SimDisk, cap| open_on(dir, Arc::new(disk.clone()), cap);
-    let storage_full = |h: &Handled| matches!(h, Handled::Answer(r) if r.error_code() == Some(ErrorCode::StorageFull));
+    let storage_full = |h: &Handled| match h {
+        Handled::Answer(r) => r.error_code() == Some(ErrorCode::StorageFull),
+        Handled::Wait => false,
+    };
     let declare_frame = |topic| Declare {
         topic,
         partition_count: 2,
@@ -381,4 +384,86 @@ fn declare_on_a_full_disk_or_over_the_data_cap_is_storage_full() {
         broker.registry().lookup("x").is_none(),
         "the pair is given back"
     );
+}
+
+/// Every effect queued so far.
+fn effects(broker: &mut Broker) -> Vec<Effect> {
+    broker.check_invariants();
+    let mut out = Vec::new();
+    broker.drain_effects(&mut out);
+    out
+}
+
+/// Joins group `g` on `topic` and accepts its ASSIGNs; returns the SUB result.
+fn join(broker: &mut Broker, topic: u16) -> crate::wire::ops::SubResult {
+    use crate::wire::ops::{ControlAck, Sub};
+    let sub = Sub {
+        group: b"g",
+        topic_id: topic,
+        partition: crate::wire::limits::SUB_PARTITION_ANY,
+        ..Sub::default()
+    };
+    let Handled::Answer(Response::Sub(joined)) = broker.subscribe(CONN, &sub, Now::default())
+    else {
+        panic!("SUB refused");
+    };
+    broker.end_pass(Now::default());
+    for e in effects(broker) {
+        if let Effect::Notice { notice, .. } = e {
+            let ca = ControlAck::answering(&notice, crate::wire::ControlResult::Ok);
+            broker.control_ack(CONN, &ca, Now::default());
+        }
+    }
+    joined
+}
+
+/// A dead letter whose twin write fails is appended again by housekeeping, not left
+/// waiting for a sequence another record will take (durability hole 6).
+#[test]
+fn a_dead_letter_whose_twin_flush_failed_is_appended_again() {
+    let disk = SimDisk::seeded(3);
+    let (mut broker, jobs) = open_on(std::path::Path::new("/data"), Arc::new(disk.clone()), 0);
+    let topic = declare(&mut broker, &jobs, "t", 1);
+    for slot in 0..2 {
+        publish(&mut broker, slot, topic, 0, (0, 0));
+    }
+    settle(&mut broker, &jobs);
+    join(&mut broker, topic);
+    broker.end_pass(Now::default());
+    let deliveries: Vec<_> = effects(&mut broker)
+        .into_iter()
+        .filter_map(|e| match e {
+            Effect::Deliver { delivery, .. } => Some(delivery),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deliveries.len(), 2);
+    let reject = |b: &mut Broker, d: &crate::consume::Delivery| {
+        let nack = d.reference.nack(crate::wire::NackReason::Reject);
+        b.nack(CONN, &nack, Now::default());
+    };
+    reject(&mut broker, &deliveries[0]);
+    disk.set_faults(FaultRates {
+        write_eio: 1_000_000,
+        ..FaultRates::default()
+    });
+    broker.end_pass(Now::default()); // the twin's flush fails
+    disk.set_faults(FaultRates::default());
+    reject(&mut broker, &deliveries[1]); // would take twin sequence 1 again
+    settle(&mut broker, &jobs);
+    broker.housekeeping(Now::default());
+    settle(&mut broker, &jobs);
+    let twin = broker.partition(topic + 1, 0).unwrap();
+    assert_eq!(
+        twin.log.synced_sequence(),
+        2,
+        "both dead letters in the twin"
+    );
+    let committed: Vec<u64> = broker
+        .coordinator()
+        .positions()
+        .iter()
+        .map(|p| p.committed)
+        .collect();
+    assert_eq!(committed, vec![2], "both settled, none lost");
 }

@@ -25,8 +25,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::{
     ConnId, CreditResult, Delivery, DeliveryRef, Effect, ErrorCode, GroupSnapshot, MemberSnapshot,
-    Notice, NoticeKind, OriginReason, OwnershipState, PartitionSnapshot, PendingNotice, Records,
-    Restored, Shared, StartPolicy, Timer,
+    Notice, NoticeKind, OriginReason, OwnershipState, PartitionSnapshot, PendingNotice,
+    RecordBytes, Records, Restored, Shared, StartPolicy, Timer, READ_RETRY_MS,
 };
 
 fn ack_timer(group_id: u16, p: usize, seq: u64) -> Timer {
@@ -878,9 +878,16 @@ impl Group {
                     c.done = true;
                     continue;
                 };
-                let Some(bytes) = recs.record_bytes(self.topic_id, c.partition as u16, seq) else {
-                    progressed |= self.skip_unreadable(sh, c, seq, retry);
-                    continue;
+                let bytes = match recs.record_bytes(self.topic_id, c.partition as u16, seq) {
+                    RecordBytes::Size(bytes) => bytes,
+                    RecordBytes::Gone => {
+                        progressed |= self.skip_gone(sh, c, seq, retry);
+                        continue;
+                    }
+                    RecordBytes::Unreadable => {
+                        self.wait_for_read(sh, c, now_ms);
+                        continue;
+                    }
                 };
                 if !window.admits(bytes) {
                     out.full = true;
@@ -904,11 +911,20 @@ impl Group {
         }
     }
 
-    /// A record below the log's end that cannot be read: removed by retention since the
-    /// cursor looked, or corrupt (failed its CRC). Either way it can never be delivered,
-    /// so it is skipped (counted) once it is at the head; waiting for it would stall the
-    /// partition forever. Returns whether the cursor moved.
-    fn skip_unreadable(&mut self, sh: &mut Shared, c: &mut Cursor, seq: u64, retry: bool) -> bool {
+    /// A record that could not be read just now is never skipped for it: its partition
+    /// waits, and the group looks again after [`READ_RETRY_MS`].
+    fn wait_for_read(&self, sh: &mut Shared, c: &mut Cursor, now_ms: u64) {
+        c.done = true;
+        sh.stats.read_retries += 1;
+        let timer = Timer::ReadRetry { group_id: self.id };
+        sh.timer_set(now_ms.saturating_add(READ_RETRY_MS), timer);
+    }
+
+    /// A record below the log's end that is gone: removed by retention since the cursor
+    /// looked, or corrupt (failed its CRC). Either way it can never be delivered, so it is
+    /// skipped (counted) once it is at the head; waiting for it would stall the partition
+    /// forever. Returns whether the cursor moved.
+    fn skip_gone(&mut self, sh: &mut Shared, c: &mut Cursor, seq: u64, retry: bool) -> bool {
         let part = &mut self.partitions[c.partition];
         if retry {
             if let Some(r) = part.retries.remove(&seq) {

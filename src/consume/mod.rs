@@ -64,9 +64,24 @@ pub trait Records {
     fn first_sequence(&self, topic_id: u16, partition: u16) -> u64;
     /// One past the newest deliverable record.
     fn next_sequence(&self, topic_id: u16, partition: u16) -> u64;
-    /// Size for credit accounting (key + value); `None` if gone (retention).
-    fn record_bytes(&mut self, topic_id: u16, partition: u16, sequence: u64) -> Option<u32>;
+    /// Size for credit accounting (key + value), or why there is none.
+    fn record_bytes(&mut self, topic_id: u16, partition: u16, sequence: u64) -> RecordBytes;
 }
+
+/// What [`Records::record_bytes`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordBytes {
+    /// The record is there: its key + value bytes.
+    Size(u32),
+    /// It can never be delivered: removed by retention, or corrupt (its CRC failed).
+    Gone,
+    /// It could not be read just now (EIO, EMFILE, ENOMEM): the group waits and tries
+    /// again after [`READ_RETRY_MS`]; the record is never skipped for it.
+    Unreadable,
+}
+
+/// A partition whose next record could not be read is tried again after this long.
+pub const READ_RETRY_MS: u64 = 100;
 
 /// One send of one record to one member (`man/mortarmq.7`, CONSUMER GROUPS): what the
 /// MSG names, and which attempt it is.
@@ -123,8 +138,10 @@ pub struct ConsumeStats {
     pub expired: u64,
     /// DeadLetter effects emitted.
     pub dead_letters: u64,
-    /// Records skipped because retention removed them before delivery.
+    /// Records skipped because retention removed them before delivery, or corrupt.
     pub skipped_records: u64,
+    /// Reads that failed and were retried later (nothing skipped for them).
+    pub read_retries: u64,
     /// NOTICEs sent.
     pub notices: u64,
 }
@@ -214,6 +231,10 @@ enum Timer {
         member_id: u64,
         pull_id: u64,
     },
+    /// A read failed: look at the group's partitions again.
+    ReadRetry {
+        group_id: u16,
+    },
 }
 
 impl Timer {
@@ -223,7 +244,8 @@ impl Timer {
             | Timer::Revoke { group_id, .. }
             | Timer::AckWait { group_id, .. }
             | Timer::Retry { group_id, .. }
-            | Timer::Pull { group_id, .. } => group_id,
+            | Timer::Pull { group_id, .. }
+            | Timer::ReadRetry { group_id } => group_id,
         }
     }
 }
@@ -1015,7 +1037,9 @@ impl Coordinator {
                 }
             }
             // Redeliveries and PULL deadlines are served by the delivery pass.
-            Timer::Retry { group_id, .. } | Timer::Pull { group_id, .. } => {
+            Timer::Retry { group_id, .. }
+            | Timer::Pull { group_id, .. }
+            | Timer::ReadRetry { group_id } => {
                 self.sh.dirty.insert(group_id);
             }
         }

@@ -1,7 +1,7 @@
 //! Coordinator tests: a fake log (`Log`), an injected clock (`H::now`), and the
 //! bookkeeping invariants checked after every step (`H::effects`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::*;
 
@@ -13,6 +13,8 @@ const RECORD_BYTES: u32 = 10;
 struct Log {
     partitions: BTreeMap<u16, Vec<(u64, u64)>>,
     sizes: HashMap<(u16, u16, u64), u32>,
+    /// Records whose reads fail for now (EIO, EMFILE).
+    unreadable: HashSet<(u16, u16, u64)>,
 }
 
 impl Records for Log {
@@ -25,20 +27,22 @@ impl Records for Log {
     fn next_sequence(&self, topic_id: u16, partition: u16) -> u64 {
         self.partitions[&topic_id][usize::from(partition)].1
     }
-    fn record_bytes(&mut self, topic_id: u16, partition: u16, sequence: u64) -> Option<u32> {
-        let (first, next) = *self
+    fn record_bytes(&mut self, topic_id: u16, partition: u16, sequence: u64) -> RecordBytes {
+        let range = self
             .partitions
-            .get(&topic_id)?
-            .get(usize::from(partition))?;
+            .get(&topic_id)
+            .and_then(|p| p.get(usize::from(partition)));
+        let Some(&(first, next)) = range else {
+            return RecordBytes::Gone;
+        };
         if sequence < first || sequence >= next {
-            return None;
+            return RecordBytes::Gone;
         }
-        Some(
-            self.sizes
-                .get(&(topic_id, partition, sequence))
-                .copied()
-                .unwrap_or(RECORD_BYTES),
-        )
+        if self.unreadable.contains(&(topic_id, partition, sequence)) {
+            return RecordBytes::Unreadable;
+        }
+        let size = self.sizes.get(&(topic_id, partition, sequence));
+        RecordBytes::Size(size.copied().unwrap_or(RECORD_BYTES))
     }
 }
 
@@ -1601,4 +1605,28 @@ fn churn_settles_everything() {
         let end = h.log.partitions[&TOPIC][usize::from(p)].1;
         assert_eq!(h.partition(p).committed, end - 1, "partition {p}");
     }
+}
+
+/// A read error (EIO, EMFILE) is not corruption: the record waits and is delivered once
+/// it reads again, never skipped (durability hole 5).
+#[test]
+fn an_unreadable_record_is_retried_not_skipped() {
+    let mut h = H::new(1);
+    h.join(A, 0);
+    h.log.unreadable.insert((TOPIC, 0, 1));
+    h.append(0, 2);
+    assert!(
+        pushed(&h.effects()).is_empty(),
+        "nothing past an unreadable head"
+    );
+    assert!(h.c.stats().read_retries > 0);
+    assert_eq!(h.c.stats().skipped_records, 0);
+    h.log.unreadable.clear();
+    h.advance(READ_RETRY_MS);
+    let seqs: Vec<u64> = pushed(&h.c.take_effects())
+        .iter()
+        .map(|(_, d)| d.reference.sequence)
+        .collect();
+    assert_eq!(seqs, vec![1, 2]);
+    assert_eq!(h.c.stats().skipped_records, 0);
 }

@@ -261,8 +261,7 @@ impl Reactor {
                 }
             }
         }
-        self.shutdown();
-        Ok(())
+        self.shutdown()
     }
 
     fn poll_timeout(&self) -> Option<Duration> {
@@ -584,6 +583,7 @@ impl Reactor {
             conn.paused = true;
             self.counters.backpressure_pauses += 1;
         } else if conn.paused
+            && self.draining_since_ms.is_none()
             && pending <= OUTPUT_LOW_WATER_BYTES
             && conn.slots.len() <= max_pending / 2
         {
@@ -1022,19 +1022,21 @@ impl Reactor {
         }
     }
 
-    fn shutdown(&mut self) {
-        // Whatever is still buffered is written and synced on this thread: the loop
-        // has stopped, so blocking here delays nobody.
+    /// Writes and syncs what is still buffered; an error means something acknowledged
+    /// as WRITTEN may not be on disk, which the exit status must say (`man/mortard.8`).
+    fn shutdown(&mut self) -> io::Result<()> {
+        // The loop has stopped, so blocking here delays nobody.
         self.broker.end_pass(self.now());
         if let Some(pool) = self.pool.take() {
             for done in pool.shutdown() {
                 self.broker.job_done(done, self.now());
             }
         }
-        if let Err(e) = self.broker.shutdown_sync(self.now()) {
-            log::error!("final sync failed: {e}");
-        }
+        self.broker
+            .shutdown_sync(self.now())
+            .map_err(|e| io::Error::other(format!("final sync failed: {e}")))?;
         log::info!("shut down");
+        Ok(())
     }
 }
 
