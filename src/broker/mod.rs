@@ -90,6 +90,18 @@ pub enum Effect {
     },
 }
 
+/// A record read back from a partition, owning its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredRecord {
+    pub sequence: u64,
+    pub timestamp_ms: u64,
+    pub producer_id: u64,
+    pub producer_seq: u64,
+    pub flags: u16,
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+}
+
 /// What start-up found, for the log and /stats.
 #[derive(Debug, Default)]
 pub struct StartupReport {
@@ -230,6 +242,28 @@ impl Broker {
 
     pub fn partitions(&self) -> impl Iterator<Item = &partition::Partition> {
         self.partitions.iter()
+    }
+
+    /// One stored record, owned: for checkers (`tests/simulation.rs`) and read-only tools.
+    /// `Ok(None)` when the partition or the sequence is not there.
+    pub fn read_record(
+        &mut self,
+        topic_id: u16,
+        partition: u16,
+        sequence: u64,
+    ) -> Result<Option<StoredRecord>, crate::log::StorageError> {
+        let Some(part) = self.partitions.get_mut((topic_id, partition)) else {
+            return Ok(None);
+        };
+        Ok(part.log.read_one(sequence)?.map(|r| StoredRecord {
+            sequence: r.sequence,
+            timestamp_ms: r.timestamp_ms,
+            producer_id: r.producer_id,
+            producer_seq: r.producer_seq,
+            flags: r.flags,
+            key: r.key.to_vec(),
+            value: r.value.to_vec(),
+        }))
     }
 
     /// The consumer groups, for /stats.

@@ -480,12 +480,16 @@ impl PartitionLog {
             self.write_buf.shrink_to(WRITE_BUFFER_RETAIN_BYTES_MAX);
         }
         match result {
-            Ok(touched) => {
+            Ok(mut touched) => {
                 // Segments closed by this flush give up their descriptors; sync jobs keep
-                // theirs alive through the Arc until the data is durable.
+                // theirs alive through the Arc until the data is durable. A closed
+                // segment's index is synced once, with its last records: recovery trusts
+                // a closed segment's index after a cheap check (`recovery.rs`).
                 let last = self.segments.len() - 1;
                 for seg in &mut self.segments[undo.segments - 1..last] {
-                    seg.writer = None;
+                    if let Some(w) = seg.writer.take() {
+                        touched.push(w.idx);
+                    }
                 }
                 for file in touched {
                     if !self.unsynced_files.iter().any(|f| Arc::ptr_eq(f, &file)) {
@@ -532,6 +536,7 @@ impl PartitionLog {
                 j += 1;
             }
             if j == i {
+                self.seal_active_index()?;
                 self.flush_roll()?;
                 continue;
             }
@@ -560,6 +565,22 @@ impl PartitionLog {
             i = j;
         }
         Ok(touched)
+    }
+
+    /// Seals the index of the active segment before it closes (`segment.rs`): the crc of
+    /// its entries, read back from the page cache the flushes just wrote them to.
+    fn seal_active_index(&mut self) -> Result<(), StorageError> {
+        let active = self.active();
+        let w = active
+            .writer
+            .as_ref()
+            .expect("the active segment has a writer");
+        let len = active.record_count as usize * INDEX_ENTRY_BYTES;
+        let mut entries = vec![0u8; len];
+        storage::read_exact_at(&*w.idx, 0, &mut entries)
+            .map_err(|e| StorageError::from_io(&active.idx_path, Some(0), e))?;
+        let seal = segment::index_seal(&entries);
+        write_at(&self.fault, &w.idx, &active.idx_path, len as u64, &seal)
     }
 
     /// Starts a new segment after the active one. The old one keeps its writer until the
@@ -600,6 +621,8 @@ impl PartitionLog {
     fn flush_undo(&mut self, undo: FlushUndo) {
         let mut failure: Option<String> = None;
         while self.segments.len() > undo.segments {
+            // The removals must be durable before a later record can be acknowledged.
+            self.dir_dirty = true;
             let seg = self.segments.pop().expect("len checked");
             for path in [&seg.log_path, &seg.idx_path] {
                 match self.storage.remove_file(path) {
@@ -617,6 +640,13 @@ impl PartitionLog {
             let idx_len = undo.record_count * INDEX_ENTRY_BYTES as u64;
             if let Err(e) = w.idx.set_len(idx_len) {
                 failure = Some(format!("truncating {}: {e}", active.idx_path.display()));
+            }
+            // The next sync job makes the truncation durable too: a power cut that kept
+            // the failed write but lost the cut would put unacknowledged records back.
+            for file in [&w.log, &w.idx] {
+                if !self.unsynced_files.iter().any(|f| Arc::ptr_eq(f, file)) {
+                    self.unsynced_files.push(Arc::clone(file));
+                }
             }
         }
         active.len_bytes = undo.len_bytes;

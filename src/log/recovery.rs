@@ -5,10 +5,12 @@
 //! storage seam and the segment and record layouts.
 //!
 //! Cost on open: for every closed segment, its header, its index and ONE record (the last
-//! one the index names); for the last segment, the records after the last index entry
-//! that checks out. Start-up time therefore grows with the number of segments and the
-//! size of the unindexed tail, not with the bytes in the log. A segment whose index fails
-//! the cheap check is scanned in full, once, and its index rewritten.
+//! one the index names: a closed segment's index was synced with its last records); the
+//! last segment is read whole, because its index is never synced and after a power cut
+//! any entry of it may be stale or torn. Start-up time therefore grows with the number of
+//! segments and at most one segment size per partition, not with the bytes in the log. A
+//! segment whose index fails the cheap check is scanned in full, once, and its index
+//! rewritten.
 
 use super::error::StorageError;
 use super::record::{self, DecodeError, RECORD_LENGTH_BYTES};
@@ -22,9 +24,6 @@ use std::path::{Path, PathBuf};
 
 /// Read buffer for scanning segments; records larger than this are read directly.
 pub const RECOVERY_READ_BUFFER_BYTES: usize = 64 * 1024;
-/// How many index entries (from the last one back) the tail check tries before giving up
-/// on the index and scanning the whole last segment.
-pub const INDEX_BACKTRACK_ENTRIES_MAX: usize = 8;
 
 /// What recovery found and did. Logged at warn by `PartitionLog::open` when not clean.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -241,8 +240,8 @@ pub(crate) fn recover(
                 break;
             }
         }
-        let is_last = n + 1 == logs.len();
-        let (seg, cut) = recover_segment(storage, dir, first, is_last, mode, &mut report)?;
+        let next_first = logs.get(n + 1).copied();
+        let (seg, cut) = recover_segment(storage, dir, (first, next_first), mode, &mut report)?;
         out.push(seg);
         if cut {
             cut_after = Some(n + 1);
@@ -281,6 +280,8 @@ pub(crate) fn recover(
 /// One segment file being recovered.
 struct SegmentFile<'s> {
     storage: &'s dyn Storage,
+    /// The first sequence of the next segment; `None` for the last one.
+    next_first: Option<u64>,
     file: FileRef,
     path: PathBuf,
     idx_path: PathBuf,
@@ -289,7 +290,11 @@ struct SegmentFile<'s> {
 }
 
 impl<'s> SegmentFile<'s> {
-    fn open(storage: &'s dyn Storage, dir: &Path, first: u64) -> Result<Self, StorageError> {
+    fn open(
+        storage: &'s dyn Storage,
+        dir: &Path,
+        (first, next_first): (u64, Option<u64>),
+    ) -> Result<Self, StorageError> {
         let path = segment_path(dir, first);
         let file = storage
             .open(&path, Open::ReadWrite)
@@ -297,6 +302,7 @@ impl<'s> SegmentFile<'s> {
         let len = file.size().map_err(|e| io_err(&path, None, e))?;
         Ok(SegmentFile {
             storage,
+            next_first,
             file,
             path,
             idx_path: index_path(dir, first),
@@ -350,8 +356,15 @@ impl<'s> SegmentFile<'s> {
 
     /// A closed segment's cheap check: the index is whole and its last entry names a
     /// good record with the right sequence that ends exactly at the end of the file.
-    fn closed_checks_out(&self, entries: &[u32]) -> Result<Option<RecoveredSegment>, StorageError> {
+    fn closed_checks_out(
+        &self,
+        entries: &[u32],
+        next_first: u64,
+    ) -> Result<Option<RecoveredSegment>, StorageError> {
         let n = entries.len() as u64;
+        if self.first + n != next_first {
+            return Ok(None);
+        }
         let (ok, ts) = match entries.last() {
             None => (self.len == SEGMENT_HEADER_BYTES as u64, None),
             Some(&p) => {
@@ -363,28 +376,23 @@ impl<'s> SegmentFile<'s> {
         Ok(ok.then(|| self.segment(self.len, n, ts)))
     }
 
-    /// The last of the plausible index entries (at most INDEX_BACKTRACK_ENTRIES_MAX back)
-    /// that names a good record: how many entries to keep, where to scan on from, and
-    /// that record's timestamp.
-    fn last_good_entry(
-        &self,
-        entries: &[u32],
-        plausible: usize,
-    ) -> Result<(usize, u64, Option<u64>), StorageError> {
-        let lowest = plausible.saturating_sub(INDEX_BACKTRACK_ENTRIES_MAX);
-        for t in (lowest..plausible).rev() {
-            let end = self.scan(u64::from(entries[t]), self.first + t as u64, Some(1))?;
-            if end.stop.is_none() && end.records == 1 {
-                return Ok((t + 1, end.end_pos, end.last_timestamp_ms));
-            }
-        }
-        Ok((0, SEGMENT_HEADER_BYTES as u64, None))
-    }
-
     /// Cuts the file at the first bad record the scan met.
     fn cut(&mut self, end: &ScanEnd, records: u64, report: &mut RecoveryReport) -> IoResult {
         let why = end.stop.as_ref().map(|e| e.to_string()).unwrap_or_default();
         let lost = self.len - end.end_pos;
+        report.truncated_bytes += lost;
+        self.file
+            .set_len(end.end_pos)
+            .map_err(|e| io_err(&self.path, Some(end.end_pos), e))?;
+        if Some(self.first + records) == self.next_first {
+            // Every record the segment should hold is there: the bytes after them are a
+            // failed write whose undo the power cut lost. Nothing of the log goes.
+            log::warn!(
+                "{}: {lost} stray bytes after its last record ({why}); truncated",
+                self.path.display()
+            );
+            return Ok(());
+        }
         log::warn!(
             "{}: bad record at byte {} ({why}); truncating {lost} bytes, sequences from {} \
              on are lost",
@@ -392,11 +400,7 @@ impl<'s> SegmentFile<'s> {
             end.end_pos,
             self.first + records
         );
-        self.file
-            .set_len(end.end_pos)
-            .map_err(|e| io_err(&self.path, Some(end.end_pos), e))?;
         report.note_cut(&self.path, end.end_pos, self.first + records);
-        report.truncated_bytes += lost;
         Ok(())
     }
 }
@@ -408,6 +412,7 @@ struct IndexFile {
     bytes: Vec<u8>,
     missing: bool,
     entries: Vec<u32>,
+    sealed: bool,
 }
 
 impl IndexFile {
@@ -417,23 +422,26 @@ impl IndexFile {
             Err(e) if e.kind() == io::ErrorKind::NotFound => (Vec::new(), true),
             Err(e) => return Err(io_err(path, None, e)),
         };
-        let entries = decode_index(&bytes);
+        let decoded = decode_index(&bytes);
         Ok(IndexFile {
             bytes,
             missing,
-            entries,
+            entries: decoded.entries,
+            sealed: decoded.sealed,
         })
     }
 
-    /// Rewrites the index when it does not list exactly `positions`.
+    /// Rewrites the index when it does not list exactly `positions` (sealed when the
+    /// segment is closed).
     fn settle(
         &self,
         storage: &dyn Storage,
         path: &Path,
         positions: &[u32],
-        expected_gap: bool,
+        (closed, expected_gap): (bool, bool),
     ) -> Result<bool, StorageError> {
-        if self.bytes.len() == positions.len() * 4 && self.entries == positions {
+        let bytes = encode_index(positions, closed);
+        if self.bytes == bytes {
             return Ok(false);
         }
         if !expected_gap {
@@ -452,7 +460,7 @@ impl IndexFile {
             );
         }
         storage
-            .write(path, &encode_index(positions))
+            .write(path, &bytes)
             .map_err(|e| io_err(path, None, e))?;
         Ok(true)
     }
@@ -462,12 +470,12 @@ impl IndexFile {
 fn recover_segment(
     storage: &dyn Storage,
     dir: &Path,
-    first: u64,
-    is_last: bool,
+    (first, next_first): (u64, Option<u64>),
     mode: VerifyMode,
     report: &mut RecoveryReport,
 ) -> Result<(RecoveredSegment, bool), StorageError> {
-    let mut seg = SegmentFile::open(storage, dir, first)?;
+    let is_last = next_first.is_none();
+    let mut seg = SegmentFile::open(storage, dir, (first, next_first))?;
     let mut header = vec![0u8; (seg.len as usize).min(SEGMENT_HEADER_BYTES)];
     read_exact_at(&*seg.file, 0, &mut header).map_err(|e| io_err(&seg.path, Some(0), e))?;
     if let Err(reason) = check_header(&header, first) {
@@ -478,34 +486,39 @@ fn recover_segment(
     let plausible = plausible_prefix_len(&index.entries, seg.len);
     let idx_whole =
         index.bytes.len() % 4 == 0 && plausible == index.entries.len() && !index.missing;
-    if !is_last && mode == VerifyMode::Tails && idx_whole {
-        if let Some(recovered) = seg.closed_checks_out(&index.entries)? {
-            return Ok((recovered, false));
+    if let Some(next) = next_first.filter(|_| mode == VerifyMode::Tails) {
+        if idx_whole && index.sealed {
+            if let Some(recovered) = seg.closed_checks_out(&index.entries, next)? {
+                return Ok((recovered, false));
+            }
         }
     }
-    let (keep, start_pos, start_ts) = match mode {
-        VerifyMode::Tails => seg.last_good_entry(&index.entries, plausible)?,
-        VerifyMode::Everything => (0, SEGMENT_HEADER_BYTES as u64, None),
-    };
-    let mut positions: Vec<u32> = index.entries[..keep].to_vec();
+    // The last segment, and a closed one whose seal did not check out, are read whole:
+    // after a power cut any unsynced index entry may be stale or torn.
+    // A closed segment holds exactly the records up to the next one's first: anything
+    // after them is a failed write whose undo the power cut lost.
+    let mut positions: Vec<u32> = Vec::new();
     let end = scan_records(
         &*seg.file,
         &seg.path,
-        start_pos,
+        SEGMENT_HEADER_BYTES as u64,
         seg.len,
-        first + keep as u64,
-        None,
+        first,
+        next_first.map(|next| next.saturating_sub(first)),
         |p| positions.push(p as u32),
     )?;
-    let cut = end.stop.is_some();
-    if cut {
-        seg.cut(&end, positions.len() as u64, report)?;
+    let records = positions.len() as u64;
+    let whole = next_first == Some(first + records);
+    if end.stop.is_some() || end.end_pos < seg.len {
+        seg.cut(&end, records, report)?;
     }
+    let cut = end.stop.is_some() && !whole;
     let expected_gap = is_last && idx_whole && index.entries.len() + 1 == positions.len();
-    if index.settle(storage, &seg.idx_path, &positions, expected_gap)? {
+    let closed = !is_last && !cut;
+    if index.settle(storage, &seg.idx_path, &positions, (closed, expected_gap))? {
         report.indexes_rebuilt += 1;
     }
-    let ts = end.last_timestamp_ms.or(start_ts);
+    let ts = end.last_timestamp_ms;
     Ok((seg.segment(end.end_pos, positions.len() as u64, ts), cut))
 }
 
@@ -627,7 +640,7 @@ fn check_index(
         }
         Err(e) => return Err(io_err(idx_path, None, e)),
     };
-    let entries = decode_index(&bytes);
+    let entries = decode_index(&bytes).entries;
     if bytes.len() % 4 != 0 || entries.len() != positions.len() {
         let why = format!(
             "{} index bytes for {} records",

@@ -27,8 +27,17 @@
 //! ```
 //!
 //! The index is dense (sequences are contiguous, so no sequence is stored), written after
-//! the records with every flush, and never fsynced: it is derived data, rebuilt from the
-//! segment whenever it is missing, short, or disagrees with the segment.
+//! the records with every flush. When the segment closes (a roll) the index gets a seal,
+//!
+//! ```text
+//! 4*n     4      0xFFFFFFFF       no position is this large: marks the seal
+//! 4*n+4   4      crc u32 BE       crc32 (crc32fast) of the n entries before it
+//! ```
+//!
+//! and is fdatasynced with the segment's last records. Recovery trusts a closed segment's
+//! index only when its seal checks out: unsynced index pages may come back stale or torn
+//! after a power cut, in the middle as well as at the end. An index without a good seal
+//! is derived data, rebuilt from the segment.
 
 use super::record::RECORD_BYTES_MAX;
 use super::storage::{FileRef, Mapped, Open, Storage};
@@ -115,16 +124,55 @@ pub fn check_header(bytes: &[u8], first_sequence: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// Decodes index bytes into positions; a torn trailing partial entry is ignored.
-pub fn decode_index(bytes: &[u8]) -> Vec<u32> {
-    bytes
-        .chunks_exact(INDEX_ENTRY_BYTES)
-        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+/// Marks the seal of a closed segment's index: no record position is this large.
+pub const INDEX_SEAL_MARK: [u8; 4] = [0xFF; 4];
+/// Bytes of the seal: the mark and the crc of the entries.
+pub const INDEX_SEAL_BYTES: usize = 8;
+
+/// The seal of an index whose entries are `entries`.
+pub fn index_seal(entries: &[u8]) -> [u8; INDEX_SEAL_BYTES] {
+    let mut seal = [0u8; INDEX_SEAL_BYTES];
+    seal[..4].copy_from_slice(&INDEX_SEAL_MARK);
+    seal[4..].copy_from_slice(&crc32fast::hash(entries).to_be_bytes());
+    seal
 }
 
-pub fn encode_index(positions: &[u32]) -> Vec<u8> {
-    positions.iter().flat_map(|p| p.to_be_bytes()).collect()
+/// An index file read back: its positions, and whether a good seal closed it.
+pub struct DecodedIndex {
+    pub entries: Vec<u32>,
+    pub sealed: bool,
+}
+
+/// Decodes index bytes into positions; a torn trailing partial entry is ignored, and a
+/// seal is recognised only when its crc matches the entries.
+pub fn decode_index(bytes: &[u8]) -> DecodedIndex {
+    let n = bytes.len();
+    let sealed = n >= INDEX_SEAL_BYTES
+        && n.is_multiple_of(INDEX_ENTRY_BYTES)
+        && bytes[n - INDEX_SEAL_BYTES..n - 4] == INDEX_SEAL_MARK
+        && index_seal(&bytes[..n - INDEX_SEAL_BYTES]) == bytes[n - INDEX_SEAL_BYTES..];
+    let entries = if sealed {
+        &bytes[..n - INDEX_SEAL_BYTES]
+    } else {
+        bytes
+    };
+    DecodedIndex {
+        entries: entries
+            .chunks_exact(INDEX_ENTRY_BYTES)
+            .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        sealed,
+    }
+}
+
+/// The bytes of an index listing `positions`, sealed for a closed segment.
+pub fn encode_index(positions: &[u32], sealed: bool) -> Vec<u8> {
+    let mut out: Vec<u8> = positions.iter().flat_map(|p| p.to_be_bytes()).collect();
+    if sealed {
+        let seal = index_seal(&out);
+        out.extend_from_slice(&seal);
+    }
+    out
 }
 
 /// Open handles of the active segment. Closed segments hold no descriptors: a host with

@@ -108,9 +108,24 @@ struct Disk {
     writes_lost: u64,
 }
 
-/// The simulated disk; clones share it.
-#[derive(Debug, Clone, Default)]
+/// The simulated disk; clones share it. Its root `/` always exists.
+#[derive(Clone)]
 pub struct SimDisk(Arc<Mutex<Disk>>);
+
+impl std::fmt::Debug for SimDisk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SimDisk")
+    }
+}
+
+impl Default for SimDisk {
+    fn default() -> Self {
+        let mut disk = Disk::default();
+        disk.live.insert(PathBuf::from("/"), Entry::Dir);
+        disk.durable.insert(PathBuf::from("/"), Entry::Dir);
+        SimDisk(Arc::new(Mutex::new(disk)))
+    }
+}
 
 #[derive(Debug)]
 struct SimFile {

@@ -286,7 +286,7 @@ fn a_flipped_byte_in_a_closed_segment_is_reported_as_corrupt_on_read() {
     append_range(&mut log, 30, 1);
     drop(log);
     let segs = log_files(dir);
-    let positions = decode_index(&fs::read(index_path(dir, segs[0])).unwrap());
+    let positions = decode_index(&fs::read(index_path(dir, segs[0])).unwrap()).entries;
     assert!(
         positions.len() >= 2,
         "record 1 must not be the segment's last"
@@ -343,7 +343,7 @@ fn torn_tail_fixture(dir: &Path, n_min: u64) -> (u64, PathBuf, Vec<u8>, Vec<u8>,
     let last = *log_files(dir).last().unwrap();
     let path = segment_path(dir, last);
     let idx = fs::read(index_path(dir, last)).unwrap();
-    let last_pos = *decode_index(&idx).last().unwrap() as u64;
+    let last_pos = *decode_index(&idx).entries.last().unwrap() as u64;
     (n, path.clone(), fs::read(&path).unwrap(), idx, last_pos)
 }
 
@@ -460,7 +460,7 @@ fn a_bad_record_in_a_closed_segment_with_a_missing_index_cuts_everything_after()
     append_range(&mut log, 30, 1);
     drop(log);
     let segs = log_files(dir);
-    let positions = decode_index(&fs::read(index_path(dir, segs[1])).unwrap());
+    let positions = decode_index(&fs::read(index_path(dir, segs[1])).unwrap()).entries;
     let path = segment_path(dir, segs[1]);
     let mut bytes = fs::read(&path).unwrap();
     bytes[positions[1] as usize + 20] ^= 0xFF;
