@@ -132,8 +132,8 @@ fn next_leader_epoch(dir: &Path) -> Result<u64, String> {
 }
 
 impl Broker {
-    /// Opens the data directory: bumps and persists the leader epoch, loads the
-    /// registry, recovers every partition and rebuilds producer state. Runs before the
+    /// Opens the data directory: loads the registry, bumps and persists the leader
+    /// epoch, recovers every partition and rebuilds producer state. Runs before the
     /// listener opens, so blocking I/O is fine here.
     pub fn open(
         config: BrokerConfig,
@@ -143,8 +143,9 @@ impl Broker {
         let dir = &config.data_dir;
         std::fs::create_dir_all(dir.join(TOPICS_DIR))
             .map_err(|e| format!("cannot create data directory {}: {e}", dir.display()))?;
+        // Before the epoch: a start the registry refuses takes no leader epoch.
+        let (topics, registry_read) = TopicRegistry::load(dir)?;
         let leader_epoch = next_leader_epoch(dir)?;
-        let topics = TopicRegistry::load(dir)?;
         let mut broker = Broker {
             partitions: Partitions::new(dir.join(TOPICS_DIR), &config, leader_epoch),
             consume: ConsumeDriver::new(&config),
@@ -163,22 +164,37 @@ impl Broker {
         };
         let pairs: Vec<topics::TopicPair> = broker.topics.registry().pairs().cloned().collect();
         for pair in &pairs {
-            for (topic_id, name) in pair.topics() {
-                for index in 0..pair.partition_count {
-                    broker
-                        .partitions
-                        .open((topic_id, index), &name, now, &mut broker.counters)
-                        .map_err(|e| e.to_string())?;
-                    report.partitions += 1;
-                }
-            }
+            report.partitions += broker.open_pair(pair, now)?;
         }
         report.truncations = broker.counters.recovery_truncations;
         report.group_positions = broker
             .consume
             .restore(broker.topics.registry(), &mut broker.partitions)?;
-        report.orphan_dirs_removed = broker.remove_orphan_dirs(&pairs);
+        // Only a registry read from disk tells a deleted topic's directory from a live one.
+        if registry_read {
+            report.orphan_dirs_removed = broker.remove_orphan_dirs(&pairs);
+        }
         Ok((broker, report))
+    }
+
+    /// Opens the partitions of a registered pair at start; returns how many.
+    fn open_pair(&mut self, pair: &topics::TopicPair, now: Now) -> Result<usize, String> {
+        for (topic_id, name) in pair.topics() {
+            for index in 0..pair.partition_count {
+                self.partitions
+                    .open((topic_id, index), &name, now, &mut self.counters)
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        let topics_dir = self.config.data_dir.join(TOPICS_DIR);
+        match topics::write_missing_topic_files(&topics_dir, pair) {
+            Ok(true) => log::info!("wrote the topic files of topic '{}'", pair.name),
+            Ok(false) => {}
+            // Only a later registry rebuild needs them: that would fall back to a
+            // placeholder name, so the start goes on.
+            Err(e) => log::warn!("cannot write the topic files of topic '{}': {e}", pair.name),
+        }
+        Ok(2 * usize::from(pair.partition_count))
     }
 
     fn remove_orphan_dirs(&self, pairs: &[topics::TopicPair]) -> usize {
