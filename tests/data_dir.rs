@@ -1,6 +1,6 @@
-//! The data directory as a whole (issue 12, hole 3): a missing or unreadable registry
-//! never deletes data and `mortarctl check --repair` rebuilds it from the topic
-//! directories.
+//! The data directory as a whole (issue 12, holes 3 and 4): a missing or unreadable
+//! registry never deletes data and `mortarctl check --repair` rebuilds it from the topic
+//! directories; `DATA_DIR/lock` keeps a second broker, or a repair, off a live directory.
 
 mod common;
 
@@ -269,5 +269,45 @@ fn a_brand_new_data_directory_starts_and_gets_an_empty_registry() {
     assert!(broker.data_dir().join("registry").is_file());
     assert!(broker.terminate().success());
     broker.restart();
+    broker.client().ping().unwrap();
+}
+
+#[test]
+fn a_live_data_directory_is_locked_against_a_second_broker_and_a_repair() {
+    let mut broker = Mortard::start(&[]);
+    broker
+        .client()
+        .declare("orders", 1, DeclareFlags::empty())
+        .unwrap();
+    let data = broker.data_dir();
+    let data_arg = data.to_str().unwrap();
+    let holder = format!("locked by pid {}", broker.pid());
+    let epoch = std::fs::read(data.join("epoch")).unwrap();
+
+    let (status, err) = refused_start(&data);
+    assert_eq!(status, Some(1), "{err}");
+    assert!(err.contains(&holder), "{err}");
+    assert_eq!(
+        std::fs::read(data.join("epoch")).unwrap(),
+        epoch,
+        "a refused start takes no leader epoch"
+    );
+    broker.client().ping().unwrap();
+
+    let repair = mortarctl(&["check", data_arg, "--repair"]);
+    assert_eq!(repair.status.code(), Some(1));
+    let err = text(&repair.stderr);
+    assert!(err.contains(&holder), "{err}");
+
+    // A plain check only reads: it goes on, with a warning.
+    let check = mortarctl(&["check", data_arg]);
+    let err = text(&check.stderr);
+    assert_eq!(check.status.code(), Some(0), "{err}");
+    assert!(err.contains("warning") && err.contains(&holder), "{err}");
+
+    // The lock dies with its holder, however it dies.
+    broker.restart_after_kill9();
+    let lock = std::fs::read_to_string(data.join("lock")).unwrap();
+    assert_eq!(lock.trim(), broker.pid().to_string());
     broker.client().ping().unwrap();
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use getopts::{Matches, Options, ParsingStyle};
 use mortarmq::broker::registry::REGISTRY_FILE;
 use mortarmq::broker::topics::{Registry, RegistryRebuild};
-use mortarmq::broker::TOPICS_DIR;
+use mortarmq::broker::{DataDirLock, TOPICS_DIR};
 use mortarmq::client::{Client, ClientError, Delivery, Push};
 use mortarmq::log::meta;
 use mortarmq::wire::limits::SUB_PARTITION_ANY;
@@ -614,6 +614,16 @@ fn cmd_check(ctx: &Ctx) -> Outcome {
     let repair = ctx.matches.opt_present("repair");
     let topics = data_dir.join(TOPICS_DIR);
     std::fs::metadata(&topics).or_else(|e| runtime_err(format!("{}: {e}", topics.display())))?;
+    // A repair writes, so it needs the directory to itself; a plain check only reads,
+    // so a live broker is worth a warning, not a refusal.
+    let _lock = if repair {
+        Some(DataDirLock::acquire(&data_dir).map_err(Failure::Runtime)?)
+    } else {
+        if let Some(held) = DataDirLock::holder(&data_dir) {
+            eprintln!("mortarctl: warning: {held}; what it is writing may show as torn");
+        }
+        None
+    };
     let mut problems = check_registry(&data_dir, repair, ctx.matches.opt_present("json"))?;
     let listed = std::fs::read_dir(&topics)
         .or_else(|e| runtime_err(format!("{}: {e}", topics.display())))?;

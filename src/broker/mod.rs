@@ -31,6 +31,8 @@ pub mod topics;
 #[cfg(test)]
 mod tests;
 
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Write};
 use std::path::Path;
 
 use crate::log::meta;
@@ -46,6 +48,9 @@ use registry::TopicRegistry;
 pub use topics::Registry;
 
 const EPOCH_FILE: &str = "epoch";
+/// The data directory's lock file: whoever holds an exclusive `flock` on it (a running
+/// `mortard`, or `mortarctl check --repair`) is the only process writing the directory.
+pub const LOCK_FILE: &str = "lock";
 /// Where the topic directories live, under the data directory.
 pub const TOPICS_DIR: &str = "topics";
 
@@ -111,6 +116,72 @@ pub struct Broker {
     /// Reused every pass: jobs gathered before they are submitted.
     jobs: Vec<DurableJob>,
     pub counters: BrokerCounters,
+    /// Never read: holding it keeps `DATA_DIR/lock` locked for the broker's life.
+    _lock: DataDirLock,
+}
+
+/// An exclusive `flock` on `DATA_DIR/lock`, released when dropped (or when the process
+/// dies, however it dies). Two writers on one log would truncate each other's files.
+#[derive(Debug)]
+pub struct DataDirLock {
+    _file: File,
+}
+
+impl DataDirLock {
+    /// Takes the lock of `dir` and records this process's pid in it; fails, naming the
+    /// holder's pid, when another process holds it.
+    pub fn acquire(dir: &Path) -> Result<DataDirLock, String> {
+        let path = dir.join(LOCK_FILE);
+        let fail = |e: std::io::Error| format!("cannot lock {}: {e}", path.display());
+        // No truncate here: until the lock is ours, the pid in the file is the holder's.
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(fail)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Err(held_by(dir, &mut file)),
+            Err(TryLockError::Error(e)) => return Err(fail(e)),
+        }
+        file.set_len(0).map_err(fail)?;
+        writeln!(file, "{}", std::process::id()).map_err(fail)?;
+        Ok(DataDirLock { _file: file })
+    }
+
+    /// Who holds the lock of `dir` now, for a reader that must not take it: `Some`
+    /// message naming the holder's pid, `None` when nobody does.
+    pub fn holder(dir: &Path) -> Option<String> {
+        let mut file = File::open(dir.join(LOCK_FILE)).ok()?;
+        // A shared lock is refused only while someone holds the exclusive one; if it is
+        // granted, dropping the file releases it at once.
+        match file.try_lock_shared() {
+            Err(TryLockError::WouldBlock) => Some(held_by(dir, &mut file)),
+            _ => None,
+        }
+    }
+}
+
+/// The refusal for a locked data directory, with the pid its holder wrote.
+fn held_by(dir: &Path, lock: &mut File) -> String {
+    let mut text = String::new();
+    let pid = lock
+        .read_to_string(&mut text)
+        .ok()
+        .and_then(|_| text.trim().parse::<u32>().ok());
+    let holder = match pid {
+        Some(pid) => format!("pid {pid}"),
+        // Between its flock and its write the holder has not recorded itself yet.
+        None => "another process (its pid is not recorded yet)".to_string(),
+    };
+    format!(
+        "data directory {} is locked by {holder} ({}): another mortard or \
+         'mortarctl check --repair' is using it",
+        dir.display(),
+        dir.join(LOCK_FILE).display()
+    )
 }
 
 /// Reads the previous leader epoch and persists the next one (`man/mortarmq.7`, PUB:
@@ -132,18 +203,22 @@ fn next_leader_epoch(dir: &Path) -> Result<u64, String> {
 }
 
 impl Broker {
-    /// Opens the data directory: loads the registry, bumps and persists the leader
-    /// epoch, recovers every partition and rebuilds producer state. Runs before the
-    /// listener opens, so blocking I/O is fine here.
+    /// Opens the data directory: locks it, loads the registry, bumps and persists the
+    /// leader epoch, recovers every partition and rebuilds producer state. Runs before
+    /// the listener opens, so blocking I/O is fine here.
     pub fn open(
         config: BrokerConfig,
         sink: Box<dyn JobSink>,
         now: Now,
     ) -> Result<(Broker, StartupReport), String> {
         let dir = &config.data_dir;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create data directory {}: {e}", dir.display()))?;
+        // First: a start refused by a live holder, or by the registry, leaves every file
+        // (the epoch too) as it found it.
+        let lock = DataDirLock::acquire(dir)?;
         std::fs::create_dir_all(dir.join(TOPICS_DIR))
             .map_err(|e| format!("cannot create data directory {}: {e}", dir.display()))?;
-        // Before the epoch: a start the registry refuses takes no leader epoch.
         let (topics, registry_read) = TopicRegistry::load(dir)?;
         let leader_epoch = next_leader_epoch(dir)?;
         let mut broker = Broker {
@@ -156,6 +231,7 @@ impl Broker {
             effects: Vec::new(),
             jobs: Vec::new(),
             counters: BrokerCounters::default(),
+            _lock: lock,
         };
         let mut report = StartupReport {
             leader_epoch,
