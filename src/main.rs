@@ -81,6 +81,11 @@ fn run(config: Config) -> Result<(), String> {
     } = config;
     reactor.tokens = load_tokens(token_file.as_deref())?;
     let data_dir = broker.data_dir.clone();
+    // First, before anything is written: a second mortard on this directory must leave
+    // every file (the epoch too) as it found it.
+    std::fs::create_dir_all(&data_dir)
+        .map_err(|e| format!("cannot create data directory {}: {e}", data_dir.display()))?;
+    let _data_dir_lock = mortarmq::broker::DataDirLock::acquire(&data_dir)?;
     let wall_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);

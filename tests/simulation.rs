@@ -581,7 +581,10 @@ impl Sim {
         let mut job = self.jobs.0.borrow_mut().remove(i);
         let result = job.run();
         if trace() {
-            eprintln!("step {} job {:?} -> {:?}", self.tally.steps, job.work, result);
+            eprintln!(
+                "step {} job {:?} -> {:?}",
+                self.tally.steps, job.work, result
+            );
         }
         self.tally.jobs_run += 1;
         self.tally.jobs_failed += u64::from(result.is_err());

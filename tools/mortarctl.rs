@@ -16,7 +16,11 @@ use std::time::{Duration, Instant};
 
 use getopts::{Matches, Options, ParsingStyle};
 use mortarmq::admin::Unit;
+use mortarmq::broker::registry::REGISTRY_FILE;
+use mortarmq::broker::topics::{Registry, RegistryRebuild};
+use mortarmq::broker::{DataDirLock, TOPICS_DIR};
 use mortarmq::client::{Client, ClientError, Delivery, Push};
+use mortarmq::log::{meta, FsStorage};
 use mortarmq::wire::limits::SUB_PARTITION_ANY;
 use mortarmq::wire::ops::*;
 use mortarmq::wire::{
@@ -44,6 +48,8 @@ const SUB_CREDIT_MAX: u64 = 256;
 /// How often the `pub` progress line is redrawn, and how long `pub` runs before it shows.
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 const PROGRESS_AFTER: Duration = Duration::from_secs(1);
+/// `check --repair` keeps an unreadable registry under this name before replacing it.
+const DAMAGED_REGISTRY_FILE: &str = "registry.damaged";
 
 enum Failure {
     /// Exit 2: the command line is wrong. The text says how.
@@ -617,11 +623,24 @@ fn stat_cell(unit: Unit, v: &Value) -> String {
 
 // ---- read path ----
 
-/// `check DATA_DIR`: every partition directory under `DATA_DIR/topics/*/`.
+/// `check DATA_DIR`: the registry, then every partition directory under
+/// `DATA_DIR/topics/*/`.
 fn cmd_check(ctx: &Ctx) -> Outcome {
     let data_dir = std::path::PathBuf::from(&ctx.matches.free[0]);
     let repair = ctx.matches.opt_present("repair");
-    let topics = data_dir.join("topics");
+    let topics = data_dir.join(TOPICS_DIR);
+    std::fs::metadata(&topics).or_else(|e| runtime_err(format!("{}: {e}", topics.display())))?;
+    // A repair writes, so it needs the directory to itself; a plain check only reads,
+    // so a live broker is worth a warning, not a refusal.
+    let _lock = if repair {
+        Some(DataDirLock::acquire(&data_dir).map_err(Failure::Runtime)?)
+    } else {
+        if let Some(held) = DataDirLock::holder(&data_dir) {
+            eprintln!("mortarctl: warning: {held}; what it is writing may show as torn");
+        }
+        None
+    };
+    let mut problems = check_registry(&data_dir, repair, ctx.matches.opt_present("json"))?;
     let listed = std::fs::read_dir(&topics)
         .or_else(|e| runtime_err(format!("{}: {e}", topics.display())))?;
     let mut dirs: Vec<std::path::PathBuf> = Vec::new();
@@ -633,14 +652,13 @@ fn cmd_check(ctx: &Ctx) -> Outcome {
     dirs.sort();
     let mut rows = Vec::new();
     let mut reports = Vec::new();
-    let mut problems = 0;
     for dir in &dirs {
         let name = dir
             .strip_prefix(&topics)
             .unwrap_or(dir)
             .display()
             .to_string();
-        let report = mortarmq::log::check_partition(&mortarmq::log::FsStorage, dir, repair)
+        let report = mortarmq::log::check_partition(&FsStorage, dir, repair)
             .or_else(|e| runtime_err(format!("{name}: {e}")))?;
         problems += report.problems.len();
         let verdict = match (&report.repaired, report.is_clean()) {
@@ -696,10 +714,89 @@ fn cmd_check(ctx: &Ctx) -> Outcome {
     }
     if problems > 0 && !repair {
         return runtime_err(format!(
-            "{problems} problems found; --repair truncates torn tails"
+            "{problems} problems found; --repair truncates torn tails and rebuilds a \
+             missing or unreadable registry"
         ));
     }
     Ok(())
+}
+
+/// The registry of `data_dir`: readable, or rebuilt from the topic directories (with
+/// `--repair`; without it the rebuild is only shown). Returns the problems left. Its
+/// lines go to standard error when standard output carries JSON.
+fn check_registry(data_dir: &std::path::Path, repair: bool, json: bool) -> Result<usize, Failure> {
+    let say = |line: String| match json {
+        true => eprintln!("registry: {line}"),
+        false => println!("registry: {line}"),
+    };
+    let path = data_dir.join(REGISTRY_FILE);
+    let damage = match meta::read_checked(&FsStorage, &path) {
+        Ok(Some(bytes)) => match Registry::decode(&bytes) {
+            Ok(_) => return Ok(0),
+            Err(e) => Some(e),
+        },
+        Ok(None) => None,
+        // A damaged file's message starts with its path, which the line names anyway.
+        Err(e) => Some(e.to_string().replace(&format!("{}: ", path.display()), "")),
+    };
+    let rebuild = RegistryRebuild::scan(&FsStorage, &data_dir.join(TOPICS_DIR))
+        .or_else(|e| runtime_err(format!("cannot rebuild the registry: {e}")))?;
+    if damage.is_none() && rebuild.pairs.is_empty() && rebuild.ignored.is_empty() {
+        // A data directory no broker has used yet.
+        return Ok(0);
+    }
+    say(match &damage {
+        Some(why) => format!("{} is unreadable: {why}", path.display()),
+        None => format!("{} is missing", path.display()),
+    });
+    for p in &rebuild.pairs {
+        let t = &p.pair;
+        say(format!(
+            "{} '{}' (ids {} and {}, {} partitions){}",
+            if repair {
+                "registered"
+            } else {
+                "would register"
+            },
+            t.name,
+            t.source_id(),
+            t.twin_id(),
+            t.partition_count,
+            match p.placeholder {
+                true => " under a placeholder name: no topic file names it",
+                false => "",
+            }
+        ));
+        for note in &p.notes {
+            say(format!("  {note}"));
+        }
+    }
+    for entry in &rebuild.ignored {
+        say(format!(
+            "left out {entry} (mortard deletes what the registry does not name)"
+        ));
+    }
+    if !repair {
+        return Ok(1);
+    }
+    if damage.is_some() {
+        let kept = data_dir.join(DAMAGED_REGISTRY_FILE);
+        std::fs::copy(&path, &kept)
+            .or_else(|e| runtime_err(format!("cannot keep {}: {e}", kept.display())))?;
+        say(format!(
+            "kept the unreadable registry as {}",
+            kept.display()
+        ));
+    }
+    rebuild
+        .apply(&FsStorage, &path)
+        .or_else(|e| runtime_err(format!("cannot rebuild the registry: {e}")))?;
+    say(format!(
+        "rebuilt {} with {} topic pairs",
+        path.display(),
+        rebuild.pairs.len()
+    ));
+    Ok(0)
 }
 
 fn cmd_stats(ctx: &Ctx) -> Outcome {

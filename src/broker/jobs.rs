@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use crate::log::{meta, LogConfig, PartitionLog, Storage, SyncJob};
 
+use super::topics::{write_topic_files, TopicPair};
 use super::PartitionKey;
 
 /// One piece of blocking I/O for an fsync worker, and the storage it runs on.
@@ -32,9 +33,11 @@ impl std::fmt::Debug for OpenedLogs {
 /// What a [`DurableJob`] does.
 #[derive(Debug)]
 pub enum Work {
-    /// A new topic pair's directories and first segments, made durable; the logs come
-    /// back open in `opened`.
+    /// A new topic pair's directories, topic files and first segments, made durable; the
+    /// logs come back open in `opened`.
     CreateTopic {
+        topics_dir: PathBuf,
+        pair: TopicPair,
         plan: Vec<(PartitionKey, PathBuf)>,
         config: LogConfig,
         opened: OpenedLogs,
@@ -69,11 +72,16 @@ pub enum Work {
 impl crate::fsync::Job for DurableJob {
     fn run(&mut self) -> io::Result<()> {
         if let Work::CreateTopic {
+            topics_dir,
+            pair,
             plan,
             config,
             opened,
         } = &mut self.work
         {
+            // Topic files first: a crash after them leaves directories that a registry
+            // rebuild names rightly; a crash before them leaves nothing of the topic.
+            write_topic_files(&*self.storage, topics_dir, pair)?;
             for (key, dir) in plan.iter() {
                 let (log, _) =
                     PartitionLog::open(&self.storage, dir, *config).map_err(|e| e.into_io())?;

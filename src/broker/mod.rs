@@ -31,6 +31,8 @@ pub mod topics;
 #[cfg(test)]
 mod tests;
 
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -47,6 +49,9 @@ use registry::TopicRegistry;
 pub use topics::Registry;
 
 const EPOCH_FILE: &str = "epoch";
+/// The data directory's lock file: whoever holds an exclusive `flock` on it (a running
+/// `mortard`, or `mortarctl check --repair`) is the only process writing the directory.
+pub const LOCK_FILE: &str = "lock";
 /// Where the topic directories live, under the data directory.
 pub const TOPICS_DIR: &str = "topics";
 
@@ -127,6 +132,70 @@ pub struct Broker {
     pub counters: BrokerCounters,
 }
 
+/// An exclusive `flock` on `DATA_DIR/lock`, released when dropped (or when the process
+/// dies, however it dies). Two writers on one log would truncate each other's files.
+#[derive(Debug)]
+pub struct DataDirLock {
+    _file: File,
+}
+
+impl DataDirLock {
+    /// Takes the lock of `dir` and records this process's pid in it; fails, naming the
+    /// holder's pid, when another process holds it.
+    pub fn acquire(dir: &Path) -> Result<DataDirLock, String> {
+        let path = dir.join(LOCK_FILE);
+        let fail = |e: std::io::Error| format!("cannot lock {}: {e}", path.display());
+        // No truncate here: until the lock is ours, the pid in the file is the holder's.
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(fail)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Err(held_by(dir, &mut file)),
+            Err(TryLockError::Error(e)) => return Err(fail(e)),
+        }
+        file.set_len(0).map_err(fail)?;
+        writeln!(file, "{}", std::process::id()).map_err(fail)?;
+        Ok(DataDirLock { _file: file })
+    }
+
+    /// Who holds the lock of `dir` now, for a reader that must not take it: `Some`
+    /// message naming the holder's pid, `None` when nobody does.
+    pub fn holder(dir: &Path) -> Option<String> {
+        let mut file = File::open(dir.join(LOCK_FILE)).ok()?;
+        // A shared lock is refused only while someone holds the exclusive one; if it is
+        // granted, dropping the file releases it at once.
+        match file.try_lock_shared() {
+            Err(TryLockError::WouldBlock) => Some(held_by(dir, &mut file)),
+            _ => None,
+        }
+    }
+}
+
+/// The refusal for a locked data directory, with the pid its holder wrote.
+fn held_by(dir: &Path, lock: &mut File) -> String {
+    let mut text = String::new();
+    let pid = lock
+        .read_to_string(&mut text)
+        .ok()
+        .and_then(|_| text.trim().parse::<u32>().ok());
+    let holder = match pid {
+        Some(pid) => format!("pid {pid}"),
+        // Between its flock and its write the holder has not recorded itself yet.
+        None => "another process (its pid is not recorded yet)".to_string(),
+    };
+    format!(
+        "data directory {} is locked by {holder} ({}): another mortard or \
+         'mortarctl check --repair' is using it",
+        dir.display(),
+        dir.join(LOCK_FILE).display()
+    )
+}
+
 /// Reads the previous leader epoch and persists the next one (`man/mortarmq.7`, PUB:
 /// every start of a data directory takes the previous value + 1).
 fn next_leader_epoch(storage: &dyn Storage, dir: &Path) -> Result<u64, String> {
@@ -146,9 +215,10 @@ fn next_leader_epoch(storage: &dyn Storage, dir: &Path) -> Result<u64, String> {
 }
 
 impl Broker {
-    /// Opens the data directory: bumps and persists the leader epoch, loads the
-    /// registry, recovers every partition and rebuilds producer state. Runs before the
-    /// listener opens, so blocking I/O is fine here.
+    /// Opens the data directory: loads the registry, bumps and persists the leader epoch,
+    /// recovers every partition and rebuilds producer state. Runs before the listener
+    /// opens, so blocking I/O is fine here. The caller holds the directory's
+    /// [`DataDirLock`] (`mortard` takes it first thing, before anything is written).
     pub fn open(
         config: BrokerConfig,
         storage: Arc<dyn Storage>,
@@ -156,11 +226,12 @@ impl Broker {
         now: Now,
     ) -> Result<(Broker, StartupReport), String> {
         let dir = &config.data_dir;
-        crate::log::storage::create_dir_durable(&*storage, &dir.join(TOPICS_DIR))
-            .map_err(|e| format!("cannot create data directory {}: {e}", dir.display()))?;
-        let leader_epoch = next_leader_epoch(&*storage, dir)?;
-        let topics = TopicRegistry::load(Arc::clone(&storage), dir)?;
         let topics_dir = dir.join(TOPICS_DIR);
+        crate::log::storage::create_dir_durable(&*storage, &topics_dir)
+            .map_err(|e| format!("cannot create data directory {}: {e}", dir.display()))?;
+        // A start refused by the registry leaves every file (the epoch too) as it was.
+        let (topics, registry_read) = TopicRegistry::load(Arc::clone(&storage), dir)?;
+        let leader_epoch = next_leader_epoch(&*storage, dir)?;
         let mut broker = Broker {
             partitions: Partitions::new(Arc::clone(&storage), topics_dir, &config, leader_epoch),
             consume: ConsumeDriver::new(Arc::clone(&storage), &config),
@@ -180,15 +251,7 @@ impl Broker {
         };
         let pairs: Vec<topics::TopicPair> = broker.topics.registry().pairs().cloned().collect();
         for pair in &pairs {
-            for (topic_id, name) in pair.topics() {
-                for index in 0..pair.partition_count {
-                    broker
-                        .partitions
-                        .open((topic_id, index), &name, now, &mut broker.counters)
-                        .map_err(|e| e.to_string())?;
-                    report.partitions += 1;
-                }
-            }
+            report.partitions += broker.open_pair(pair, now)?;
         }
         report.truncations = broker.counters.recovery_truncations;
         report.group_positions = broker.consume.restore(
@@ -196,8 +259,31 @@ impl Broker {
             &mut broker.partitions,
             &mut broker.counters,
         )?;
-        report.orphan_dirs_removed = broker.remove_orphan_dirs(&pairs);
+        // Only a registry read from disk tells a deleted topic's directory from a live one.
+        if registry_read {
+            report.orphan_dirs_removed = broker.remove_orphan_dirs(&pairs);
+        }
         Ok((broker, report))
+    }
+
+    /// Opens the partitions of a registered pair at start; returns how many.
+    fn open_pair(&mut self, pair: &topics::TopicPair, now: Now) -> Result<usize, String> {
+        for (topic_id, name) in pair.topics() {
+            for index in 0..pair.partition_count {
+                self.partitions
+                    .open((topic_id, index), &name, now, &mut self.counters)
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        let topics_dir = self.config.data_dir.join(TOPICS_DIR);
+        match topics::write_missing_topic_files(&*self.storage, &topics_dir, pair) {
+            Ok(true) => log::info!("wrote the topic files of topic '{}'", pair.name),
+            Ok(false) => {}
+            // Only a later registry rebuild needs them: that would fall back to a
+            // placeholder name, so the start goes on.
+            Err(e) => log::warn!("cannot write the topic files of topic '{}': {e}", pair.name),
+        }
+        Ok(2 * usize::from(pair.partition_count))
     }
 
     fn remove_orphan_dirs(&self, pairs: &[topics::TopicPair]) -> usize {

@@ -181,16 +181,18 @@ impl Partitions {
                 producers.record(producer_id, seq, sequence, now.mono_ms);
             }
         });
-        if let Err(e) = scanned {
-            // A damaged record in a closed segment must not keep every topic down: the
-            // partition starts with the producer state found before it, reads of that
-            // record report the corruption, and the count shows in /stats.
-            log::error!(
-                "topic {} partition {}: producer state rebuild stopped: {e}",
-                key.0,
-                key.1
-            );
-            counters.corrupt_records_found += 1;
+        match scanned {
+            // Reads of a damaged record report it; the count shows in /stats.
+            Ok(damaged) => counters.corrupt_records_found += damaged,
+            Err(e) => {
+                // An I/O error must not keep every topic down: the partition starts with
+                // the producer state found before it.
+                log::error!(
+                    "topic {} partition {}: producer state rebuild stopped: {e}",
+                    key.0,
+                    key.1
+                );
+            }
         }
         (producers, first - 1)
     }
@@ -208,6 +210,8 @@ impl Partitions {
         DurableJob {
             storage: Arc::clone(&self.storage),
             work: Work::CreateTopic {
+                topics_dir: self.topics_dir.clone(),
+                pair: pair.clone(),
                 plan,
                 config: self.log_config,
                 opened: OpenedLogs::default(),

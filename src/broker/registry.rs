@@ -83,22 +83,61 @@ fn io_code(e: &io::Error) -> ErrorCode {
 }
 
 impl TopicRegistry {
-    /// Reads the registry file of `data_dir` (none yet: an empty registry).
+    /// Reads the registry file of `data_dir`, and whether one was read. A brand-new data
+    /// directory (no registry, nothing under `topics/`) gets an empty registry written
+    /// now, so that from its first DECLARE on a missing registry means a lost one. A
+    /// missing registry beside topic directories, or an unreadable one, refuses the start:
+    /// without the registry every topic directory would look deleted.
     pub(super) fn load(
         storage: Arc<dyn Storage>,
         data_dir: &Path,
-    ) -> Result<TopicRegistry, String> {
+    ) -> Result<(TopicRegistry, bool), String> {
         let path = data_dir.join(REGISTRY_FILE);
-        let registry = match meta::read_checked(&*storage, &path) {
-            Ok(Some(bytes)) => Registry::decode(&bytes).map_err(|e| format!("registry: {e}"))?,
-            Ok(None) => Registry::default(),
-            Err(e) => return Err(format!("registry: {e}")),
+        let topics_dir = data_dir.join(super::TOPICS_DIR);
+        let refuse = |what: String| {
+            format!(
+                "{what}: refusing to start; run 'mortarctl check --repair {}' to rebuild \
+                 the registry from the topic directories",
+                data_dir.display()
+            )
         };
-        Ok(TopicRegistry {
+        let unreadable = |why: String| {
+            refuse(format!(
+                "the topic registry {} is unreadable ({why})",
+                path.display()
+            ))
+        };
+        let (registry, read) = match meta::read_checked(&*storage, &path) {
+            Ok(Some(bytes)) => (Registry::decode(&bytes).map_err(unreadable)?, true),
+            Ok(None) => {
+                let entries = storage
+                    .list_dir(&topics_dir)
+                    .map_err(|e| format!("{}: {e}", topics_dir.display()))?
+                    .len();
+                if entries > 0 {
+                    return Err(refuse(format!(
+                        "the topic registry {} is missing but {} holds {entries} entries",
+                        path.display(),
+                        topics_dir.display()
+                    )));
+                }
+                let empty = Registry::default();
+                meta::write_atomic(&*storage, &path, &empty.encode())
+                    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                (empty, false)
+            }
+            Err(e) => {
+                // A damaged file's message starts with its path, already named.
+                let why = e.to_string();
+                let prefix = format!("{}: ", path.display());
+                return Err(unreadable(why.strip_prefix(&prefix).unwrap_or(&why).into()));
+            }
+        };
+        let topics = TopicRegistry {
             storage,
             registry,
             path,
-            topics_dir: data_dir.join(super::TOPICS_DIR),
+            topics_dir,
             version: 0,
             durable: 0,
             write_in_flight: false,
@@ -109,7 +148,8 @@ impl TopicRegistry {
             queued: VecDeque::new(),
             unwritten: BTreeMap::new(),
             retry_after_ms: 0,
-        })
+        };
+        Ok((topics, read))
     }
 
     pub fn registry(&self) -> &Registry {

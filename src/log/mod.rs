@@ -45,6 +45,7 @@ pub mod meta;
 pub mod simdisk;
 pub mod storage;
 
+mod checkpoint;
 mod error;
 mod mmap;
 mod record;
@@ -64,6 +65,7 @@ pub use segment::{
 };
 pub use storage::{FsStorage, Storage};
 
+use checkpoint::{PointWrite, RecoveryPoint, RECOVERY_POINT_FILE, RECOVERY_POINT_STRIDE_BYTES};
 use recovery::VerifyMode;
 use segment::{encode_header, Segment, Writer};
 use std::collections::VecDeque;
@@ -178,6 +180,8 @@ pub struct SyncJob {
     pub sync_dir: Option<PathBuf>,
     /// After a successful run, every sequence up to this one is durable.
     pub upto_sequence: u64,
+    /// Moves the recovery point to what earlier jobs made durable, after the syncs.
+    point: Option<PointWrite>,
 }
 
 impl SyncJob {
@@ -191,8 +195,20 @@ impl SyncJob {
         if let Some(dir) = &self.sync_dir {
             self.storage.sync_dir(dir)?;
         }
-        Ok(())
+        match &self.point {
+            Some(point) => point.run(),
+            None => Ok(()),
+        }
     }
+}
+
+/// A sync job taken and not yet reported.
+#[derive(Debug, Clone, Copy)]
+struct InFlightSync {
+    upto_sequence: u64,
+    done: bool,
+    /// Where `upto_sequence` ends: the recovery point it makes possible.
+    at: RecoveryPoint,
 }
 
 /// A buffered, not yet flushed record: its encoded length in `write_buf`.
@@ -306,6 +322,43 @@ fn sync_and_open_writer(
     Ok(())
 }
 
+/// Moves the recovery point to the end of the last segment, all of which is durable now:
+/// a stale point could name a segment recovery just removed, whose first sequence a new
+/// segment may take again.
+fn point_at_open(
+    storage: &dyn Storage,
+    dir: &Path,
+    segments: &[Segment],
+    found: Option<RecoveryPoint>,
+) -> Result<(FileRef, RecoveryPoint), StorageError> {
+    let path = dir.join(RECOVERY_POINT_FILE);
+    let io = |e: io::Error| StorageError::from_io(&path, None, e);
+    let file = storage.open(&path, Open::Create).map_err(io)?;
+    let last = segments.last().expect("a partition always has a segment");
+    let at = RecoveryPoint {
+        segment_first: last.first_sequence,
+        records: last.record_count,
+        end_position: last.len_bytes,
+    };
+    let writer = last.writer.as_ref().expect("the last segment has a writer");
+    if found == Some(at) {
+        // Recovery may have rewritten the index all the same (entries past the point):
+        // the point trusts the entries before it to be durable.
+        writer
+            .idx
+            .sync_data()
+            .map_err(|e| StorageError::from_io(&last.idx_path, None, e))?;
+    } else {
+        let write = PointWrite {
+            index: Arc::clone(&writer.idx),
+            file: Arc::clone(&file),
+            point: at,
+        };
+        write.run().map_err(io)?;
+    }
+    Ok((file, at))
+}
+
 /// The log of one topic partition, living in its own directory. Single-threaded: owned by
 /// the reactor; only [`SyncJob`]s cross to other threads.
 pub struct PartitionLog {
@@ -325,7 +378,12 @@ pub struct PartitionLog {
     /// and whether it completed. The synced watermark moves only over a completed prefix:
     /// a later job may cover only a newer segment (after a roll), so its success says
     /// nothing about the files of the jobs before it.
-    syncs_in_flight: VecDeque<(u64, bool)>,
+    syncs_in_flight: VecDeque<InFlightSync>,
+    /// Where `synced_sequence` ends (within the segment holding it).
+    synced_at: RecoveryPoint,
+    /// The recovery point last handed to a sync job (or written at open).
+    point_sent: RecoveryPoint,
+    point_file: FileRef,
     /// Segment files written since the last sync job (no duplicates).
     unsynced_files: Vec<FileRef>,
     /// A segment file was created since the last sync job.
@@ -351,7 +409,7 @@ impl PartitionLog {
         config.validate()?;
         let io = |path: &Path, e: io::Error| StorageError::from_io(path, None, e);
         storage::create_dir_durable(&**storage, dir).map_err(|e| io(dir, e))?;
-        let (recovered, mut report) = recovery::recover(&**storage, dir, VerifyMode::Tails)?;
+        let (recovered, mut report, point) = recovery::recover(&**storage, dir, VerifyMode::Tails)?;
         let mut segments: Vec<Segment> = recovered
             .iter()
             .map(|r| {
@@ -375,6 +433,7 @@ impl PartitionLog {
             report.next_sequence = 1;
         }
         sync_and_open_writer(&**storage, &mut segments)?;
+        let (point_file, at) = point_at_open(&**storage, dir, &segments, point)?;
         storage.sync_dir(dir).map_err(|e| io(dir, e))?;
         let written = segments[segments.len() - 1].end_sequence() - 1;
         if !report.is_clean() {
@@ -397,6 +456,9 @@ impl PartitionLog {
             synced_sequence: written,
             sync_taken_sequence: written,
             syncs_in_flight: VecDeque::new(),
+            synced_at: at,
+            point_sent: at,
+            point_file,
             unsynced_files: Vec::new(),
             dir_dirty: false,
             poisoned: None,
@@ -692,16 +754,47 @@ impl PartitionLog {
         if self.poisoned.is_some() || self.written_sequence <= self.sync_taken_sequence {
             return None;
         }
+        let active = self.active();
+        let at = RecoveryPoint {
+            segment_first: active.first_sequence,
+            records: active.record_count,
+            end_position: active.len_bytes,
+        };
         let job = SyncJob {
             storage: Arc::clone(&self.storage),
             files: std::mem::take(&mut self.unsynced_files),
             sync_dir: self.dir_dirty.then(|| self.dir.clone()),
             upto_sequence: self.written_sequence,
+            point: self.point_due(),
         };
         self.dir_dirty = false;
         self.sync_taken_sequence = self.written_sequence;
-        self.syncs_in_flight.push_back((job.upto_sequence, false));
+        self.syncs_in_flight.push_back(InFlightSync {
+            upto_sequence: job.upto_sequence,
+            done: false,
+            at,
+        });
         Some(job)
+    }
+
+    /// The recovery point to move to with the next sync job: where the completed jobs
+    /// left the active segment, once that is a stride past the last point sent. A point
+    /// about a closed segment is worth nothing (its seal covers it), so none is sent.
+    fn point_due(&mut self) -> Option<PointWrite> {
+        let at = self.synced_at;
+        let sent = self.point_sent;
+        let active = self.active();
+        let due = at.segment_first == active.first_sequence
+            && (sent.segment_first != at.segment_first
+                || at.end_position >= sent.end_position + RECOVERY_POINT_STRIDE_BYTES);
+        let writer = active.writer.as_ref().filter(|_| due)?;
+        let write = PointWrite {
+            index: Arc::clone(&writer.idx),
+            file: Arc::clone(&self.point_file),
+            point: at,
+        };
+        self.point_sent = at;
+        Some(write)
     }
 
     /// The job taken with this `upto_sequence` completed. Every record up to it is
@@ -710,9 +803,9 @@ impl PartitionLog {
         if let Some(entry) = self
             .syncs_in_flight
             .iter_mut()
-            .find(|(u, _)| *u == upto_sequence)
+            .find(|s| s.upto_sequence == upto_sequence)
         {
-            entry.1 = true;
+            entry.done = true;
         }
         if cfg!(feature = "sim-bug-early-ack") {
             // The hole the simulator must find: the watermark taken from whichever sync
@@ -720,9 +813,15 @@ impl PartitionLog {
             let upto = upto_sequence.min(self.written_sequence);
             self.synced_sequence = self.synced_sequence.max(upto);
         }
-        while let Some(&(upto, true)) = self.syncs_in_flight.front() {
+        while let Some(&InFlightSync {
+            upto_sequence: upto,
+            done: true,
+            at,
+        }) = self.syncs_in_flight.front()
+        {
             self.syncs_in_flight.pop_front();
             self.synced_sequence = self.synced_sequence.max(upto.min(self.written_sequence));
+            self.synced_at = at;
         }
     }
 
@@ -775,7 +874,11 @@ impl PartitionLog {
         // The injected hole moves the watermark past jobs still in flight; the simulator,
         // not this check, has to notice what that loses.
         let mut last = self.synced_sequence;
-        for &(upto, _) in self.syncs_in_flight.iter() {
+        for &InFlightSync {
+            upto_sequence: upto,
+            ..
+        } in self.syncs_in_flight.iter()
+        {
             if !cfg!(feature = "sim-bug-early-ack") {
                 assert!(upto > last, "sync jobs in order above the watermark");
             }
@@ -783,7 +886,7 @@ impl PartitionLog {
             last = upto;
         }
         assert!(
-            self.syncs_in_flight.front().is_none_or(|&(_, done)| !done),
+            self.syncs_in_flight.front().is_none_or(|s| !s.done),
             "a completed job at the head would have moved the watermark"
         );
         let pending: u64 = self.pending.iter().map(|r| u64::from(r.len)).sum();
@@ -792,6 +895,9 @@ impl PartitionLog {
             self.write_buf.len() as u64,
             "write buffer holds the pending records"
         );
+        // A recovery point claims only what completed jobs made durable.
+        let (at, sent) = (self.synced_at, self.point_sent);
+        assert!(sent.segment_first < at.segment_first || sent.end_position <= at.end_position);
         let mapped = self.segments.iter().filter(|s| s.is_mapped()).count();
         assert_eq!(mapped, self.mapped_segments);
         assert!(self.mapped_segments <= MAPPED_SEGMENTS_MAX);
@@ -897,21 +1003,33 @@ impl PartitionLog {
 
     /// Calls `f(sequence, timestamp_ms, producer_id, producer_seq)` for every flushed
     /// record from `from_sequence` on, CRC-checked. For rebuilding producer state at start.
+    /// Steps over damaged records (a record kept in place by recovery, or bit rot in a
+    /// closed segment) and returns how many: stopping at one would forget every producer
+    /// sequence after it, and resent records would be appended twice.
     pub fn scan_headers(
         &mut self,
         from_sequence: u64,
         mut f: impl FnMut(u64, u64, u64, u64),
-    ) -> Result<(), StorageError> {
-        let mut next = from_sequence;
-        loop {
-            let out = self.read(next, SCAN_HEADERS_BATCH_RECORDS, usize::MAX, |r| {
+    ) -> Result<u64, StorageError> {
+        let mut next = from_sequence.max(self.first_sequence());
+        let mut damaged = 0;
+        while next <= self.written_sequence {
+            let read = self.read(next, SCAN_HEADERS_BATCH_RECORDS, usize::MAX, |r| {
+                next = r.sequence + 1;
                 f(r.sequence, r.timestamp_ms, r.producer_id, r.producer_seq)
-            })?;
-            if out.records == 0 {
-                return Ok(());
+            });
+            match read {
+                Ok(out) if out.records == 0 => break,
+                Ok(_) => {}
+                // `next` is the damaged record: the callback saw every one before it.
+                Err(StorageError::Corrupt { .. }) => {
+                    damaged += 1;
+                    next += 1;
+                }
+                Err(e) => return Err(e),
             }
-            next = out.next_sequence;
         }
+        Ok(damaged)
     }
 
     /// Timestamp of the newest record of segment `i`, reading it if not cached.

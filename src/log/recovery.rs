@@ -12,6 +12,7 @@
 //! segment whose index fails the cheap check is scanned in full, once, and its index
 //! rewritten.
 
+use super::checkpoint::{self, RecoveryPoint};
 use super::error::StorageError;
 use super::record::{self, DecodeError, RECORD_LENGTH_BYTES};
 use super::segment::{
@@ -40,6 +41,8 @@ pub struct RecoveryReport {
     pub orphan_indexes_removed: u32,
     /// Every sequence at or above this that was ever written is gone (None: nothing lost).
     pub lost_from_sequence: Option<u64>,
+    /// Damaged records followed by whole ones, kept in place (reading them reports them).
+    pub damaged_records_kept: u64,
     /// Segments in the partition after recovery.
     pub segments: u32,
     pub first_sequence: u64,
@@ -108,58 +111,120 @@ pub(crate) struct ScanEnd {
     pub end_pos: u64,
     pub stop: Option<DecodeError>,
     pub last_timestamp_ms: Option<u64>,
+    /// Records passed, the damaged ones kept in place included.
     pub records: u64,
+    /// Damaged records kept in place (see [`Resync`]): position, sequence, what is wrong.
+    pub damaged: Vec<(u64, u64, DecodeError)>,
+}
+
+/// Whether a scan may step over a damaged record, and where else to look for the record
+/// after it. A torn write only ever damages the unsynced tail; a bad record followed by a
+/// whole record carrying the next sequence is damage in place (bit rot, a stray write)
+/// to records that may have been acknowledged long ago. Cutting there would throw away
+/// every good record after it, so recovery keeps it: reading it reports it.
+#[derive(Clone, Copy)]
+pub(crate) enum Resync<'a> {
+    /// Stop at the first bad record (the checker reports it).
+    Never,
+    /// Keep a damaged record that starts below `below` (the durable part: see
+    /// `checkpoint.rs`) when the next one is whole. The next one is looked for where the
+    /// damaged record's length says it ends and at the first of these index entries past
+    /// it (the length itself may be what is damaged). Index entries are only hints: a
+    /// record found through one must still pass its CRC and sequence checks.
+    KeepDamaged { index_hints: &'a [u32], below: u64 },
 }
 
 /// Reads records from `start_pos` until `file_len`, a bad record, or `max_records`,
 /// checking each one's length, CRC and sequence, and calls `visit(position)` for each
-/// good one. A bad record is reported in `stop`, not as an error: the caller decides
-/// whether to truncate (recovery) or to report (check).
+/// good one (and each damaged one `resync` keeps). A bad record is reported in `stop`,
+/// not as an error: the caller decides whether to truncate (recovery) or to report
+/// (check).
 pub(crate) fn scan_records(
     file: &dyn StorageFile,
     path: &Path,
-    start_pos: u64,
-    file_len: u64,
+    (start_pos, file_len): (u64, u64),
     first_sequence: u64,
     max_records: Option<u64>,
+    resync: Resync<'_>,
     mut visit: impl FnMut(u64),
 ) -> Result<ScanEnd, StorageError> {
-    let mut reader =
-        BufReader::with_capacity(RECOVERY_READ_BUFFER_BYTES, FileReader::new(file, start_pos));
+    let reader_at =
+        |pos| BufReader::with_capacity(RECOVERY_READ_BUFFER_BYTES, FileReader::new(file, pos));
+    let mut reader = reader_at(start_pos);
     let mut buf = Vec::new();
     let mut end = ScanEnd {
         end_pos: start_pos,
         stop: None,
         last_timestamp_ms: None,
         records: 0,
+        damaged: Vec::new(),
     };
     loop {
         let pos = end.end_pos;
         if pos >= file_len || max_records.is_some_and(|m| end.records >= m) {
             return Ok(end);
         }
+        let sequence = first_sequence + end.records;
         let available = (file_len - pos) as usize;
-        let total = match read_record(&mut reader, &mut buf, available) {
-            Ok(Ok(total)) => total,
-            Ok(Err(bad)) => {
+        let read = read_record(&mut reader, &mut buf, available)
+            .map_err(|e| io_err(path, Some(pos), e))?;
+        let claimed_end = read.as_ref().ok().map(|&total| pos + total as u64);
+        let decoded = read.and_then(|total| {
+            record::decode(&buf, Some(sequence)).map(|(d, _)| (d.timestamp_ms, total))
+        });
+        let bad = match decoded {
+            Ok((timestamp_ms, total)) => {
+                visit(pos);
+                end.last_timestamp_ms = Some(timestamp_ms);
+                end.end_pos = pos + total as u64;
+                end.records += 1;
+                continue;
+            }
+            Err(bad) => bad,
+        };
+        let index_hints = match resync {
+            Resync::KeepDamaged { index_hints, below } if pos < below => index_hints,
+            _ => {
                 end.stop = Some(bad);
                 return Ok(end);
             }
-            Err(e) => return Err(io_err(path, Some(pos), e)),
         };
-        match record::decode(&buf, Some(first_sequence + end.records)) {
-            Ok((d, _)) => {
-                visit(pos);
-                end.last_timestamp_ms = Some(d.timestamp_ms);
-                end.end_pos = pos + total as u64;
-                end.records += 1;
-            }
-            Err(e) => {
-                end.stop = Some(e);
-                return Ok(end);
-            }
-        }
+        let after = index_hints.iter().map(|&p| u64::from(p)).find(|&p| p > pos);
+        let next = [claimed_end, after]
+            .into_iter()
+            .flatten()
+            .filter(|&p| p < file_len)
+            .find_map(|p| whole_record_at(file, p, file_len, sequence + 1).map(|r| (p, r)));
+        let Some((next_pos, (timestamp_ms, total))) = next else {
+            end.stop = Some(bad);
+            return Ok(end);
+        };
+        visit(pos);
+        visit(next_pos);
+        end.damaged.push((pos, sequence, bad));
+        end.last_timestamp_ms = Some(timestamp_ms);
+        end.end_pos = next_pos + total as u64;
+        end.records += 2;
+        reader = reader_at(end.end_pos);
     }
+}
+
+/// The timestamp and length of the record at `pos` when it is whole and numbered
+/// `sequence`; `None` otherwise, a failed read included (this only looks for a reason to
+/// keep data, never for one to drop it).
+fn whole_record_at(
+    file: &dyn StorageFile,
+    pos: u64,
+    file_len: u64,
+    sequence: u64,
+) -> Option<(u64, usize)> {
+    let mut reader = FileReader::new(file, pos);
+    let mut buf = Vec::new();
+    let total = read_record(&mut reader, &mut buf, (file_len - pos) as usize)
+        .ok()?
+        .ok()?;
+    let (d, _) = record::decode(&buf, Some(sequence)).ok()?;
+    Some((d.timestamp_ms, total))
 }
 
 /// Reads the next record's bytes into `buf` when `available` bytes can hold it; the
@@ -206,14 +271,17 @@ fn plausible_prefix_len(entries: &[u32], file_len: u64) -> usize {
     entries.len()
 }
 
-/// Recovers every segment in `dir`, oldest first, truncating at the first bad record and
-/// removing everything after it. Leaves each surviving segment's index exact.
+/// Recovers every segment in `dir`, oldest first, truncating at the first bad record past
+/// the recovery point (before it, a bad record is kept in place: `checkpoint.rs`) and
+/// removing everything after a cut. Leaves each surviving segment's index exact. Also
+/// returns the recovery point it went by.
 pub(crate) fn recover(
     storage: &dyn Storage,
     dir: &Path,
     mode: VerifyMode,
-) -> Result<(Vec<RecoveredSegment>, RecoveryReport), StorageError> {
+) -> Result<(Vec<RecoveredSegment>, RecoveryReport, Option<RecoveryPoint>), StorageError> {
     let mut report = RecoveryReport::default();
+    let point = checkpoint::read(storage, dir);
     let (logs, idxs) = list_dir(storage, dir)?;
     for seq in idxs.iter().filter(|s| logs.binary_search(s).is_err()) {
         // Retention unlinks the .log first, so a crash between the two unlinks leaves this.
@@ -241,7 +309,8 @@ pub(crate) fn recover(
             }
         }
         let next_first = logs.get(n + 1).copied();
-        let (seg, cut) = recover_segment(storage, dir, (first, next_first), mode, &mut report)?;
+        let range = (first, next_first);
+        let (seg, cut) = recover_segment(storage, dir, range, (mode, point), &mut report)?;
         out.push(seg);
         if cut {
             cut_after = Some(n + 1);
@@ -274,7 +343,7 @@ pub(crate) fn recover(
         report.first_sequence = first.first_sequence;
         report.next_sequence = last.first_sequence + last.record_count;
     }
-    Ok((out, report))
+    Ok((out, report, point))
 }
 
 /// One segment file being recovered.
@@ -325,10 +394,10 @@ impl<'s> SegmentFile<'s> {
         scan_records(
             &*self.file,
             &self.path,
-            pos,
-            self.len,
+            (pos, self.len),
             sequence,
             max,
+            Resync::Never,
             |_| {},
         )
     }
@@ -466,12 +535,42 @@ impl IndexFile {
     }
 }
 
+/// What the recovery point says of one segment.
+#[derive(Debug, Clone, Copy)]
+enum Durable {
+    /// It names a later segment: every byte of this one was durable.
+    All,
+    /// It names this segment: its records up to the point were durable.
+    Upto(RecoveryPoint),
+    /// Nothing: a damaged record may be a torn write.
+    Unknown,
+}
+
+impl Durable {
+    fn of(point: Option<RecoveryPoint>, first: u64) -> Durable {
+        match point {
+            Some(p) if p.segment_first > first => Durable::All,
+            Some(p) if p.segment_first == first => Durable::Upto(p),
+            _ => Durable::Unknown,
+        }
+    }
+
+    /// Bytes below this were durable: a bad record there is damage, not a torn write.
+    fn below(self) -> u64 {
+        match self {
+            Durable::All => u64::MAX,
+            Durable::Upto(p) => p.end_position,
+            Durable::Unknown => 0,
+        }
+    }
+}
+
 /// Recovers one segment. Returns it and whether it was cut (so later segments must go).
 fn recover_segment(
     storage: &dyn Storage,
     dir: &Path,
     (first, next_first): (u64, Option<u64>),
-    mode: VerifyMode,
+    (mode, point): (VerifyMode, Option<RecoveryPoint>),
     report: &mut RecoveryReport,
 ) -> Result<(RecoveredSegment, bool), StorageError> {
     let is_last = next_first.is_none();
@@ -486,27 +585,49 @@ fn recover_segment(
     let plausible = plausible_prefix_len(&index.entries, seg.len);
     let idx_whole =
         index.bytes.len() % 4 == 0 && plausible == index.entries.len() && !index.missing;
-    if let Some(next) = next_first.filter(|_| mode == VerifyMode::Tails) {
-        if idx_whole && index.sealed {
+    let durable = Durable::of(point, first);
+    if mode == VerifyMode::Tails {
+        if let Some(next) = next_first.filter(|_| idx_whole && index.sealed) {
             if let Some(recovered) = seg.closed_checks_out(&index.entries, next)? {
                 return Ok((recovered, false));
             }
         }
     }
-    // The last segment, and a closed one whose seal did not check out, are read whole:
-    // after a power cut any unsynced index entry may be stale or torn.
+    // Trusted without reading: the durable records of the last segment, which the point
+    // names with their (durable) index entries. The rest is read record by record.
+    let mut positions: Vec<u32> = match durable {
+        Durable::Upto(p) if mode == VerifyMode::Tails => {
+            trusted_prefix(&index.entries[..plausible], p, seg.len)
+        }
+        _ => Vec::new(),
+    };
+    let start = match positions.len() {
+        0 => SEGMENT_HEADER_BYTES as u64,
+        _ => durable.below(),
+    };
     // A closed segment holds exactly the records up to the next one's first: anything
     // after them is a failed write whose undo the power cut lost.
-    let mut positions: Vec<u32> = Vec::new();
+    let trusted = positions.len() as u64;
     let end = scan_records(
         &*seg.file,
         &seg.path,
-        SEGMENT_HEADER_BYTES as u64,
-        seg.len,
-        first,
-        next_first.map(|next| next.saturating_sub(first)),
+        (start, seg.len),
+        first + trusted,
+        next_first.map(|next| next.saturating_sub(first + trusted)),
+        Resync::KeepDamaged {
+            index_hints: &index.entries[..plausible],
+            below: durable.below(),
+        },
         |p| positions.push(p as u32),
     )?;
+    for (pos, sequence, why) in &end.damaged {
+        log::warn!(
+            "{}: corrupt record at byte {pos} (sequence {sequence}: {why}), below the \
+             recovery point: kept in place, reading it reports it",
+            seg.path.display()
+        );
+    }
+    report.damaged_records_kept += end.damaged.len() as u64;
     let records = positions.len() as u64;
     let whole = next_first == Some(first + records);
     if end.stop.is_some() || end.end_pos < seg.len {
@@ -520,6 +641,22 @@ fn recover_segment(
     }
     let ts = end.last_timestamp_ms;
     Ok((seg.segment(end.end_pos, positions.len() as u64, ts), cut))
+}
+
+/// The index entries of the records `point` says were durable, when the index agrees
+/// with it (it was synced before the point was written); none when it does not, and the
+/// segment is read from its start.
+fn trusted_prefix(entries: &[u32], point: RecoveryPoint, file_len: u64) -> Vec<u32> {
+    let n = point.records as usize;
+    let agrees = n > 0
+        && n <= entries.len()
+        && u64::from(entries[n - 1]) < point.end_position
+        && point.end_position <= file_len;
+    if agrees {
+        entries[..n].to_vec()
+    } else {
+        Vec::new()
+    }
 }
 
 /// One finding of [`check_partition`].
@@ -603,10 +740,10 @@ pub fn check_partition(
         let end = scan_records(
             &*file,
             &path,
-            SEGMENT_HEADER_BYTES as u64,
-            file_len,
+            (SEGMENT_HEADER_BYTES as u64, file_len),
             first,
             None,
+            Resync::Never,
             |p| positions.push(p as u32),
         )?;
         if let Some(why) = end.stop {
@@ -619,7 +756,7 @@ pub fn check_partition(
     }
     report.problems = problems;
     if repair && !report.problems.is_empty() {
-        let (_, recovered) = recover(storage, dir, VerifyMode::Everything)?;
+        let (_, recovered, _) = recover(storage, dir, VerifyMode::Everything)?;
         report.repaired = Some(recovered);
     }
     Ok(report)

@@ -866,3 +866,112 @@ fn the_synced_watermark_moves_only_over_a_completed_prefix_of_sync_jobs() {
         "nothing past the failure"
     );
 }
+
+#[test]
+fn damage_below_the_recovery_point_is_kept_and_damage_above_it_is_cut() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let (mut log, _) = open(dir, cfg(1 << 20));
+    append_range(&mut log, 20, 1);
+    drop(log);
+    // Opening makes all 20 durable and moves the recovery point past them; 21..=30 are
+    // then written and never synced.
+    let (mut log, _) = open(dir, cfg(1 << 20));
+    append_range(&mut log, 10, 1);
+    drop(log);
+    let point = checkpoint::read(&FsStorage, dir).unwrap();
+    assert_eq!((point.segment_first, point.records), (1, 20));
+    let positions = decode_index(&fs::read(index_path(dir, 1)).unwrap()).entries;
+    let path = segment_path(dir, 1);
+    let mut bytes = fs::read(&path).unwrap();
+    for sequence in [5, 25] {
+        bytes[positions[sequence - 1] as usize + RECORD_OVERHEAD_BYTES + 4] ^= 0x01;
+    }
+    fs::write(&path, &bytes).unwrap();
+
+    let (mut log, report) = open(dir, cfg(1 << 20));
+    // Below the point nothing is read at open: record 5 shows up when read.
+    assert_eq!(report.damaged_records_kept, 0);
+    assert_eq!(
+        report.truncated_at,
+        Some((path.clone(), u64::from(positions[24])))
+    );
+    assert_eq!(report.lost_from_sequence, Some(25));
+    assert_eq!(log.written_sequence(), 24);
+    assert!(matches!(log.read_one(5), Err(StorageError::Corrupt { .. })));
+    assert_holds(&mut log, 6, 24);
+    let mut seen = Vec::new();
+    let damaged = log.scan_headers(1, |s, _, _, _| seen.push(s)).unwrap();
+    assert_eq!(damaged, 1);
+    assert_eq!(seen, (1..=24).filter(|&s| s != 5).collect::<Vec<_>>());
+    drop(log);
+    // A repair reads every record: it finds record 5 and keeps it, and what follows.
+    let check = check_partition(&FsStorage, dir, true).unwrap();
+    assert_eq!(check.problems[0].position, u64::from(positions[4]));
+    let repaired = check.repaired.unwrap();
+    assert_eq!(repaired.damaged_records_kept, 1);
+    assert!(repaired.is_clean(), "{repaired:?}");
+    let (mut log, _) = open(dir, cfg(1 << 20));
+    assert_holds(&mut log, 6, 24);
+}
+
+#[test]
+fn a_damaged_length_in_a_durable_segment_is_stepped_over_by_the_index() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let (mut log, _) = open(dir, cfg(300));
+    append_range(&mut log, 30, 1);
+    drop(log);
+    // Opening makes every segment durable and puts the point in the last one.
+    drop(open(dir, cfg(300)).0);
+    let segs = log_files(dir);
+    assert!(segs.len() >= 3);
+    let idx_path = index_path(dir, segs[0]);
+    let mut idx = fs::read(&idx_path).unwrap();
+    let positions = decode_index(&idx).entries;
+    assert!(positions.len() >= 3);
+    // Record 2's length is garbage, and the seal no longer checks out, so the segment
+    // is read record by record: only the index can say where record 3 starts.
+    let path = segment_path(dir, segs[0]);
+    let mut bytes = fs::read(&path).unwrap();
+    let at = positions[1] as usize;
+    bytes[at..at + 4].copy_from_slice(&[0xFF; 4]);
+    fs::write(&path, &bytes).unwrap();
+    let last = idx.len() - 1;
+    idx[last] ^= 0x01;
+    fs::write(&idx_path, &idx).unwrap();
+    let (mut log, report) = open(dir, cfg(300));
+    assert_eq!(report.damaged_records_kept, 1, "{report:?}");
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(log.written_sequence(), 30);
+    assert!(log.read_one(2).is_err());
+    assert_holds(&mut log, 3, 30);
+}
+
+#[test]
+fn a_sync_job_moves_the_recovery_point_a_stride_after_the_last() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let (mut log, _) = open(dir, cfg(64 << 20));
+    let value = vec![7u8; 64 * 1024];
+    let mut sync = |log: &mut PartitionLog| {
+        let job = log.take_sync_job().unwrap();
+        let moved = job.point.as_ref().map(|p| p.point);
+        job.run().unwrap();
+        log.sync_done(job.upto_sequence);
+        log.check_invariants();
+        moved
+    };
+    let mut moved = Vec::new();
+    for round in 0..100 {
+        append_value(&mut log, round, &value);
+        log.flush().unwrap();
+        moved.extend(sync(&mut log));
+    }
+    // 100 records of 64 KiB: the point moves once it trails by 4 MiB, to what the job
+    // before had made durable.
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    let stride_records = RECOVERY_POINT_STRIDE_BYTES.div_ceil(value.len() as u64 + 100);
+    assert!(moved[0].records >= stride_records - 1, "{moved:?}");
+    assert_eq!(checkpoint::read(&FsStorage, dir), Some(moved[0]));
+}
