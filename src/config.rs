@@ -533,6 +533,13 @@ impl Config {
                 ));
             }
         }
+        if self.token_file.is_none() && !self.reactor.listen.ip().is_loopback() {
+            out.push(format!(
+                "--listen {} is not loopback and there is no --token-file: anyone who can \
+                 reach it can publish and consume; give it a token file or firewall it",
+                self.reactor.listen
+            ));
+        }
         if let Some(peer) = self.listen_peer {
             out.push(format!(
                 "--listen-peer {peer}: replication is not implemented yet; nothing listens there"
@@ -1646,6 +1653,18 @@ mod tests {
         assert!(w[0].contains("not loopback"));
         assert!(w[1].contains("nothing listens"));
         assert!(run(&["--admin-listen", "[::1]:7412"]).warnings().is_empty());
+        // Clients on a reachable address with no token file: anyone may come in.
+        let open = run(&["--listen", "0.0.0.0:7411"]).warnings();
+        assert_eq!(open.len(), 1, "{open:?}");
+        assert!(open[0].contains("no --token-file"), "{open:?}");
+        let guarded = [
+            "--listen",
+            "0.0.0.0:7411",
+            "--token-file",
+            "/etc/mortar/tokens",
+        ];
+        assert!(run(&guarded).warnings().is_empty());
+        assert!(run(&["--listen", "[::1]:7411"]).warnings().is_empty());
     }
 
     // ---- the man page documents exactly the table's flags, with its defaults ----
