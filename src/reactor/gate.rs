@@ -141,7 +141,8 @@ fn err_log_line(serial: u64, err: &ErrFrame<'_>, dropped: u64) -> String {
         err.code, err.request_op
     );
     let room = ERR_LOG_LINE_BYTES_MAX.saturating_sub(head.len() + "\"...".len());
-    // Escaping at most grows a byte to 10 (`\u{fffd}`), so this many bytes are plenty.
+    // The escaped form is never shorter than the bytes it shows, so `room` bytes of the
+    // message are enough to fill the line; the rest is never looked at.
     let sample = &err.message[..err.message.len().min(room)];
     let mut message: String = String::from_utf8_lossy(sample).escape_debug().collect();
     let cut = message.len() > room || sample.len() < err.message.len();

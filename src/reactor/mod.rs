@@ -17,6 +17,10 @@
 //! many unanswered requests) stops handling at a frame boundary and stops reading the
 //! socket, and resumes below the low-water marks. Bytes are never dropped.
 //!
+//! `accept.rs` holds the accept path (listen backlog, retry after EMFILE); `gate.rs`
+//! what surrounds CONNECT (failed tokens answered late, client ERR frames logged
+//! briefly); the connect timeout is one more deadline of the timer heap.
+//!
 //! Depends on every room below it: `wire`, `session`, `broker`, `fsync`.
 
 mod accept;
