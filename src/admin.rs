@@ -27,7 +27,7 @@ use crate::consume::CoordinatorSnapshot;
 
 pub use http::{
     pending_requests, rss_bytes, Admin, ADMIN_CONNECTIONS_MAX, ADMIN_REQUEST_HEAD_BYTES_MAX,
-    ADMIN_REQUEST_TIMEOUT_MS, REACTOR_STALL_MS, SNAPSHOT_TIMEOUT_MS,
+    ADMIN_REQUEST_TIMEOUT_MS, ADMIN_THREADS_MAX, REACTOR_STALL_MS, SNAPSHOT_TIMEOUT_MS,
 };
 pub use metrics::{Kind, Metric, Point, Read, Unit, METRICS, STATS_SECTIONS};
 pub use render::{in_stats_order, render_metrics, render_stats, Json};

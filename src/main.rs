@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use std::sync::Arc;
 
-use mortarmq::admin::{Admin, ADMIN_CONNECTIONS_MAX};
+use mortarmq::admin::{Admin, ADMIN_THREADS_MAX};
 use mortarmq::broker::{Broker, Now};
 use mortarmq::config::{self, Command, Config};
 use mortarmq::reactor::Reactor;
@@ -108,7 +108,8 @@ fn check_descriptor_limit(limit: Option<u64>, max_connections: usize, partitions
     let Some(limit) = limit else {
         return;
     };
-    let margin = ADMIN_CONNECTIONS_MAX as u64 + DESCRIPTORS_MARGIN;
+    // An admin connection thread holds its socket until it ends, evicted or not.
+    let margin = ADMIN_THREADS_MAX as u64 + DESCRIPTORS_MARGIN;
     let partition_fds = DESCRIPTORS_PER_PARTITION * partitions as u64;
     let needed = max_connections as u64 + partition_fds + margin;
     if needed > limit {

@@ -14,7 +14,7 @@ use std::io::{self, BufWriter, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -31,6 +31,10 @@ pub const REACTOR_STALL_MS: u64 = 5_000;
 /// the oldest one still sending its request, so idle connections cannot lock out a
 /// `/healthz` probe; when all are being answered it gets 503 at once.
 pub const ADMIN_CONNECTIONS_MAX: usize = 16;
+/// Connection threads alive at once: the connections served plus evicted ones still
+/// ending. A newcomer past it gets 503 at once, so a flood of connections cannot pile
+/// up threads faster than they end.
+pub const ADMIN_THREADS_MAX: usize = 2 * ADMIN_CONNECTIONS_MAX;
 /// A request's line and headers must arrive whole within this: a client that opens a
 /// connection and sends nothing (or a byte a second) holds a slot no longer.
 pub const ADMIN_REQUEST_TIMEOUT_MS: u64 = 3_000;
@@ -147,24 +151,31 @@ fn accept_loop(listener: &TcpListener, ctx: &Arc<Ctx>, stop: &AtomicBool) {
 /// Serves a new connection on a thread of its own, if there is room for it.
 fn admit(stream: TcpStream, ctx: &Arc<Ctx>, conns: &Arc<Conns>) {
     let stream = Arc::new(stream);
-    let Some(id) = conns.enter(&stream) else {
+    let slot = match conns.threads.load(Ordering::Acquire) < ADMIN_THREADS_MAX {
+        true => conns.enter(&stream),
+        false => None,
+    };
+    let Some(id) = slot else {
         let busy = "every admin connection is being answered; try again\n";
         let _ = stream.set_write_timeout(Some(Duration::from_millis(ADMIN_WRITE_TIMEOUT_MS)));
         respond(&stream, 503, busy.to_string(), &[]);
         return;
     };
     let (ctx, conns_of_thread, stream) = (Arc::clone(ctx), Arc::clone(conns), stream);
+    conns.threads.fetch_add(1, Ordering::AcqRel);
     let spawned = std::thread::Builder::new()
         .name("mortar-admin-conn".into())
         .stack_size(ADMIN_THREAD_STACK_BYTES)
         .spawn(move || {
             ctx.serve_conn(&stream, id, &conns_of_thread);
             conns_of_thread.leave(id);
+            conns_of_thread.threads.fetch_sub(1, Ordering::AcqRel);
         });
     if let Err(e) = spawned {
         // Out of threads or memory: this connection is dropped, the listener goes on.
         log::warn!("admin connection dropped: cannot start its thread: {e}");
         conns.leave(id);
+        conns.threads.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -173,6 +184,8 @@ fn admit(stream: TcpStream, ctx: &Arc<Ctx>, conns: &Arc<Conns>) {
 struct Conns {
     table: Mutex<Vec<ConnEntry>>,
     next_id: AtomicU64,
+    /// Connection threads alive (at most [`ADMIN_THREADS_MAX`]).
+    threads: AtomicUsize,
 }
 
 struct ConnEntry {
