@@ -14,9 +14,9 @@ use std::io::{self, BufWriter, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -32,9 +32,14 @@ pub const REACTOR_STALL_MS: u64 = 5_000;
 /// `/healthz` probe; when all are being answered it gets 503 at once.
 pub const ADMIN_CONNECTIONS_MAX: usize = 16;
 /// Connection threads alive at once: the connections served plus evicted ones still
-/// ending. A newcomer past it gets 503 at once, so a flood of connections cannot pile
-/// up threads faster than they end.
+/// ending. At it, the accept thread waits for one to end (up to
+/// [`ADMIN_THREAD_WAIT_MS`]), so a flood of connections cannot pile up threads faster
+/// than they end; it is accepted only as fast as evicted threads go.
 pub const ADMIN_THREADS_MAX: usize = 2 * ADMIN_CONNECTIONS_MAX;
+/// How long a newcomer waits for a thread to end before it gets 503. Only evicted
+/// threads (blocked in a read that now fails) are waited for, so this is slack for a
+/// loaded machine, not a queue.
+const ADMIN_THREAD_WAIT_MS: u64 = 1_000;
 /// A request's line and headers must arrive whole within this: a client that opens a
 /// connection and sends nothing (or a byte a second) holds a slot no longer.
 pub const ADMIN_REQUEST_TIMEOUT_MS: u64 = 3_000;
@@ -151,31 +156,30 @@ fn accept_loop(listener: &TcpListener, ctx: &Arc<Ctx>, stop: &AtomicBool) {
 /// Serves a new connection on a thread of its own, if there is room for it.
 fn admit(stream: TcpStream, ctx: &Arc<Ctx>, conns: &Arc<Conns>) {
     let stream = Arc::new(stream);
-    let slot = match conns.threads.load(Ordering::Acquire) < ADMIN_THREADS_MAX {
-        true => conns.enter(&stream),
-        false => None,
-    };
-    let Some(id) = slot else {
+    let slot = conns.take_thread().then(|| conns.enter(&stream));
+    let Some(Some(id)) = slot else {
+        if slot.is_some() {
+            conns.thread_done();
+        }
         let busy = "every admin connection is being answered; try again\n";
         let _ = stream.set_write_timeout(Some(Duration::from_millis(ADMIN_WRITE_TIMEOUT_MS)));
         respond(&stream, 503, busy.to_string(), &[]);
         return;
     };
     let (ctx, conns_of_thread, stream) = (Arc::clone(ctx), Arc::clone(conns), stream);
-    conns.threads.fetch_add(1, Ordering::AcqRel);
     let spawned = std::thread::Builder::new()
         .name("mortar-admin-conn".into())
         .stack_size(ADMIN_THREAD_STACK_BYTES)
         .spawn(move || {
             ctx.serve_conn(&stream, id, &conns_of_thread);
             conns_of_thread.leave(id);
-            conns_of_thread.threads.fetch_sub(1, Ordering::AcqRel);
+            conns_of_thread.thread_done();
         });
     if let Err(e) = spawned {
         // Out of threads or memory: this connection is dropped, the listener goes on.
         log::warn!("admin connection dropped: cannot start its thread: {e}");
         conns.leave(id);
-        conns.threads.fetch_sub(1, Ordering::AcqRel);
+        conns.thread_done();
     }
 }
 
@@ -184,8 +188,10 @@ fn admit(stream: TcpStream, ctx: &Arc<Ctx>, conns: &Arc<Conns>) {
 struct Conns {
     table: Mutex<Vec<ConnEntry>>,
     next_id: AtomicU64,
-    /// Connection threads alive (at most [`ADMIN_THREADS_MAX`]).
-    threads: AtomicUsize,
+    /// Connection threads alive (at most [`ADMIN_THREADS_MAX`]), and a signal when one
+    /// ends.
+    threads: Mutex<usize>,
+    thread_ended: Condvar,
 }
 
 struct ConnEntry {
@@ -196,6 +202,29 @@ struct ConnEntry {
 }
 
 impl Conns {
+    /// Counts one more connection thread, waiting up to [`ADMIN_THREAD_WAIT_MS`] for
+    /// room; false if there was none.
+    fn take_thread(&self) -> bool {
+        let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        let wait = Duration::from_millis(ADMIN_THREAD_WAIT_MS);
+        let full = |n: &mut usize| *n >= ADMIN_THREADS_MAX;
+        let (mut threads, _) = self
+            .thread_ended
+            .wait_timeout_while(threads, wait, full)
+            .unwrap_or_else(|e| e.into_inner());
+        if *threads >= ADMIN_THREADS_MAX {
+            return false;
+        }
+        *threads += 1;
+        true
+    }
+
+    fn thread_done(&self) {
+        let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        *threads = threads.saturating_sub(1);
+        self.thread_ended.notify_one();
+    }
+
     /// Takes a slot for `stream`, closing the oldest connection still reading its
     /// request if every slot is taken; `None` if all are being answered.
     fn enter(&self, stream: &Arc<TcpStream>) -> Option<u64> {
@@ -498,6 +527,24 @@ mod tests {
         let (client, server) = pair();
         drop(client);
         assert_eq!(read_head(&server), Err(HeadError::Closed));
+    }
+
+    #[test]
+    fn at_the_thread_cap_a_newcomer_waits_for_a_thread_to_end() {
+        let conns = Arc::new(Conns::default());
+        for _ in 0..ADMIN_THREADS_MAX {
+            assert!(conns.take_thread());
+        }
+        let ending = Arc::clone(&conns);
+        let ender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            ending.thread_done();
+        });
+        let started = Instant::now();
+        assert!(conns.take_thread(), "one ended within the wait");
+        assert!(started.elapsed() < Duration::from_millis(ADMIN_THREAD_WAIT_MS));
+        ender.join().unwrap();
+        assert!(!conns.take_thread(), "none ends: refused after the wait");
     }
 
     #[test]
