@@ -1,4 +1,4 @@
-//! The admin room: a tiny_http thread serving `/healthz`, `/metrics` and `/stats`.
+//! The admin room: an HTTP listener serving `/healthz`, `/metrics` and `/stats`.
 //!
 //! It never touches reactor or broker state. For `/metrics` and `/stats` it sends an
 //! [`AdminRequest`] through a channel, wakes the reactor with its `Waker`, and waits a
@@ -25,7 +25,10 @@ use std::sync::mpsc::SyncSender;
 use crate::broker::BrokerCounters;
 use crate::consume::CoordinatorSnapshot;
 
-pub use http::{pending_requests, rss_bytes, Admin, REACTOR_STALL_MS, SNAPSHOT_TIMEOUT_MS};
+pub use http::{
+    pending_requests, rss_bytes, Admin, ADMIN_CONNECTIONS_MAX, ADMIN_REQUEST_HEAD_BYTES_MAX,
+    ADMIN_REQUEST_TIMEOUT_MS, ADMIN_THREADS_MAX, REACTOR_STALL_MS, SNAPSHOT_TIMEOUT_MS,
+};
 pub use metrics::{Kind, Metric, Point, Read, Unit, METRICS, STATS_SECTIONS};
 pub use render::{in_stats_order, render_metrics, render_stats, Json};
 

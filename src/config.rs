@@ -65,6 +65,9 @@ pub const SEGMENT_SIZE_BYTES_MAX: u64 = GIB;
 /// workers, and each thread reserves a stack that a small host feels.
 pub const FSYNC_THREADS_MAX: u64 = 64;
 
+/// Largest `--listen-backlog`: listen(2) takes an int.
+pub const LISTEN_BACKLOG_MAX: u64 = i32::MAX as u64;
+
 /// Largest `--max-credit-size`: SUB and CREDIT carry `credit_bytes` as a u32.
 pub const CREDIT_SIZE_BYTES_MAX: u64 = u32::MAX as u64;
 
@@ -287,12 +290,17 @@ const FLAGS: &[FlagSpec] = {
         "CONNECT tokens, one per line; none = accept all"),
     row("max-connections", Network, field!(Count(u32::MAX), reactor.max_connections),
         AtLeastOne, "client connections; more get CONNECTION_LIMIT"),
+    row("listen-backlog", Network, field!(Count(LISTEN_BACKLOG_MAX), reactor.listen_backlog),
+        Any, "queued connections; 0 = net.core.somaxconn, >= 1024"),
     row("idle-timeout", Network, field!(Dur, reactor.idle_timeout_ms),
         Positive("0 would close every connection at once"),
         "close a connection with no complete frame this long"),
     row("half-frame-timeout", Network, field!(Dur, reactor.half_frame_timeout_ms),
         Positive("0 would close every connection in the middle of its first frame"),
         "close a connection whose begun frame is not done"),
+    row("connect-timeout", Network, field!(Dur, reactor.connect_timeout_ms),
+        Positive("0 would close every connection before its CONNECT"),
+        "close a connection not CONNECTed this long"),
     row("data-dir", Storage, field!(Path, broker.data_dir), Any,
         "segment log, topic registry and group positions"),
     row("segment-size", Storage, field!(Size, broker.log.segment_size_bytes),
@@ -524,6 +532,13 @@ impl Config {
                      and group names to anyone who can reach it; firewall it"
                 ));
             }
+        }
+        if self.token_file.is_none() && !self.reactor.listen.ip().is_loopback() {
+            out.push(format!(
+                "--listen {} is not loopback and there is no --token-file: anyone who can \
+                 reach it can publish and consume; give it a token file or firewall it",
+                self.reactor.listen
+            ));
         }
         if let Some(peer) = self.listen_peer {
             out.push(format!(
@@ -880,8 +895,10 @@ mod tests {
         "listen-peer",
         "token-file",
         "max-connections",
+        "listen-backlog",
         "idle-timeout",
         "half-frame-timeout",
+        "connect-timeout",
         "data-dir",
         "segment-size",
         "retention-size",
@@ -1091,11 +1108,17 @@ mod tests {
             c.token_file.as_deref() == Some("/etc/mortar/tokens".as_ref())
         }),
         ("max-connections", "10", |c| c.reactor.max_connections == 10),
+        ("listen-backlog", "8192", |c| {
+            c.reactor.listen_backlog == 8192
+        }),
         ("idle-timeout", "2m", |c| {
             c.reactor.idle_timeout_ms == 120_000
         }),
         ("half-frame-timeout", "1500ms", |c| {
             c.reactor.half_frame_timeout_ms == 1500
+        }),
+        ("connect-timeout", "3s", |c| {
+            c.reactor.connect_timeout_ms == 3_000
         }),
         ("data-dir", "/var/lib/mortar", |c| {
             c.broker.data_dir == Path::new("/var/lib/mortar")
@@ -1312,6 +1335,8 @@ mod tests {
         assert_eq!(r.max_connections, 4096);
         assert_eq!(r.idle_timeout_ms, 45_000);
         assert_eq!(r.half_frame_timeout_ms, 10_000);
+        assert_eq!(r.listen_backlog, 0);
+        assert_eq!(r.connect_timeout_ms, 10_000);
         assert_eq!(b.data_dir, PathBuf::from("./mortar-data"));
         assert_eq!(b.log.segment_size_bytes, 16 << 20);
         assert_eq!(
@@ -1462,7 +1487,7 @@ mod tests {
 
     #[test]
     fn validation_errors() {
-        let cases: [(&[&str], &str); 29] = [
+        let cases: [(&[&str], &str); 31] = [
             (
                 &["--max-connections", "0"],
                 "--max-connections: must be at least 1",
@@ -1474,6 +1499,14 @@ mod tests {
             (
                 &["--half-frame-timeout", "0ms"],
                 "--half-frame-timeout: must be more than 0s",
+            ),
+            (
+                &["--connect-timeout", "0s"],
+                "--connect-timeout: must be more than 0s",
+            ),
+            (
+                &["--listen-backlog", "2147483648"],
+                "--listen-backlog: '2147483648' is too large (max 2147483647)",
             ),
             (
                 &["--segment-size", "4095"],
@@ -1620,6 +1653,18 @@ mod tests {
         assert!(w[0].contains("not loopback"));
         assert!(w[1].contains("nothing listens"));
         assert!(run(&["--admin-listen", "[::1]:7412"]).warnings().is_empty());
+        // Clients on a reachable address with no token file: anyone may come in.
+        let open = run(&["--listen", "0.0.0.0:7411"]).warnings();
+        assert_eq!(open.len(), 1, "{open:?}");
+        assert!(open[0].contains("no --token-file"), "{open:?}");
+        let guarded = [
+            "--listen",
+            "0.0.0.0:7411",
+            "--token-file",
+            "/etc/mortar/tokens",
+        ];
+        assert!(run(&guarded).warnings().is_empty());
+        assert!(run(&["--listen", "[::1]:7411"]).warnings().is_empty());
     }
 
     // ---- the man page documents exactly the table's flags, with its defaults ----

@@ -13,7 +13,7 @@
 //! | [`broker`] | registry, publish path, consume driver; blocking I/O as jobs | those four |
 //! | [`session`] | CONNECT, the one dispatch, response slots in order | `wire`, `broker` |
 //! | [`reactor`] | the mio loop: sockets, buffers, timers, backpressure | all above |
-//! | [`admin`] | tiny_http thread rendering reactor snapshots | `broker`, `consume` |
+//! | [`admin`] | HTTP listener threads rendering reactor snapshots | `broker`, `consume` |
 //! | [`config`] | the flag table: argv into the layers' configs, `--help` | config types* |
 //! | [`client`] | a small blocking client for tests and `tools/` | `wire` |
 //!

@@ -11,15 +11,23 @@ use std::process::ExitCode;
 
 use std::sync::Arc;
 
-use mortarmq::admin::Admin;
+use mortarmq::admin::{Admin, ADMIN_THREADS_MAX};
 use mortarmq::broker::{Broker, Now};
 use mortarmq::config::{self, Command, Config};
 use mortarmq::reactor::Reactor;
+use mortarmq::session::parse_token_file;
 
 /// Exit status for a usage error (bad flag or value).
 const EXIT_USAGE: u8 = 2;
 /// Exit status for a failure at run time (data dir unusable, cannot bind).
 const EXIT_FAILURE: u8 = 1;
+/// Descriptors a partition holds: its active segment and its index.
+const DESCRIPTORS_PER_PARTITION: u64 = 2;
+/// Descriptors besides client connections, partitions and admin connections: stdio,
+/// the two listeners, the poll with its waker and signal pipe, files being written
+/// atomically (registry, groups, producers), the /healthz probe, and room for the
+/// partitions of topics declared after start.
+const DESCRIPTORS_MARGIN: u64 = 64;
 
 fn main() -> ExitCode {
     let config = match config::parse_args(std::env::args().skip(1)) {
@@ -57,13 +65,82 @@ fn load_tokens(path: Option<&Path>) -> Result<Option<Vec<Vec<u8>>>, String> {
         );
     }
     let text = std::fs::read(path).map_err(|e| format!("--token-file {}: {e}", path.display()))?;
-    let tokens: Vec<Vec<u8>> = text
-        .split(|&b| b == b'\n')
-        .map(|line| line.strip_suffix(b"\r").unwrap_or(line).to_vec())
-        .filter(|line| !line.is_empty())
-        .collect();
+    let tokens = parse_token_file(&text);
     log::info!("{} tokens loaded from {}", tokens.len(), path.display());
+    if tokens.is_empty() {
+        log::warn!(
+            "--token-file {} holds no token: every CONNECT will be refused",
+            path.display()
+        );
+    }
     Ok(Some(tokens))
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit (a soft limit of 1024 is common, a
+/// quarter of the default `--max-connections`). Returns the soft limit now in force;
+/// `None` when it is unlimited.
+fn raise_descriptor_limit() -> Option<u64> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let soft = limit.current?;
+    let Some(hard) = limit.maximum.filter(|&hard| hard > soft) else {
+        return Some(soft);
+    };
+    let raised = Rlimit {
+        current: Some(hard),
+        maximum: Some(hard),
+    };
+    match setrlimit(Resource::Nofile, raised) {
+        Ok(()) => {
+            log::info!("RLIMIT_NOFILE raised from {soft} to the hard limit {hard}");
+            Some(hard)
+        }
+        Err(e) => {
+            log::warn!("cannot raise RLIMIT_NOFILE from {soft} to {hard}: {e}");
+            Some(soft)
+        }
+    }
+}
+
+/// Warns when the connections and partitions the broker may hold need more
+/// descriptors than it may open: past that, `accept` fails with EMFILE.
+fn check_descriptor_limit(limit: Option<u64>, max_connections: usize, partitions: usize) {
+    let Some(limit) = limit else {
+        return;
+    };
+    // An admin connection thread holds its socket until it ends, evicted or not.
+    let margin = ADMIN_THREADS_MAX as u64 + DESCRIPTORS_MARGIN;
+    let partition_fds = DESCRIPTORS_PER_PARTITION * partitions as u64;
+    let needed = max_connections as u64 + partition_fds + margin;
+    if needed > limit {
+        log::warn!(
+            "RLIMIT_NOFILE {limit} is below what --max-connections {max_connections} plus \
+             {partitions} partitions need ({max_connections} + {partition_fds} + {margin} \
+             for admin, listeners and files = {needed}): past it accept fails with EMFILE \
+             and clients wait; raise the hard limit (LimitNOFILE= in the service unit) or \
+             lower --max-connections"
+        );
+    }
+}
+
+/// Starts the admin HTTP listener, wired to the reactor for snapshots.
+fn start_admin(
+    reactor: &mut Reactor,
+    addr: std::net::SocketAddr,
+    data_dir: std::path::PathBuf,
+) -> Result<Admin, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let last_turn = reactor.attach_admin(rx);
+    let waker = reactor.waker();
+    let wake = Arc::new(move || {
+        let _ = waker.wake();
+    });
+    let admin = Admin::start(addr, data_dir, tx, wake, last_turn, reactor.started())?;
+    log::info!(
+        "admin HTTP on http://{}/ (/healthz /metrics /stats)",
+        admin.addr
+    );
+    Ok(admin)
 }
 
 fn run(config: Config) -> Result<(), String> {
@@ -80,6 +157,9 @@ fn run(config: Config) -> Result<(), String> {
         listen_peer: _,
     } = config;
     reactor.tokens = load_tokens(token_file.as_deref())?;
+    let descriptor_limit = raise_descriptor_limit();
+    let max_connections = reactor.max_connections;
+    let mut partitions = 0;
     let data_dir = broker.data_dir.clone();
     // First, before anything is written: a second mortard on this directory must leave
     // every file (the epoch too) as it found it.
@@ -107,31 +187,17 @@ fn run(config: Config) -> Result<(), String> {
             report.partitions,
             report.truncations
         );
+        partitions = report.partitions;
         Ok(broker)
     })?;
+    check_descriptor_limit(descriptor_limit, max_connections, partitions);
     let addr = reactor.local_addr().ok_or("listener has no address")?;
     log::info!("mortard {} listening on {addr}", env!("CARGO_PKG_VERSION"));
     let mut stdout = std::io::stdout().lock();
     let _ = writeln!(stdout, "listening {addr}");
     let _admin = match admin_listen {
         Some(admin_addr) => {
-            let (tx, rx) = std::sync::mpsc::channel();
-            let last_turn = reactor.attach_admin(rx);
-            let waker = reactor.waker();
-            let admin = Admin::start(
-                admin_addr,
-                data_dir,
-                tx,
-                Arc::new(move || {
-                    let _ = waker.wake();
-                }),
-                last_turn,
-                reactor.started(),
-            )?;
-            log::info!(
-                "admin HTTP on http://{}/ (/healthz /metrics /stats)",
-                admin.addr
-            );
+            let admin = start_admin(&mut reactor, admin_addr, data_dir)?;
             let _ = writeln!(stdout, "admin {}", admin.addr);
             Some(admin)
         }

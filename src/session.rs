@@ -12,8 +12,8 @@
 //!
 //! Depends on `wire` and on `broker` (the handlers the dispatch calls).
 
-use std::collections::VecDeque;
-use std::net::SocketAddr;
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use crate::broker::{Broker, ConnRef, Handled, Now};
 use crate::wire::frame::{classify_op, OpClass};
@@ -125,6 +125,93 @@ impl Session {
     }
 }
 
+/// The answer to the first failed CONNECT from an address goes out at once; each later
+/// one (within [`AUTH_FAILURES_FORGET_MS`]) waits this much longer than the one before...
+pub const AUTH_FAILURE_DELAY_STEP_MS: u64 = 100;
+/// ...up to this: a guesser gets at most one answer per 5 s per connection slot, while a
+/// client with a mistyped token still hears why within seconds.
+pub const AUTH_FAILURE_DELAY_MAX_MS: u64 = 5_000;
+/// Addresses whose failures are remembered. Past it, new addresses share one count (see
+/// [`AuthFailures`]), so neither memory nor the delay can be walked around with more
+/// addresses.
+pub const AUTH_FAILURE_ADDRESSES_MAX: usize = 4096;
+/// An address with no failed CONNECT for this long is forgotten (its next failure is
+/// answered at once again).
+pub const AUTH_FAILURES_FORGET_MS: u64 = 10 * 60 * 1000;
+
+const _: () = assert!(AUTH_FAILURE_DELAY_STEP_MS <= AUTH_FAILURE_DELAY_MAX_MS);
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Failures {
+    count: u64,
+    last_ms: u64,
+}
+
+impl Failures {
+    /// Counts one more failure at `now_ms`; returns how long its answer waits.
+    fn add(&mut self, now_ms: u64) -> u64 {
+        if now_ms.saturating_sub(self.last_ms) > AUTH_FAILURES_FORGET_MS {
+            self.count = 0;
+        }
+        let delay = self
+            .count
+            .saturating_mul(AUTH_FAILURE_DELAY_STEP_MS)
+            .min(AUTH_FAILURE_DELAY_MAX_MS);
+        self.count += 1;
+        self.last_ms = now_ms;
+        delay
+    }
+}
+
+/// Failed CONNECTs per peer address, so that guessing tokens gets slower with every
+/// guess. Pure bookkeeping: the reactor holds the answer back by the delay returned (it
+/// never sleeps). An IPv6 peer counts by its /64, which one host usually owns whole; an
+/// IPv4-mapped address counts as the IPv4 address. Once [`AUTH_FAILURE_ADDRESSES_MAX`]
+/// addresses are tracked, failures from any other address go to one shared count, which
+/// fails closed: those guessers slow each other down.
+#[derive(Debug, Default)]
+pub struct AuthFailures {
+    by_address: HashMap<IpAddr, Failures>,
+    overflow: Failures,
+}
+
+impl AuthFailures {
+    /// Counts a failed CONNECT from `ip`; returns how many ms its answer must wait.
+    pub fn failed(&mut self, ip: IpAddr, now_ms: u64) -> u64 {
+        let key = address_key(ip);
+        if let Some(f) = self.by_address.get_mut(&key) {
+            return f.add(now_ms);
+        }
+        if self.by_address.len() >= AUTH_FAILURE_ADDRESSES_MAX {
+            return self.overflow.add(now_ms);
+        }
+        self.by_address.entry(key).or_default().add(now_ms)
+    }
+
+    /// Forgets addresses idle for [`AUTH_FAILURES_FORGET_MS`] (housekeeping, once a
+    /// second; bounded by [`AUTH_FAILURE_ADDRESSES_MAX`]).
+    pub fn expire(&mut self, now_ms: u64) {
+        self.by_address
+            .retain(|_, f| now_ms.saturating_sub(f.last_ms) <= AUTH_FAILURES_FORGET_MS);
+    }
+
+    /// Addresses tracked one by one.
+    pub fn addresses(&self) -> usize {
+        self.by_address.len()
+    }
+}
+
+/// The address failures are counted under.
+fn address_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !u128::from(u64::MAX))),
+        },
+    }
+}
+
 /// What a dispatched request needs besides itself.
 pub struct Call<'b> {
     pub conn: ConnRef,
@@ -161,6 +248,18 @@ pub fn dispatch(
         Request::ControlAck(c) => broker.control_ack(conn, &c, now),
         Request::Credit(c) => broker.credit(conn, &c, now),
     }
+}
+
+/// The tokens of a `--token-file`: one per line, surrounding whitespace (spaces, tabs,
+/// a CR before the LF) not part of it; blank lines and lines whose first non-blank byte
+/// is `#` are skipped, so a token cannot start with `#`. An operator's comment or a
+/// trailing space must never become a token that lets someone in.
+pub fn parse_token_file(text: &[u8]) -> Vec<Vec<u8>> {
+    text.split(|&b| b == b'\n')
+        .map(<[u8]>::trim_ascii)
+        .filter(|line| !line.is_empty() && !line.starts_with(b"#"))
+        .map(<[u8]>::to_vec)
+        .collect()
 }
 
 /// Tokens compared without an early exit, so the time taken does not tell an
@@ -389,6 +488,67 @@ mod tests {
             code(s.connect(&connect_frame(1, b"s3cret"), Some(&tokens), CONN)),
             Some(ErrorCode::AlreadyConnected)
         );
+    }
+
+    #[test]
+    fn failed_connects_wait_longer_each_time_up_to_the_cap() {
+        let mut f = AuthFailures::default();
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let delays: Vec<u64> = (0..4).map(|_| f.failed(ip, 1_000)).collect();
+        assert_eq!(delays, vec![0, 100, 200, 300]);
+        for _ in 0..100 {
+            f.failed(ip, 1_000);
+        }
+        assert_eq!(f.failed(ip, 1_000), AUTH_FAILURE_DELAY_MAX_MS);
+        // Another address starts afresh; the same one is forgotten after a quiet spell.
+        assert_eq!(f.failed("10.0.0.2".parse().unwrap(), 1_000), 0);
+        let later = 1_000 + AUTH_FAILURES_FORGET_MS + 1;
+        assert_eq!(f.failed(ip, later), 0);
+        f.expire(later + AUTH_FAILURES_FORGET_MS);
+        assert_eq!(f.addresses(), 1);
+    }
+
+    #[test]
+    fn ipv6_peers_count_by_their_64_and_mapped_ipv4_as_ipv4() {
+        let mut f = AuthFailures::default();
+        assert_eq!(f.failed("2001:db8::1".parse().unwrap(), 0), 0);
+        assert_eq!(f.failed("2001:db8::ffff:2".parse().unwrap(), 0), 100);
+        assert_eq!(f.failed("2001:db8:0:1::1".parse().unwrap(), 0), 0);
+        assert_eq!(f.failed("192.0.2.7".parse().unwrap(), 0), 0);
+        assert_eq!(f.failed("::ffff:192.0.2.7".parse().unwrap(), 0), 100);
+    }
+
+    #[test]
+    fn past_the_address_cap_new_addresses_share_one_count() {
+        let mut f = AuthFailures::default();
+        for i in 0..AUTH_FAILURE_ADDRESSES_MAX as u32 {
+            f.failed(IpAddr::from(i.to_be_bytes()), 0);
+        }
+        let (a, b) = (
+            "203.0.113.1".parse().unwrap(),
+            "203.0.113.2".parse().unwrap(),
+        );
+        assert_eq!(f.failed(a, 0), 0);
+        assert_eq!(
+            f.failed(b, 0),
+            100,
+            "a fresh address does not get a fresh count"
+        );
+        assert_eq!(f.addresses(), AUTH_FAILURE_ADDRESSES_MAX);
+    }
+
+    #[test]
+    fn token_files_skip_comments_and_blank_lines_and_trim_whitespace() {
+        let text = b"# deploy tokens\n\n  s3cret  \r\n\t# old: hunter2\nhunter3\t\n \r\nlast";
+        let tokens = parse_token_file(text);
+        assert_eq!(
+            tokens,
+            vec![b"s3cret".to_vec(), b"hunter3".to_vec(), b"last".to_vec()]
+        );
+        assert!(parse_token_file(b"").is_empty());
+        assert!(parse_token_file(b"# only a comment\n\n").is_empty());
+        // Inner whitespace belongs to the token; bytes need not be UTF-8.
+        assert_eq!(parse_token_file(b"a b\xff\n"), vec![b"a b\xff".to_vec()]);
     }
 
     #[test]

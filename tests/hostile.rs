@@ -3,14 +3,19 @@
 //! short runs of the live wire fuzzer and the soak tool. Each test prints its figure
 //! (`cargo test --test hostile -- --nocapture`); `docs/RELIABILITY.md` collects them.
 //! `tests/session.rs` already covers 16 MiB pre-auth headers and a client that never
-//! reads its answers; these extend it.
+//! reads its answers; these extend it. Issue 13 added the reconnect storm, EMFILE,
+//! announced-but-unsent frames, the CONNECT gate (timeout, failed tokens, ERR logging),
+//! descriptor limits, the admin listener and the token file.
+//!
+//! Tests that load the machine (thousands of sockets, a flood of bytes, a fuzzer) take
+//! [`heavy`] first, so that on a 2-core machine they never measure each other.
 
 mod common;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use common::mortard::Mortard;
@@ -39,15 +44,91 @@ fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
 }
 
-/// The soft RLIMIT_NOFILE of this process.
-fn nofile_soft_limit() -> u64 {
-    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
-    limits
+/// Serializes the tests that load the machine: one at a time in this process, so a
+/// latency one of them measures is not another one's load. A test that failed while
+/// holding it does not poison the rest.
+fn heavy() -> MutexGuard<'static, ()> {
+    static HEAVY: Mutex<()> = Mutex::new(());
+    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Raises this process's soft RLIMIT_NOFILE to at least `need` (up to the hard limit);
+/// a hard limit below `need` fails the test, saying so: it never skips.
+fn raise_nofile(need: u64) {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current.is_none_or(|soft| soft >= need) {
+        return;
+    }
+    assert!(
+        limit.maximum.is_none_or(|hard| hard >= need),
+        "this test needs {need} descriptors; the hard RLIMIT_NOFILE is {:?} (raise it)",
+        limit.maximum
+    );
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        },
+    )
+    .expect("raise RLIMIT_NOFILE");
+}
+
+/// A (soft, hard) limit from /proc/PID/limits.
+fn nofile_limits_of(pid: u32) -> (u64, u64) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap_or_default();
+    let line = limits
         .lines()
         .find(|l| l.starts_with("Max open files"))
-        .and_then(|l| l.split_whitespace().nth(3))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1024)
+        .expect("Max open files line");
+    let mut fields = line.split_whitespace().skip(3);
+    let mut next = || fields.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+    (next(), next())
+}
+
+fn thread_count(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A PING frame: length 1, op PING.
+const PING_FRAME: [u8; 5] = [0, 0, 0, 1, Op::Ping as u8];
+
+/// The (op, error code) of a frame read off a raw socket; code 0 for OK.
+fn op_and_code(frame: &[u8]) -> (u8, u16) {
+    let code = if frame[4] == Op::Err as u8 {
+        u16::from_be_bytes([frame[5], frame[6]])
+    } else {
+        0
+    };
+    (frame[4], code)
+}
+
+/// PINGs the broker from a thread every 2 ms until `stop`; returns the latencies.
+fn bystander_pinger(
+    mut c: Client,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Vec<Duration>> {
+    std::thread::spawn(move || {
+        let mut lat = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            let t = Instant::now();
+            c.ping().unwrap();
+            lat.push(t.elapsed());
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        lat
+    })
+}
+
+/// Bytes of the broker's log, to measure what an attack wrote to it.
+fn log_len(broker: &Mortard) -> usize {
+    broker.log_text().len()
 }
 
 /// The code of the ERR a request got.
@@ -126,30 +207,25 @@ fn rss_sampler(pid: u32, running: Arc<AtomicBool>) -> std::thread::JoinHandle<u6
 
 const SLOWLORIS_CONNS: usize = 2000;
 
+/// The bystander's p99 may exceed the p99 it had just before the attack, in the same
+/// run, by at most this much: the attack, not the machine's other load, is judged.
+const SLOWLORIS_BYSTANDER_P99_EXTRA_MS: u64 = 250;
+
 #[test]
 fn slowloris_half_frames_are_closed_by_the_half_frame_timeout() {
-    let limit = nofile_soft_limit();
-    if limit < 4500 {
-        println!("slowloris: SKIPPED: RLIMIT_NOFILE soft limit {limit} < 4500 (raise ulimit -n)");
-        return;
-    }
+    let _heavy = heavy();
+    raise_nofile(4500);
     let broker = Mortard::start(&["--half-frame-timeout", "1s", "--max-connections", "2100"]);
-    let mut normal = broker.client();
+    // A normal client pings throughout; its first second, before the attack, is the
+    // baseline.
     let stop = Arc::new(AtomicBool::new(false));
-    // A normal client pings throughout.
-    let pinger = {
-        let stop = Arc::clone(&stop);
-        std::thread::spawn(move || {
-            let mut lat = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let t = Instant::now();
-                normal.ping().unwrap();
-                lat.push(t.elapsed());
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            lat
-        })
-    };
+    let baseline = bystander_pinger(broker.client(), Arc::clone(&stop));
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::Relaxed);
+    let mut base = baseline.join().unwrap();
+    let base_p99 = percentile(&mut base, 0.99);
+    let stop = Arc::new(AtomicBool::new(false));
+    let pinger = bystander_pinger(broker.client(), Arc::clone(&stop));
     // 2,000 connections, opened in chunks, each with a frame begun and never finished:
     // a PING header promising 100 bytes, then one byte at a time.
     let start = Instant::now();
@@ -192,17 +268,20 @@ fn slowloris_half_frames_are_closed_by_the_half_frame_timeout() {
     println!(
         "slowloris: {SLOWLORIS_CONNS} connections opened in {opened_in:?}, {dribbled} bytes \
          dribbled, all closed after {all_closed_in:?} ({by_timeout} by the 1 s half-frame \
-         timeout, {open_after} left open); normal client {} PINGs p99 {p99:?} max {max:?}",
-        lat.len()
+         timeout, {open_after} left open); normal client {} PINGs p99 {p99:?} max {max:?} \
+         (baseline p99 {base_p99:?} over {} PINGs just before)",
+        lat.len(),
+        base.len()
     );
     assert_eq!(open_after, 0, "connections outlived the half-frame timeout");
     assert!(
         by_timeout >= SLOWLORIS_CONNS as u64,
         "closed by timeout: {by_timeout}"
     );
+    let allowed = base_p99 + Duration::from_millis(SLOWLORIS_BYSTANDER_P99_EXTRA_MS);
     assert!(
-        p99 < Duration::from_millis(250),
-        "normal client p99 {p99:?}"
+        p99 < allowed,
+        "normal client p99 {p99:?} (baseline {base_p99:?}, allowed {allowed:?})"
     );
 }
 
@@ -210,6 +289,7 @@ fn slowloris_half_frames_are_closed_by_the_half_frame_timeout() {
 
 #[test]
 fn connection_flood_over_max_connections_is_refused_without_fd_leak() {
+    let _heavy = heavy();
     let broker = Mortard::start(&["--max-connections", "100"]);
     let pid = broker.pid();
     let idle_fds = fd_count(pid);
@@ -268,6 +348,7 @@ fn connection_flood_over_max_connections_is_refused_without_fd_leak() {
 
 #[test]
 fn a_consumer_that_never_reads_is_bounded_by_credit_and_the_output_cap() {
+    let _heavy = heavy();
     let broker = Mortard::start(&["--max-output-size", "17MiB", "--max-memory", "64MiB"]);
     let mut p = broker.client();
     let topic = p
@@ -338,6 +419,7 @@ fn a_consumer_that_never_reads_is_bounded_by_credit_and_the_output_cap() {
 
 #[test]
 fn a_producer_faster_than_the_disk_is_held_back() {
+    let _heavy = heavy();
     // --max-memory is not enforced by this base yet (0x4004 is not raised): the test
     // accepts BACKPRESSURE, MEMORY_LIMIT or plain socket backpressure, and bounds RSS.
     let broker = Mortard::start(&["--max-memory", "32MiB", "--max-output-size", "17MiB"]);
@@ -575,6 +657,7 @@ fn credit_windows_are_capped() {
 
 #[test]
 fn wire_fuzzer_runs_clean_for_five_seconds() {
+    let _heavy = heavy();
     let broker = Mortard::start(&[]);
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_mortar-wire-fuzz"))
         .arg("--broker")
@@ -595,6 +678,7 @@ fn wire_fuzzer_runs_clean_for_five_seconds() {
 
 #[test]
 fn soak_tool_runs_clean_for_eight_seconds() {
+    let _heavy = heavy();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_mortar-soak"))
         .args([
             "--duration",
@@ -608,4 +692,500 @@ fn soak_tool_runs_clean_for_eight_seconds() {
     println!("{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "mortar-soak: {}", out.status);
     assert!(text.contains("soak: OK"));
+}
+
+// ---- issue 13: the accept path ------------------------------------------------------------
+
+const STORM_CLIENTS: usize = 5000;
+const STORM_THREADS: usize = 10;
+/// What "a reconnect storm is taken at once" means on this 2-core machine.
+const STORM_ANSWERED_WITHIN: Duration = Duration::from_secs(2);
+
+#[test]
+fn a_reconnect_storm_of_5000_clients_is_accepted_and_answered_within_two_seconds() {
+    let _heavy = heavy();
+    raise_nofile(STORM_CLIENTS as u64 + 1000);
+    let broker = Mortard::start(&["--max-connections", "6000"]);
+    let addr = broker.addr;
+    let barrier = Arc::new(std::sync::Barrier::new(STORM_THREADS + 1));
+    let handles: Vec<_> = (0..STORM_THREADS)
+        .map(|_| {
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                barrier.wait();
+                let start = Instant::now();
+                let mut socks = Vec::with_capacity(STORM_CLIENTS / STORM_THREADS);
+                for _ in 0..STORM_CLIENTS / STORM_THREADS {
+                    let mut s = TcpStream::connect(addr).expect("connect");
+                    s.write_all(&PING_FRAME).unwrap();
+                    socks.push(s);
+                }
+                let connected = start.elapsed();
+                for s in &mut socks {
+                    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                    let f = read_frame(s).expect("the PING is answered");
+                    assert_eq!(op_and_code(&f), (Op::Ok as u8, 0));
+                }
+                (connected, socks)
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    barrier.wait();
+    let mut connected = Duration::ZERO;
+    let mut socks = Vec::new();
+    for h in handles {
+        let (c, s) = h.join().unwrap();
+        connected = connected.max(c);
+        socks.extend(s);
+    }
+    let answered = start.elapsed();
+    let accepted = metric(&broker, "mortar_connections_accepted_total");
+    println!(
+        "reconnect storm: {} clients from {STORM_THREADS} threads connected in {connected:?}, \
+         all {accepted} accepted and every PING answered {answered:?} after the start",
+        socks.len()
+    );
+    assert_eq!(socks.len(), STORM_CLIENTS);
+    assert!(accepted >= STORM_CLIENTS as u64);
+    assert!(
+        answered < STORM_ANSWERED_WITHIN,
+        "5,000 connecting clients answered after {answered:?}"
+    );
+}
+
+#[test]
+fn after_emfile_queued_connections_are_accepted_without_new_arrivals() {
+    let _heavy = heavy();
+    const NOFILE: u64 = 64;
+    const QUEUED: usize = 4;
+    let broker = Mortard::start_with_nofile(&["--max-connections", "1000"], NOFILE, NOFILE);
+    let warned = broker
+        .log_text()
+        .lines()
+        .any(|l| l.contains("WARN") && l.contains("RLIMIT_NOFILE"));
+    // Connections until the broker runs out of descriptors: a PING not answered within
+    // half a second waits in the listen queue.
+    let (mut answered, mut queued) = (Vec::new(), Vec::new());
+    while queued.len() < QUEUED {
+        assert!(
+            answered.len() < NOFILE as usize,
+            "never ran out of descriptors"
+        );
+        let mut s = broker.raw();
+        s.write_all(&PING_FRAME).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        match read_frame(&mut s) {
+            Ok(f) => {
+                assert_eq!(op_and_code(&f), (Op::Ok as u8, 0));
+                answered.push(s);
+            }
+            Err(_) => queued.push(s),
+        }
+    }
+    // The admin listener is out of descriptors too: a /healthz waits in its queue.
+    let mut admin = TcpStream::connect(broker.admin.unwrap()).unwrap();
+    admin
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let held = answered.len();
+    // Free ten descriptors; nothing new connects.
+    let released = Instant::now();
+    answered.truncate(held - 10);
+    for s in &mut queued {
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let f = read_frame(s).expect("a queued connection is accepted once descriptors free up");
+        assert_eq!(op_and_code(&f), (Op::Ok as u8, 0));
+    }
+    let clients_in = released.elapsed();
+    admin
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    let mut answer = String::new();
+    // Any answer will do: a /healthz that finds no descriptor for its probe file says
+    // so with a 503. Before issue 13 the admin accept loop ended at the first EMFILE and
+    // this request was never answered.
+    let admin_ok = admin.read_to_string(&mut answer).is_ok() && answer.starts_with("HTTP/1.1 ");
+    let accept_failures = broker
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("accept failed"))
+        .count();
+    println!(
+        "EMFILE: RLIMIT_NOFILE {NOFILE}: {held} clients served, {QUEUED} more queued; ten \
+         closed: the queued clients answered {clients_in:?} later, no new connection in \
+         between; the /healthz queued meanwhile answered ({}); {accept_failures} accept \
+         failures logged (client and admin listeners); RLIMIT warning at start: {warned}",
+        answer.lines().next().unwrap_or("no answer")
+    );
+    assert!(
+        admin_ok,
+        "the admin listener did not survive EMFILE: {answer:?}"
+    );
+    assert!(
+        warned,
+        "no RLIMIT_NOFILE warning for --max-connections 1000 over 64 fds"
+    );
+    assert_eq!(broker.http("GET", "/healthz").0, 200);
+    broker.client().ping().unwrap();
+}
+
+#[test]
+fn the_descriptor_soft_limit_is_raised_to_the_hard_limit_at_start() {
+    let hard = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .maximum
+        .unwrap_or(4096)
+        .min(4096);
+    let broker = Mortard::start_with_nofile(&["--max-connections", "100"], 256, hard);
+    let (soft_now, hard_now) = nofile_limits_of(broker.pid());
+    println!("RLIMIT_NOFILE: started with 256/{hard}, running with {soft_now}/{hard_now}");
+    assert_eq!((soft_now, hard_now), (hard, hard));
+    let log = broker.log_text();
+    let warned = log
+        .lines()
+        .any(|l| l.contains("WARN") && l.contains("RLIMIT_NOFILE"));
+    assert!(!warned, "warned although 100 connections fit: {log}");
+}
+
+// ---- issue 13: memory -----------------------------------------------------------------------
+
+const UNSENT_FRAME_HOLDERS: usize = 20;
+
+#[test]
+fn frames_announced_but_not_sent_do_not_use_up_the_memory_budget() {
+    let _heavy = heavy();
+    let broker = Mortard::start(&[]);
+    let mut bystander = broker.client();
+    let topic = bystander
+        .declare("budget", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
+    let rss_before = broker.rss_bytes();
+    let running = Arc::new(AtomicBool::new(true));
+    let sampler = rss_sampler(broker.pid(), Arc::clone(&running));
+    // Each holder announces a 16 MiB PUB and sends its op byte only: 320 MiB promised,
+    // more than the default --max-memory of 256 MiB.
+    let holders: Vec<Client> = (0..UNSENT_FRAME_HOLDERS)
+        .map(|_| {
+            let c = broker.client();
+            let mut header = mortarmq::wire::limits::MAX_FRAME_LEN_BYTES
+                .to_be_bytes()
+                .to_vec();
+            header.push(Op::Pub as u8);
+            let mut stream = c.stream();
+            stream.write_all(&header).unwrap();
+            c
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, stats) = broker.http("GET", "/stats");
+    let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    let buffered = stats["connections"]["buffered_bytes"].as_u64().unwrap();
+    let t = Instant::now();
+    let published = bystander.publish_value(topic, 0, b"still room", Some(Durability::Fsynced));
+    let took = t.elapsed();
+    running.store(false, Ordering::Relaxed);
+    let peak = sampler.join().unwrap();
+    println!(
+        "announced, not sent: {UNSENT_FRAME_HOLDERS} connections each announced a 16 MiB PUB \
+         and sent 1 byte of it: buffers counted at {buffered} bytes; bystander PUB {} in \
+         {took:?}; broker RSS before {:.1} MiB, peak {:.1} MiB",
+        if published.is_ok() { "OK" } else { "refused" },
+        rss_before as f64 / MIB as f64,
+        peak as f64 / MIB as f64
+    );
+    assert!(published.is_ok(), "bystander PUB: {published:?}");
+    assert!(buffered < 4 * MIB, "buffered_bytes {buffered}");
+    assert!(peak < rss_before + 32 * MIB, "peak RSS {peak}");
+    drop(holders);
+}
+
+// ---- issue 13: the CONNECT gate -------------------------------------------------------------
+
+#[test]
+fn a_connection_that_never_connects_is_closed_by_the_connect_timeout_whatever_it_sends() {
+    let broker = Mortard::start(&["--connect-timeout", "1s"]);
+    let mut connected = broker.client();
+    let mut s = broker.raw();
+    let start = Instant::now();
+    let mut pings = 0;
+    // A PING every 100 ms, each answered, until the broker closes the connection.
+    let closed_after = loop {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{pings} PINGs kept a connection without CONNECT open"
+        );
+        if s.write_all(&PING_FRAME).is_err() {
+            break start.elapsed();
+        }
+        match read_frame(&mut s) {
+            Ok(f) => {
+                assert_eq!(op_and_code(&f), (Op::Ok as u8, 0));
+                pings += 1;
+            }
+            Err(_) => break start.elapsed(),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let counted = metric(
+        &broker,
+        "mortar_connections_closed_total{reason=\"connect_timeout\"}",
+    );
+    connected.ping().unwrap();
+    println!(
+        "--connect-timeout 1s: a client PINGing every 100 ms without CONNECT answered {pings} \
+         times, closed after {closed_after:?} ({counted} counted as connect_timeout); a \
+         connected client outlives it"
+    );
+    assert!(
+        closed_after >= Duration::from_millis(900),
+        "{closed_after:?}"
+    );
+    assert!(
+        closed_after < Duration::from_millis(2500),
+        "{closed_after:?}"
+    );
+    assert_eq!(counted, 1);
+}
+
+/// A token file holding `text`, readable by its owner only.
+fn token_file(dir: &tempfile::TempDir, text: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.path().join("tokens");
+    std::fs::write(&path, text).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn failed_connects_from_one_address_are_answered_later_and_later() {
+    const ATTEMPTS: u32 = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = token_file(&dir, "s3cret\n");
+    let broker = Mortard::start(&["--token-file", &tokens]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let pinger = bystander_pinger(
+        Client::connect(broker.addr, b"s3cret").unwrap(),
+        Arc::clone(&stop),
+    );
+    let mut delays = Vec::new();
+    for _ in 0..ATTEMPTS {
+        let t = Instant::now();
+        let code = err_code(Client::connect(broker.addr, b"guess").map(|_| ()));
+        assert_eq!(code, 0x0006);
+        delays.push(t.elapsed());
+    }
+    let t = Instant::now();
+    Client::connect(broker.addr, b"s3cret")
+        .unwrap()
+        .ping()
+        .unwrap();
+    let right_token = t.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let mut lat = pinger.join().unwrap();
+    let p99 = percentile(&mut lat, 0.99);
+    let shown: Vec<u128> = delays.iter().map(|d| d.as_millis()).collect();
+    println!(
+        "failed CONNECTs from 127.0.0.1: AUTH_FAILED after {shown:?} ms; the right token \
+         then answered in {right_token:?}; bystander {} PINGs p99 {p99:?}",
+        lat.len()
+    );
+    for (i, d) in delays.iter().enumerate() {
+        let due = Duration::from_millis(100 * i as u64);
+        assert!(*d + Duration::from_millis(10) >= due, "attempt {i}: {d:?}");
+        assert!(*d < due + Duration::from_secs(1), "attempt {i}: {d:?}");
+    }
+    assert!(right_token < Duration::from_millis(500), "{right_token:?}");
+    assert!(p99 < Duration::from_millis(100), "bystander p99 {p99:?}");
+}
+
+#[test]
+fn client_err_frames_are_logged_briefly_and_rate_limited() {
+    let broker = Mortard::start(&[]);
+    let before = log_len(&broker);
+    let long = vec![b'x'; 60 * 1024];
+    let mut bytes = Vec::new();
+    for i in 0..1020 {
+        let message: &[u8] = if i < 20 { &long } else { b"short" };
+        Frame::Err(ErrFrame {
+            code: 0x000E,
+            request_op: 0,
+            message,
+        })
+        .encode(&mut bytes);
+    }
+    let mut s = broker.raw();
+    s.write_all(&bytes).unwrap();
+    s.write_all(&PING_FRAME).unwrap();
+    let f = read_frame(&mut s).unwrap();
+    assert_eq!(op_and_code(&f), (Op::Ok as u8, 0), "ERR frames are ignored");
+    let text = broker.log_text();
+    let grown = &text[before..];
+    let lines: Vec<&str> = grown.lines().filter(|l| l.contains("sent ERR")).collect();
+    let longest = lines.iter().map(|l| l.len()).max().unwrap_or(0);
+    println!(
+        "client ERR frames: 20 of 60 KiB and 1,000 short ones ({} bytes) before CONNECT: \
+         {} log lines about them, the longest {longest} bytes; the log grew {} bytes",
+        bytes.len(),
+        lines.len(),
+        grown.len()
+    );
+    assert!(!lines.is_empty(), "client ERR frames are still logged");
+    assert!(longest <= 300, "a line of {longest} bytes");
+    assert!(lines.len() <= 20, "{} lines", lines.len());
+    assert!(
+        grown.len() < 16 * 1024,
+        "the log grew {} bytes",
+        grown.len()
+    );
+}
+
+#[test]
+fn token_files_skip_comments_and_blank_lines_and_trim_whitespace() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = token_file(
+        &dir,
+        "# deploy tokens, one per line\n\n  s3cret  \r\n\t# old: hunter2\nhunter3\t\n",
+    );
+    let broker = Mortard::start(&["--token-file", &tokens]);
+    for good in [&b"s3cret"[..], b"hunter3"] {
+        Client::connect(broker.addr, good).unwrap().ping().unwrap();
+    }
+    let refused: Vec<u16> = [
+        &b"# deploy tokens, one per line"[..],
+        b"  s3cret  ",
+        b"# old: hunter2",
+        b"",
+    ]
+    .iter()
+    .map(|bad| err_code(Client::connect(broker.addr, bad).map(|_| ())))
+    .collect();
+    let loaded = broker.log_text().contains("2 tokens loaded");
+    println!(
+        "token file with a comment, a blank line and padded tokens: 2 tokens loaded \
+         ({loaded}); comments and padded forms refused with {refused:04X?}"
+    );
+    assert!(loaded, "log: {}", broker.log_text());
+    assert_eq!(refused, vec![0x0006; 4]);
+}
+
+#[test]
+fn a_non_loopback_listener_without_a_token_file_is_warned_about() {
+    let broker = Mortard::start(&["--listen", "0.0.0.0:0"]);
+    broker.client().ping().unwrap();
+    let log = broker.log_text();
+    let warning = log
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("--token-file"));
+    println!("--listen 0.0.0.0 without --token-file: {warning:?}");
+    assert!(warning.is_some(), "no warning: {log}");
+}
+
+// ---- issue 13: the admin listener -----------------------------------------------------------
+
+const ADMIN_IDLE_CONNS: usize = 500;
+
+#[test]
+fn idle_admin_connections_are_capped_and_closed_while_healthz_keeps_answering() {
+    let _heavy = heavy();
+    raise_nofile(ADMIN_IDLE_CONNS as u64 + 500);
+    let broker = Mortard::start(&[]);
+    let pid = broker.pid();
+    let admin = broker.admin.unwrap();
+    let threads_before = thread_count(pid);
+    let start = Instant::now();
+    let mut idle: Vec<TcpStream> = (0..ADMIN_IDLE_CONNS)
+        .map(|_| TcpStream::connect(admin).expect("admin connect"))
+        .collect();
+    let mut threads_peak = thread_count(pid);
+    let mut healthz = Vec::new();
+    for _ in 0..10 {
+        let t = Instant::now();
+        assert_eq!(broker.http("GET", "/healthz").0, 200);
+        healthz.push(t.elapsed());
+        broker.client().ping().unwrap();
+        threads_peak = threads_peak.max(thread_count(pid));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let deadline = Instant::now() + Duration::from_secs(8);
+    let mut open_after = 0;
+    for s in &mut idle {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if !closed_within(s, left.max(Duration::from_millis(10))) {
+            open_after += 1;
+        }
+    }
+    let all_closed_in = start.elapsed();
+    let healthz_max = *healthz.iter().max().unwrap();
+    println!(
+        "{ADMIN_IDLE_CONNS} idle admin connections: broker threads {threads_before} before, \
+         at most {threads_peak} while held; /healthz 10/10 answered 200, slowest \
+         {healthz_max:?}; {open_after} left open, the rest closed by the broker within \
+         {all_closed_in:?}"
+    );
+    // A thread that has counted itself out may still be in /proc for a moment.
+    const EXITING_THREADS_SLACK: usize = 4;
+    let threads_max = threads_before + mortarmq::admin::ADMIN_THREADS_MAX + EXITING_THREADS_SLACK;
+    assert!(
+        threads_peak <= threads_max,
+        "a thread per idle admin connection: {threads_before} -> {threads_peak}"
+    );
+    assert_eq!(open_after, 0, "idle admin connections are never closed");
+    assert!(healthz_max < Duration::from_secs(1), "{healthz_max:?}");
+}
+
+#[test]
+fn a_100_mb_admin_request_line_is_cut_off_without_being_buffered() {
+    let _heavy = heavy();
+    const LINE_BYTES: u64 = 100 * 1000 * 1000;
+    let broker = Mortard::start(&[]);
+    let admin = broker.admin.unwrap();
+    let rss_before = broker.rss_bytes();
+    let running = Arc::new(AtomicBool::new(true));
+    let sampler = rss_sampler(broker.pid(), Arc::clone(&running));
+    let writer = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(admin).unwrap();
+        s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET /").unwrap();
+        let chunk = vec![b'a'; 64 * 1024];
+        let mut sent = 5u64;
+        while sent < LINE_BYTES {
+            match s.write(&chunk) {
+                Ok(n) => sent += n as u64,
+                Err(_) => break,
+            }
+        }
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer);
+        (
+            sent,
+            String::from_utf8_lossy(&answer)
+                .lines()
+                .next()
+                .map(str::to_string),
+        )
+    });
+    let mut healthz = 0;
+    while !writer.is_finished() {
+        assert_eq!(broker.http("GET", "/healthz").0, 200);
+        broker.client().ping().unwrap();
+        healthz += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (sent, answer) = writer.join().unwrap();
+    running.store(false, Ordering::Relaxed);
+    let peak = sampler.join().unwrap();
+    println!(
+        "a 100 MB admin request line: the broker took {sent} bytes of it, then answered \
+         {answer:?} and closed; {healthz} /healthz and PINGs answered meanwhile; broker RSS \
+         before {:.1} MiB, peak {:.1} MiB",
+        rss_before as f64 / MIB as f64,
+        peak as f64 / MIB as f64
+    );
+    assert!(sent < LINE_BYTES, "the broker read the whole 100 MB line");
+    assert!(peak < rss_before + 16 * MIB, "peak RSS {peak}");
+    assert_eq!(broker.http("GET", "/healthz").0, 200);
 }

@@ -491,10 +491,19 @@ fn pub_over_the_memory_budget_gets_memory_limit() {
         s.write_all(&frame[..frame.len() - 1]).unwrap();
         holders.push(s);
     }
-    let (_, body) = broker.http("GET", "/stats");
-    let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let buffered = stats["connections"]["buffered_bytes"].as_u64().unwrap();
-    assert!(buffered > 17 * 1024 * 1024, "buffers hold {buffered} bytes");
+    // The budget counts bytes that arrived (not what a header announces): wait until the
+    // broker has read them.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, body) = broker.http("GET", "/stats");
+        let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let buffered = stats["connections"]["buffered_bytes"].as_u64().unwrap();
+        if buffered > 17 * 1024 * 1024 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "buffers hold {buffered} bytes");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let err = c
         .publish_value(topic, 0, b"x", Some(Durability::Fsynced))
         .unwrap_err();

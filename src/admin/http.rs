@@ -1,11 +1,22 @@
-//! The admin HTTP listener: one tiny_http thread, which never touches reactor or broker
-//! state (see the room's doc in `src/admin.rs`).
+//! The admin HTTP listener: one accept thread and a bounded set of connection threads,
+//! which never touch reactor or broker state (see the room's doc in `src/admin.rs`).
+//!
+//! tiny_http's `Server` cannot be bounded from outside (issue 13): it spawns a thread
+//! per connection (a failed spawn panics, which `panic = "abort"` makes a dead broker),
+//! sets no read timeout, reads a request line of any length into memory, and ends its
+//! accept loop for good on the first accept error (EMFILE). So this file accepts on its
+//! own listener and reads the request head itself, under [`ADMIN_CONNECTIONS_MAX`],
+//! [`ADMIN_REQUEST_TIMEOUT_MS`] and [`ADMIN_REQUEST_HEAD_BYTES_MAX`]; tiny_http still
+//! writes every answer (`Response::raw_print`). One request per connection
+//! (`Connection: close`): scrapers and `mortarctl` open one per request anyway.
 
-use std::net::SocketAddr;
+use std::io::{self, BufWriter, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -16,6 +27,35 @@ pub const SNAPSHOT_TIMEOUT_MS: u64 = 2_000;
 /// The reactor counts as stalled when it has not turned for this long (it turns at
 /// least once a second, for housekeeping).
 pub const REACTOR_STALL_MS: u64 = 5_000;
+/// Admin connections served at once (a thread each). A new connection past it closes
+/// the oldest one still sending its request, so idle connections cannot lock out a
+/// `/healthz` probe; when all are being answered it gets 503 at once.
+pub const ADMIN_CONNECTIONS_MAX: usize = 16;
+/// Connection threads alive at once: the connections served plus evicted ones still
+/// ending. At it, the accept thread waits for one to end (up to
+/// [`ADMIN_THREAD_WAIT_MS`]), so a flood of connections cannot pile up threads faster
+/// than they end; it is accepted only as fast as evicted threads go.
+pub const ADMIN_THREADS_MAX: usize = 2 * ADMIN_CONNECTIONS_MAX;
+/// How long a newcomer waits for a thread to end before it gets 503. Only evicted
+/// threads (blocked in a read that now fails) are waited for, so this is slack for a
+/// loaded machine, not a queue.
+const ADMIN_THREAD_WAIT_MS: u64 = 1_000;
+/// A request's line and headers must arrive whole within this: a client that opens a
+/// connection and sends nothing (or a byte a second) holds a slot no longer.
+pub const ADMIN_REQUEST_TIMEOUT_MS: u64 = 3_000;
+/// Request line plus headers: a longer head gets 431 and is never read further, so a
+/// 100 MB request line costs 8 KiB.
+pub const ADMIN_REQUEST_HEAD_BYTES_MAX: usize = 8 * 1024;
+/// An answer not taken by the client within this is dropped with its connection.
+const ADMIN_WRITE_TIMEOUT_MS: u64 = 10_000;
+/// After a failed accept (EMFILE: out of descriptors) the accept thread waits this long
+/// and tries again; it never gives up, so the listener outlives the shortage.
+const ADMIN_ACCEPT_RETRY_MS: u64 = 100;
+/// Stack of a connection thread: it renders at most a /stats document (heap), so the
+/// default 2 MiB stack would only be address space held by idle threads.
+const ADMIN_THREAD_STACK_BYTES: usize = 256 * 1024;
+/// Bytes read from a connection per `read` while looking for the end of its head.
+const ADMIN_READ_CHUNK_BYTES: usize = 1024;
 /// Name of the probe file `/healthz` writes to check the data directory.
 const HEALTH_PROBE_FILE: &str = ".healthz-probe";
 /// errno for "no space left on device": the probe's failure worth naming.
@@ -23,14 +63,16 @@ const ENOSPC: i32 = 28;
 /// /proc/self/status gives VmRSS in KiB.
 const BYTES_PER_KIB: u64 = 1024;
 
+const _: () = assert!(ADMIN_READ_CHUNK_BYTES <= ADMIN_REQUEST_HEAD_BYTES_MAX);
+
 pub struct Admin {
     pub addr: SocketAddr,
-    server: Arc<tiny_http::Server>,
+    stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Admin {
-    /// Binds the admin listener and starts its thread.
+    /// Binds the admin listener and starts its accept thread.
     pub fn start(
         addr: SocketAddr,
         data_dir: PathBuf,
@@ -39,32 +81,25 @@ impl Admin {
         last_turn_ms: Arc<AtomicU64>,
         started: Instant,
     ) -> Result<Admin, String> {
-        let server = tiny_http::Server::http(addr)
+        let listener = TcpListener::bind(addr)
             .map_err(|e| format!("cannot listen on --admin-listen {addr}: {e}"))?;
-        let addr = server
-            .server_addr()
-            .to_ip()
-            .ok_or("admin listener has no IP address")?;
-        let server = Arc::new(server);
-        let serving = Arc::clone(&server);
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let ctx = Arc::new(Ctx {
+            data_dir,
+            requests,
+            wake,
+            last_turn_ms,
+            started,
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("mortar-admin".into())
-            .spawn(move || {
-                let ctx = Ctx {
-                    data_dir,
-                    requests,
-                    wake,
-                    last_turn_ms,
-                    started,
-                };
-                for request in serving.incoming_requests() {
-                    ctx.serve(request);
-                }
-            })
+            .spawn(move || accept_loop(&listener, &ctx, &stopping))
             .map_err(|e| e.to_string())?;
         Ok(Admin {
             addr,
-            server,
+            stop,
             thread: Some(thread),
         })
     }
@@ -72,10 +107,247 @@ impl Admin {
 
 impl Drop for Admin {
     fn drop(&mut self) {
-        self.server.unblock();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        self.stop.store(true, Ordering::Relaxed);
+        // A connection of our own wakes the blocked accept; without one (no descriptor
+        // left) the thread is left to end with the process rather than waited for.
+        let mut wake_at = self.addr;
+        if wake_at.ip().is_unspecified() {
+            wake_at.set_ip(match wake_at {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
         }
+        if TcpStream::connect(wake_at).is_ok() {
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+fn accept_loop(listener: &TcpListener, ctx: &Arc<Ctx>, stop: &AtomicBool) {
+    let conns = Arc::new(Conns::default());
+    let mut failures = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                if failures > 0 {
+                    log::info!("admin accept works again after {failures} failures");
+                    failures = 0;
+                }
+                if !stop.load(Ordering::Relaxed) {
+                    admit(stream, ctx, &conns);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                if failures == 0 {
+                    log::warn!(
+                        "admin accept failed: {e}; retrying every {ADMIN_ACCEPT_RETRY_MS} ms"
+                    );
+                }
+                failures += 1;
+                std::thread::sleep(Duration::from_millis(ADMIN_ACCEPT_RETRY_MS));
+            }
+        }
+    }
+}
+
+/// Serves a new connection on a thread of its own, if there is room for it.
+fn admit(stream: TcpStream, ctx: &Arc<Ctx>, conns: &Arc<Conns>) {
+    let stream = Arc::new(stream);
+    let slot = conns.take_thread().then(|| conns.enter(&stream));
+    let Some(Some(id)) = slot else {
+        if slot.is_some() {
+            conns.thread_done();
+        }
+        let busy = "every admin connection is being answered; try again\n";
+        let _ = stream.set_write_timeout(Some(Duration::from_millis(ADMIN_WRITE_TIMEOUT_MS)));
+        respond(&stream, 503, busy.to_string(), &[]);
+        return;
+    };
+    let (ctx, conns_of_thread, stream) = (Arc::clone(ctx), Arc::clone(conns), stream);
+    let spawned = std::thread::Builder::new()
+        .name("mortar-admin-conn".into())
+        .stack_size(ADMIN_THREAD_STACK_BYTES)
+        .spawn(move || {
+            ctx.serve_conn(&stream, id, &conns_of_thread);
+            conns_of_thread.leave(id);
+            conns_of_thread.thread_done();
+        });
+    if let Err(e) = spawned {
+        // Out of threads or memory: this connection is dropped, the listener goes on.
+        log::warn!("admin connection dropped: cannot start its thread: {e}");
+        conns.leave(id);
+        conns.thread_done();
+    }
+}
+
+/// The connections being served, oldest first, so the accept thread can cap them.
+#[derive(Default)]
+struct Conns {
+    table: Mutex<Vec<ConnEntry>>,
+    next_id: AtomicU64,
+    /// Connection threads alive (at most [`ADMIN_THREADS_MAX`]), and a signal when one
+    /// ends.
+    threads: Mutex<usize>,
+    thread_ended: Condvar,
+}
+
+struct ConnEntry {
+    id: u64,
+    stream: Arc<TcpStream>,
+    /// Still reading its request head (and so the one to close for a newcomer).
+    reading: bool,
+}
+
+impl Conns {
+    /// Counts one more connection thread, waiting up to [`ADMIN_THREAD_WAIT_MS`] for
+    /// room; false if there was none.
+    fn take_thread(&self) -> bool {
+        let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        let wait = Duration::from_millis(ADMIN_THREAD_WAIT_MS);
+        let full = |n: &mut usize| *n >= ADMIN_THREADS_MAX;
+        let (mut threads, _) = self
+            .thread_ended
+            .wait_timeout_while(threads, wait, full)
+            .unwrap_or_else(|e| e.into_inner());
+        if *threads >= ADMIN_THREADS_MAX {
+            return false;
+        }
+        *threads += 1;
+        true
+    }
+
+    fn thread_done(&self) {
+        let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        *threads = threads.saturating_sub(1);
+        self.thread_ended.notify_one();
+    }
+
+    /// Takes a slot for `stream`, closing the oldest connection still reading its
+    /// request if every slot is taken; `None` if all are being answered.
+    fn enter(&self, stream: &Arc<TcpStream>) -> Option<u64> {
+        let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        if table.len() >= ADMIN_CONNECTIONS_MAX {
+            let oldest = table.iter().position(|c| c.reading)?;
+            let evicted = table.remove(oldest);
+            // Its thread's read fails now, and it ends.
+            let _ = evicted.stream.shutdown(Shutdown::Both);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        table.push(ConnEntry {
+            id,
+            stream: Arc::clone(stream),
+            reading: true,
+        });
+        Some(id)
+    }
+
+    fn done_reading(&self, id: u64) {
+        let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = table.iter_mut().find(|c| c.id == id) {
+            c.reading = false;
+        }
+    }
+
+    fn leave(&self, id: u64) {
+        let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        table.retain(|c| c.id != id);
+    }
+}
+
+/// Why no request head was read.
+#[derive(Debug, PartialEq, Eq)]
+enum HeadError {
+    /// Longer than [`ADMIN_REQUEST_HEAD_BYTES_MAX`].
+    TooLarge,
+    /// Not whole within [`ADMIN_REQUEST_TIMEOUT_MS`].
+    TimedOut,
+    /// The peer went away (or the accept thread closed it for a newcomer).
+    Closed,
+}
+
+/// Reads a request's line and headers, up to the blank line that ends them.
+fn read_head(mut stream: &TcpStream) -> Result<Vec<u8>, HeadError> {
+    let deadline = Instant::now() + Duration::from_millis(ADMIN_REQUEST_TIMEOUT_MS);
+    let mut head = Vec::with_capacity(ADMIN_READ_CHUNK_BYTES);
+    let mut chunk = [0u8; ADMIN_READ_CHUNK_BYTES];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            return Err(HeadError::TimedOut);
+        }
+        let n = match stream.read(&mut chunk) {
+            Ok(0) => return Err(HeadError::Closed),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(HeadError::TimedOut)
+            }
+            Err(_) => return Err(HeadError::Closed),
+        };
+        let searched = head.len().saturating_sub(2);
+        head.extend_from_slice(&chunk[..n]);
+        if let Some(end) = head_end(&head, searched) {
+            head.truncate(end);
+            return match end <= ADMIN_REQUEST_HEAD_BYTES_MAX {
+                true => Ok(head),
+                false => Err(HeadError::TooLarge),
+            };
+        }
+        if head.len() > ADMIN_REQUEST_HEAD_BYTES_MAX {
+            return Err(HeadError::TooLarge);
+        }
+    }
+}
+
+/// Where the head ends (the blank line: `\n\n` or `\n\r\n`), searching from `from`.
+fn head_end(head: &[u8], from: usize) -> Option<usize> {
+    (from..head.len()).find(|&i| {
+        head[i] == b'\n' && (head[i + 1..].starts_with(b"\n") || head[i + 1..].starts_with(b"\r\n"))
+    })
+}
+
+/// `METHOD TARGET HTTP/1.x` from the first line of a head.
+fn request_line(head: &[u8]) -> Option<(tiny_http::Method, String)> {
+    let line = head.split(|&b| b == b'\n').next()?;
+    let line = std::str::from_utf8(line).ok()?.trim_end_matches('\r');
+    let mut parts = line.split(' ');
+    let (method, target, version) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() || !version.starts_with("HTTP/1.") || !target.starts_with('/') {
+        return None;
+    }
+    Some((
+        tiny_http::Method::from_str(method).ok()?,
+        target.to_string(),
+    ))
+}
+
+/// Writes one answer with tiny_http, then ends the connection.
+fn respond(stream: &TcpStream, status: u16, body: String, extra: &[(&str, &str)]) {
+    // The whole body is known: send Content-Length, never chunked (tiny_http chunks
+    // bodies over 32 KiB by default, which simple scripts and clients mishandle).
+    let mut response = tiny_http::Response::from_string(body)
+        .with_status_code(status)
+        .with_chunked_threshold(usize::MAX);
+    response.add_header(header("Connection", "close"));
+    for (name, value) in extra {
+        response.add_header(header(name, value));
+    }
+    let mut out = BufWriter::new(stream);
+    let version = tiny_http::HTTPVersion(1, 1);
+    if response
+        .raw_print(&mut out, version, &[], false, None)
+        .is_ok()
+        && out.flush().is_ok()
+    {
+        let _ = stream.shutdown(Shutdown::Write);
     }
 }
 
@@ -92,46 +364,61 @@ fn header(name: &str, value: &str) -> tiny_http::Header {
 }
 
 impl Ctx {
-    fn serve(&self, request: tiny_http::Request) {
-        let url = request.url().to_string();
-        let (path, query) = url.split_once('?').unwrap_or((&url, ""));
-        let known = matches!(path, "/healthz" | "/metrics" | "/stats");
-        let (status, content_type, body) = if !known {
-            (404, "text/plain", "not found\n".to_string())
-        } else if *request.method() != tiny_http::Method::Get {
-            (405, "text/plain", "only GET\n".to_string())
-        } else {
-            match path {
-                "/healthz" => match self.health() {
-                    Ok(()) => (200, "text/plain", "ok\n".to_string()),
-                    Err(why) => (503, "text/plain", format!("{why}\n")),
-                },
-                _ => match self.snapshot() {
-                    Some(s) if path == "/metrics" => {
-                        (200, "text/plain; version=0.0.4", render_metrics(&s))
-                    }
-                    Some(s) => {
-                        let pretty = query.split('&').any(|q| q == "pretty" || q == "pretty=1");
-                        (200, "application/json", render_stats(&s, pretty))
-                    }
-                    None => (
-                        503,
-                        "text/plain",
-                        "the reactor did not answer in time\n".into(),
-                    ),
-                },
+    /// Reads one request from a connection and answers it.
+    fn serve_conn(&self, stream: &TcpStream, id: u64, conns: &Conns) {
+        let _ = stream.set_nodelay(true);
+        let _ = stream.set_write_timeout(Some(Duration::from_millis(ADMIN_WRITE_TIMEOUT_MS)));
+        let head = read_head(stream);
+        conns.done_reading(id);
+        let text = |s: &str| format!("{s}\n");
+        let (status, content_type, body) = match head.as_deref().map(request_line) {
+            Ok(Some((method, target))) => self.answer(&method, &target),
+            Ok(None) => (400, "text/plain", text("not an HTTP/1 request line")),
+            Err(HeadError::TooLarge) => {
+                let why =
+                    format!("request line and headers over {ADMIN_REQUEST_HEAD_BYTES_MAX} bytes");
+                (431, "text/plain", text(&why))
             }
+            Err(HeadError::TimedOut) => (408, "text/plain", text("request not sent in time")),
+            Err(HeadError::Closed) => return,
         };
-        // The whole body is known: send Content-Length, never chunked (tiny_http chunks
-        // bodies over 32 KiB by default, which simple scripts and clients mishandle).
-        let mut response = tiny_http::Response::from_string(body)
-            .with_status_code(status)
-            .with_chunked_threshold(usize::MAX);
-        response.add_header(header("Content-Type", content_type));
+        let mut extra = vec![("Content-Type", content_type)];
         if status == 405 {
-            response.add_header(header("Allow", "GET"));
+            extra.push(("Allow", "GET"));
         }
-        let _ = request.respond(response);
+        respond(stream, status, body, &extra);
+    }
+
+    /// (status, content type, body) for one request.
+    fn answer(&self, method: &tiny_http::Method, url: &str) -> (u16, &'static str, String) {
+        let (path, query) = url.split_once('?').unwrap_or((url, ""));
+        let known = matches!(path, "/healthz" | "/metrics" | "/stats");
+        if !known {
+            return (404, "text/plain", "not found\n".to_string());
+        }
+        if *method != tiny_http::Method::Get {
+            return (405, "text/plain", "only GET\n".to_string());
+        }
+        match path {
+            "/healthz" => match self.health() {
+                Ok(()) => (200, "text/plain", "ok\n".to_string()),
+                Err(why) => (503, "text/plain", format!("{why}\n")),
+            },
+            _ => match self.snapshot() {
+                Some(s) if path == "/metrics" => {
+                    (200, "text/plain; version=0.0.4", render_metrics(&s))
+                }
+                Some(s) => {
+                    let pretty = query.split('&').any(|q| q == "pretty" || q == "pretty=1");
+                    (200, "application/json", render_stats(&s, pretty))
+                }
+                None => (
+                    503,
+                    "text/plain",
+                    "the reactor did not answer in time\n".into(),
+                ),
+            },
+        }
     }
 
     fn health(&self) -> Result<(), String> {
@@ -176,4 +463,118 @@ pub fn rss_bytes() -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kib| kib * BYTES_PER_KIB)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_head_ends_at_its_blank_line() {
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", 0), Some(24));
+        assert_eq!(head_end(b"GET / HTTP/1.0\n\n", 0), Some(14));
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: x\r\n", 0), None);
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\n", 0), None);
+    }
+
+    #[test]
+    fn request_lines_are_method_target_version() {
+        let (method, target) = request_line(b"GET /stats?pretty HTTP/1.1\r\nHost: x").unwrap();
+        assert_eq!(
+            (method, target.as_str()),
+            (tiny_http::Method::Get, "/stats?pretty")
+        );
+        assert!(request_line(b"GET /x HTTP/1.0").is_some());
+        for bad in [
+            &b"GET /"[..],
+            b"GET / HTTP/2",
+            b"GET x HTTP/1.1",
+            b"GET  / HTTP/1.1",
+            b"",
+        ] {
+            assert!(
+                request_line(bad).is_none(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    /// A connected pair of loopback sockets.
+    fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        (client, listener.accept().unwrap().0)
+    }
+
+    #[test]
+    fn a_head_over_the_cap_is_refused_without_reading_on() {
+        let (mut client, server) = pair();
+        client.write_all(b"GET /").unwrap();
+        client
+            .write_all(&vec![b'a'; 3 * ADMIN_REQUEST_HEAD_BYTES_MAX])
+            .unwrap();
+        assert_eq!(read_head(&server), Err(HeadError::TooLarge));
+        let (mut client, server) = pair();
+        client
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        assert_eq!(
+            read_head(&server).unwrap(),
+            b"GET /healthz HTTP/1.1\r\nHost: x\r"
+        );
+        drop(client);
+        let (client, server) = pair();
+        drop(client);
+        assert_eq!(read_head(&server), Err(HeadError::Closed));
+    }
+
+    #[test]
+    fn at_the_thread_cap_a_newcomer_waits_for_a_thread_to_end() {
+        let conns = Arc::new(Conns::default());
+        for _ in 0..ADMIN_THREADS_MAX {
+            assert!(conns.take_thread());
+        }
+        let ending = Arc::clone(&conns);
+        let ender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            ending.thread_done();
+        });
+        let started = Instant::now();
+        assert!(conns.take_thread(), "one ended within the wait");
+        assert!(started.elapsed() < Duration::from_millis(ADMIN_THREAD_WAIT_MS));
+        ender.join().unwrap();
+        assert!(!conns.take_thread(), "none ends: refused after the wait");
+    }
+
+    #[test]
+    fn the_cap_closes_the_oldest_connection_still_reading() {
+        let conns = Conns::default();
+        let mut clients = Vec::new();
+        let mut ids = Vec::new();
+        for _ in 0..ADMIN_CONNECTIONS_MAX {
+            let (client, server) = pair();
+            clients.push(client);
+            ids.push(conns.enter(&Arc::new(server)).unwrap());
+        }
+        conns.done_reading(ids[0]);
+        let (_client, server) = pair();
+        let newcomer = conns.enter(&Arc::new(server)).unwrap();
+        // ids[0] is being answered, so ids[1] (the oldest still reading) was closed.
+        let mut b = [0u8; 1];
+        assert_eq!((&clients[1]).read(&mut b).unwrap(), 0);
+        let table = conns.table.lock().unwrap();
+        assert_eq!(table.len(), ADMIN_CONNECTIONS_MAX);
+        assert!(table.iter().any(|c| c.id == ids[0]));
+        assert!(!table.iter().any(|c| c.id == ids[1]));
+        drop(table);
+        for id in ids[2..].iter().chain([&newcomer]) {
+            conns.done_reading(*id);
+        }
+        let (_client, server) = pair();
+        assert!(
+            conns.enter(&Arc::new(server)).is_none(),
+            "all answering: 503"
+        );
+    }
 }

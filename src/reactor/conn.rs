@@ -13,17 +13,19 @@ pub enum CloseReason {
     ProtocolError,
     IdleTimeout,
     HalfFrameTimeout,
+    ConnectTimeout,
     OutputOverflow,
     IoError,
     Shutdown,
 }
 
 impl CloseReason {
-    pub const ALL: [CloseReason; 7] = [
+    pub const ALL: [CloseReason; 8] = [
         CloseReason::PeerClosed,
         CloseReason::ProtocolError,
         CloseReason::IdleTimeout,
         CloseReason::HalfFrameTimeout,
+        CloseReason::ConnectTimeout,
         CloseReason::OutputOverflow,
         CloseReason::IoError,
         CloseReason::Shutdown,
@@ -35,6 +37,7 @@ impl CloseReason {
             CloseReason::ProtocolError => "protocol_error",
             CloseReason::IdleTimeout => "idle_timeout",
             CloseReason::HalfFrameTimeout => "half_frame_timeout",
+            CloseReason::ConnectTimeout => "connect_timeout",
             CloseReason::OutputOverflow => "output_overflow",
             CloseReason::IoError => "io_error",
             CloseReason::Shutdown => "shutdown",
@@ -69,6 +72,8 @@ pub struct Conn {
     pub output_sent: usize,
     /// Stopped reading: too much queued output or too many unanswered requests.
     pub paused: bool,
+    /// When it was accepted: `--connect-timeout` counts from here.
+    pub opened_ms: u64,
     pub last_frame_ms: u64,
     /// When the first byte of the current incomplete frame arrived.
     pub partial_since_ms: Option<u64>,
@@ -81,6 +86,11 @@ pub struct Conn {
     pub accounted_bytes: usize,
     /// Already on the read list (more to read or handle than one turn allowed).
     pub read_queued: bool,
+    /// Client ERR frames logged in the current log window, and when it began.
+    pub err_logs: u32,
+    pub err_log_window_ms: u64,
+    /// Client ERR frames not logged since the last one that was (rate limit).
+    pub err_logs_dropped: u64,
 }
 
 impl Conn {
@@ -95,6 +105,7 @@ impl Conn {
             output: Vec::new(),
             output_sent: 0,
             paused: false,
+            opened_ms: now_ms,
             last_frame_ms: now_ms,
             partial_since_ms: None,
             timer_at_ms: u64::MAX,
@@ -102,7 +113,15 @@ impl Conn {
             flush_queued: false,
             accounted_bytes: 0,
             read_queued: false,
+            err_logs: 0,
+            err_log_window_ms: now_ms,
+            err_logs_dropped: 0,
         }
+    }
+
+    /// What this connection counts against `--max-memory`: the bytes its buffers hold.
+    pub fn held_bytes(&self) -> usize {
+        self.input.len() + self.output.len()
     }
 
     pub fn output_pending(&self) -> usize {

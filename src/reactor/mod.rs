@@ -17,11 +17,18 @@
 //! many unanswered requests) stops handling at a frame boundary and stops reading the
 //! socket, and resumes below the low-water marks. Bytes are never dropped.
 //!
+//! `accept.rs` holds the accept path (listen backlog, retry after EMFILE); `gate.rs`
+//! what surrounds CONNECT (failed tokens answered late, client ERR frames logged
+//! briefly); the connect timeout is one more deadline of the timer heap.
+//!
 //! Depends on every room below it: `wire`, `session`, `broker`, `fsync`.
 
+mod accept;
 mod config;
 pub mod conn;
+mod gate;
 
+pub use accept::LISTEN_BACKLOG_MIN;
 pub use config::ReactorConfig;
 
 use std::cmp::Reverse;
@@ -42,11 +49,12 @@ use slab::Slab;
 use crate::admin::{AdminRequest, PartitionFigures, Snapshot, TopicFigures};
 use crate::broker::{Broker, ConnRef, DurableJob, Effect, Handled, JobDone, Now};
 use crate::fsync::{FsyncPool, Submitter};
-use crate::session::{dispatch, Admit, Call};
+use crate::session::{dispatch, Admit, AuthFailures, Call};
 use crate::wire::frame::split_frame;
-use crate::wire::ops::{Message as _, Op};
+use crate::wire::ops::Message as _;
 use crate::wire::{ErrorCode, Request, Response};
 use conn::{CloseReason, Conn, ConnState};
+use gate::DelayedAnswer;
 
 pub const LISTENER_TOKEN: Token = Token(0);
 pub const WAKER_TOKEN: Token = Token(1);
@@ -119,8 +127,18 @@ pub struct Reactor {
     draining_since_ms: Option<u64>,
     next_housekeeping_ms: u64,
     admin_requests: Option<Receiver<AdminRequest>>,
-    /// Bytes held by every connection's input and output buffers (their capacity).
+    /// Bytes held in every connection's input and output buffers: their length, not
+    /// their capacity (see `Conn::held_bytes`).
     buffered_bytes: usize,
+    /// When to call `accept` again without a listener event: after a failure (EMFILE), or
+    /// when one pass took its maximum and more may be queued.
+    accept_again_at_ms: Option<u64>,
+    /// `accept` calls failed in a row (logged once when it starts, once when it ends).
+    accept_failures: u64,
+    /// Failed CONNECTs per peer address, for the growing delay of their answers.
+    auth_failures: AuthFailures,
+    /// Answers held back until their time (failed CONNECTs), soonest first.
+    delayed: BinaryHeap<Reverse<DelayedAnswer>>,
     /// Monotonic ms of the last turn, read by `/healthz` on the admin thread.
     last_turn_ms: Arc<AtomicU64>,
     pub counters: ReactorCounters,
@@ -161,8 +179,13 @@ impl Reactor {
         // The broker gets a pool of its own handle: jobs go out through it, completions
         // come back through `self.pool`, which shares the channels.
         let broker = open_broker(pool.submitter())?;
-        let mut listener = TcpListener::bind(config.listen)
+        let (backlog, warning) = accept::listen_backlog(config.listen_backlog);
+        if let Some(warning) = warning {
+            log::warn!("{warning}");
+        }
+        let mut listener = accept::bind(config.listen, backlog)
             .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+        log::info!("listen backlog {backlog}");
         poll.registry()
             .register(&mut listener, LISTENER_TOKEN, Interest::READABLE)
             .map_err(|e| e.to_string())?;
@@ -192,6 +215,10 @@ impl Reactor {
             next_housekeeping_ms: 0,
             admin_requests: None,
             buffered_bytes: 0,
+            accept_again_at_ms: None,
+            accept_failures: 0,
+            auth_failures: AuthFailures::default(),
+            delayed: BinaryHeap::new(),
             last_turn_ms: Arc::new(AtomicU64::new(0)),
             counters: ReactorCounters::default(),
         })
@@ -276,66 +303,16 @@ impl Reactor {
         if let Some(at) = self.broker.next_deadline_ms() {
             next = next.min(at);
         }
+        if let Some(at) = self.accept_again_at_ms {
+            next = next.min(at);
+        }
+        if let Some(Reverse(d)) = self.delayed.peek() {
+            next = next.min(d.due_ms);
+        }
         if self.draining_since_ms.is_some() {
             next = next.min(now + 50);
         }
         Some(Duration::from_millis(next.saturating_sub(now)))
-    }
-
-    // ---- accept -------------------------------------------------------------------
-
-    fn accept(&mut self, now: Now) {
-        loop {
-            let Some(listener) = &self.listener else {
-                return;
-            };
-            let (mut stream, peer) = match listener.accept() {
-                Ok(pair) => pair,
-                Err(e) if would_block(&e) => return,
-                Err(e) if interrupted(&e) => continue,
-                Err(e) => {
-                    // EMFILE and friends: log and try again on the next event rather
-                    // than spin; the listener stays registered.
-                    log::warn!("accept failed: {e}");
-                    return;
-                }
-            };
-            if self.conns.len() >= self.config.max_connections {
-                self.counters.refused_connection_limit += 1;
-                let mut out = Vec::new();
-                crate::wire::ops::encode_err(
-                    &mut out,
-                    ErrorCode::ConnectionLimit,
-                    Op::Connect as u8,
-                    "the broker's --max-connections is reached",
-                );
-                // Best effort on a fresh socket: the few bytes fit its send buffer.
-                let _ = stream.write(&out);
-                log::info!(
-                    "refused {peer}: connection limit {} reached",
-                    self.config.max_connections
-                );
-                continue;
-            }
-            let _ = stream.set_nodelay(true);
-            let entry = self.conns.vacant_entry();
-            let key = entry.key();
-            let token = Token(key + CONN_TOKEN_BASE);
-            if let Err(e) = self.poll.registry().register(
-                &mut stream,
-                token,
-                Interest::READABLE | Interest::WRITABLE,
-            ) {
-                log::warn!("cannot register {peer}: {e}");
-                continue;
-            }
-            let serial = self.next_serial;
-            self.next_serial += 1;
-            entry.insert(Conn::new(stream, peer, serial, now.mono_ms));
-            self.counters.accepted += 1;
-            log::info!("conn {serial} open from {peer}");
-            self.schedule_timer(key);
-        }
     }
 
     // ---- reading and handling frames -----------------------------------------------
@@ -356,12 +333,12 @@ impl Reactor {
         }
     }
 
-    /// Re-counts one connection's buffer capacity into `buffered_bytes`.
+    /// Re-counts the bytes one connection's buffers hold into `buffered_bytes`.
     fn account(&mut self, key: usize) {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        let now_held = conn.input.capacity() + conn.output.capacity();
+        let now_held = conn.held_bytes();
         self.buffered_bytes = self.buffered_bytes + now_held - conn.accounted_bytes;
         conn.accounted_bytes = now_held;
     }
@@ -517,10 +494,7 @@ impl Reactor {
     fn handle_frame(&mut self, key: usize, op_byte: u8, payload: &[u8], now: Now) {
         let request = match self.conns[key].session.admit(op_byte, payload) {
             Admit::Request(request) => request,
-            Admit::Ignore(err) => {
-                log::info!("conn {} sent ERR: {err:?}", self.conns[key].serial);
-                return;
-            }
+            Admit::Ignore(err) => return self.log_client_err(key, &err, now),
             Admit::Refuse(code, why) => return self.refuse(key, code, op_byte, &why),
         };
         if self.buffered_bytes > self.config.max_memory_bytes && holds_memory(&request) {
@@ -538,6 +512,9 @@ impl Reactor {
             tokens: self.config.tokens.as_deref(),
         };
         match dispatch(&mut conn.session, &mut self.broker, call, request) {
+            Handled::Answer(r) if r.error_code() == Some(ErrorCode::AuthFailed) => {
+                self.refuse_connect(key, r, now)
+            }
             Handled::Answer(response) => self.answer(key, response),
             Handled::Wait => {
                 conn.slots.wait();
@@ -661,7 +638,18 @@ impl Reactor {
         if let Some(since) = conn.partial_since_ms {
             at = at.min(since + self.config.half_frame_timeout_ms);
         }
+        if let Some(connect_by) = self.connect_deadline(conn) {
+            at = at.min(connect_by);
+        }
         at.min(conn.close_deadline_ms)
+    }
+
+    /// When an open connection that has not completed CONNECT is closed. A connection
+    /// already closing (a refused CONNECT whose answer is held back) keeps its own
+    /// close deadline.
+    fn connect_deadline(&self, conn: &Conn) -> Option<u64> {
+        (conn.is_open() && !conn.session.is_connected())
+            .then(|| conn.opened_ms + self.config.connect_timeout_ms)
     }
 
     fn schedule_timer(&mut self, key: usize) {
@@ -686,24 +674,36 @@ impl Reactor {
                 continue; // stale: superseded by an earlier entry, or another connection
             }
             conn.timer_at_ms = u64::MAX;
-            if matches!(conn.state, ConnState::Closed(_)) {
-                continue;
-            }
-            let half_frame_at = conn
-                .partial_since_ms
-                .map(|s| s + self.config.half_frame_timeout_ms);
-            if now.mono_ms >= conn.close_deadline_ms {
-                self.close(key, CloseReason::Shutdown);
-            } else if half_frame_at.is_some_and(|t| now.mono_ms >= t) {
-                log::info!("conn {} closed: half-frame timeout", conn.serial);
-                self.close(key, CloseReason::HalfFrameTimeout);
-            } else if now.mono_ms >= conn.last_frame_ms + self.config.idle_timeout_ms {
-                log::info!("conn {} closed: idle timeout", conn.serial);
-                self.close(key, CloseReason::IdleTimeout);
-            } else {
-                self.schedule_timer(key);
+            if !matches!(conn.state, ConnState::Closed(_)) {
+                self.timer_fired(key, now);
             }
         }
+    }
+
+    /// A connection's deadline came: close it for the first reason due, or wait on.
+    fn timer_fired(&mut self, key: usize, now: Now) {
+        let conn = &self.conns[key];
+        let due = |at: Option<u64>| at.is_some_and(|t| now.mono_ms >= t);
+        let half_frame_at = conn
+            .partial_since_ms
+            .map(|s| s + self.config.half_frame_timeout_ms);
+        let idle_at = conn.last_frame_ms + self.config.idle_timeout_ms;
+        let (reason, why) = if now.mono_ms >= conn.close_deadline_ms {
+            (CloseReason::Shutdown, None)
+        } else if due(self.connect_deadline(conn)) {
+            let why = "no CONNECT within the connect timeout";
+            (CloseReason::ConnectTimeout, Some(why))
+        } else if due(half_frame_at) {
+            (CloseReason::HalfFrameTimeout, Some("half-frame timeout"))
+        } else if now.mono_ms >= idle_at {
+            (CloseReason::IdleTimeout, Some("idle timeout"))
+        } else {
+            return self.schedule_timer(key);
+        };
+        if let Some(why) = why {
+            log::info!("conn {} closed: {why}", conn.serial);
+        }
+        self.close(key, reason);
     }
 
     // ---- the end of a pass ----------------------------------------------------------
@@ -718,9 +718,14 @@ impl Reactor {
         self.broker.end_pass(now);
         self.apply_effects();
         self.fire_timers(now);
+        self.answer_delayed(now);
+        if self.accept_again_at_ms.is_some_and(|at| now.mono_ms >= at) {
+            self.accept(now);
+        }
         if now.mono_ms >= self.next_housekeeping_ms {
             self.next_housekeeping_ms = now.mono_ms + HOUSEKEEPING_INTERVAL_MS;
             self.broker.housekeeping(now);
+            self.auth_failures.expire(now.mono_ms);
         }
         if self.draining_since_ms.is_some() {
             self.drain_step();
@@ -749,7 +754,7 @@ impl Reactor {
             );
             assert_eq!(
                 c.accounted_bytes,
-                c.input.capacity() + c.output.capacity(),
+                c.held_bytes(),
                 "conn {key}: buffers changed without being accounted"
             );
             assert!(c.output_sent <= c.output.len());
@@ -1055,22 +1060,26 @@ fn holds_memory(request: &Request<'_>) -> bool {
     )
 }
 
-/// Reads into a connection's own input buffer. Once a frame's length is known (and
-/// was checked against the cap in force), room for exactly the rest of it is reserved
-/// at once, so a large frame costs its own size, not a doubling Vec's 2x.
+/// Reads into a connection's own input buffer, which grows with the bytes that arrive,
+/// never ahead of them: a header announcing 16 MiB gets room for one read chunk, and
+/// the buffer grows only as the body comes (doubling, so a large frame is not copied
+/// over and over, but never past the frame's announced end).
 fn read_into_input(conn: &mut Conn) -> io::Result<usize> {
     let start = conn.input.len();
-    let want = match crate::wire::frame::declared_length(&conn.input) {
+    let (want, frame_end) = match crate::wire::frame::declared_length(&conn.input) {
         Some(len) => {
             let frame_end = crate::wire::limits::FRAME_HEADER_BYTES + len as usize;
-            if conn.input.capacity() < frame_end {
-                conn.input.reserve_exact(frame_end - start);
-            }
-            frame_end.saturating_sub(start).clamp(1, READ_CHUNK_BYTES)
+            let want = frame_end.saturating_sub(start).clamp(1, READ_CHUNK_BYTES);
+            (want, frame_end)
         }
-        None => READ_CHUNK_BYTES,
+        None => (READ_CHUNK_BYTES, 0),
     };
-    conn.input.resize(start + want, 0);
+    let need = start + want;
+    if conn.input.capacity() < need {
+        let target = (conn.input.capacity() * 2).min(frame_end).max(need);
+        conn.input.reserve_exact(target - start);
+    }
+    conn.input.resize(need, 0);
     let result = conn.stream.read(&mut conn.input[start..]);
     let got = *result.as_ref().unwrap_or(&0);
     conn.input.truncate(start + got);

@@ -21,6 +21,8 @@ pub struct Mortard {
     dir: tempfile::TempDir,
     data_name: String,
     args: Vec<String>,
+    /// RLIMIT_NOFILE (soft, hard) the broker process starts with; `None`: inherited.
+    nofile: Option<(u64, u64)>,
 }
 
 impl Mortard {
@@ -30,6 +32,16 @@ impl Mortard {
 
     /// Like `start`, with the data directory named `data_name` (inside a temp dir).
     pub fn start_in(data_name: &str, args: &[&str]) -> Mortard {
+        Mortard::start_with(data_name, args, None)
+    }
+
+    /// Like `start`, with the broker's RLIMIT_NOFILE set to (soft, hard) before it runs,
+    /// so that a test can make its `accept` hit EMFILE.
+    pub fn start_with_nofile(args: &[&str], soft: u64, hard: u64) -> Mortard {
+        Mortard::start_with("data", args, Some((soft, hard)))
+    }
+
+    fn start_with(data_name: &str, args: &[&str], nofile: Option<(u64, u64)>) -> Mortard {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut m = Mortard {
             child: None,
@@ -38,6 +50,7 @@ impl Mortard {
             dir,
             data_name: data_name.to_string(),
             args: args.iter().map(|s| s.to_string()).collect(),
+            nofile,
         };
         m.spawn();
         m
@@ -87,9 +100,14 @@ impl Mortard {
             .open(self.log_path())
             .expect("log file");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_mortard"));
-        cmd.arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--data-dir")
+        if !self
+            .args
+            .iter()
+            .any(|a| a == "--listen" || a.starts_with("--listen="))
+        {
+            cmd.arg("--listen").arg("127.0.0.1:0");
+        }
+        cmd.arg("--data-dir")
             .arg(self.data_dir())
             .args(&self.args)
             .env(
@@ -101,6 +119,21 @@ impl Mortard {
             .stderr(Stdio::from(log));
         if !self.args.iter().any(|a| a.starts_with("--admin-listen")) {
             cmd.arg("--admin-listen").arg("127.0.0.1:0");
+        }
+        if let Some((soft, hard)) = self.nofile {
+            use std::os::unix::process::CommandExt;
+            let limit = rustix::process::Rlimit {
+                current: Some(soft),
+                maximum: Some(hard),
+            };
+            // SAFETY: the closure runs in the forked child before exec and makes one
+            // async-signal-safe system call (setrlimit), touching no locks or memory.
+            unsafe {
+                cmd.pre_exec(move || {
+                    rustix::process::setrlimit(rustix::process::Resource::Nofile, limit)
+                        .map_err(std::io::Error::from)
+                });
+            }
         }
         let mut child = cmd.spawn().expect("spawn mortard");
         let stdout = child.stdout.take().expect("stdout");
