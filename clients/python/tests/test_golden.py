@@ -8,6 +8,8 @@ transcripts, which hold no bytes of their own, are replayed against a real broke
 test_transcripts.py.
 """
 
+import os
+import re
 import unittest
 
 import support
@@ -260,6 +262,55 @@ class GoldenVectors(unittest.TestCase):
                              (m.subscription_id, m.topic_id, m.partition, m.sequence,
                               m.delivery_id, m.attempt, m.ownership_epoch, m.producer_id,
                               m.producer_seq, m.flags, m.key, m.value, m.origin))
+
+
+def rust_source(path):
+    with open(os.path.join(support.REPO_ROOT, path), encoding="utf-8") as f:
+        return f.read()
+
+
+class Vocabulary(unittest.TestCase):
+    """The enums, flags, ops and limits of mortarmq.wire against src/wire, whose values
+    the golden vectors only partly cover."""
+
+    def test_enums_and_flags_match_src_wire_vocab(self):
+        text = rust_source("src/wire/vocab.rs")
+        enums = {}
+        for name, body in re.findall(r"pub enum (\w+) \{(.*?)\n    \}", text, re.S):
+            enums[name] = {spec: int(code) for code, spec in
+                           re.findall(r"\w+ = (\d+), \"(\w+)\";", body)}
+        for name, body in re.findall(r"pub struct (\w+): u\d+ \{(.*?)\n    \}", text, re.S):
+            enums[name] = {flag: int(v, 16) for flag, v in
+                           re.findall(r"const (\w+) = (0x[0-9A-Fa-f]+);", body)}
+        self.assertEqual(len(enums), 15, sorted(enums))
+        for name, values in enums.items():
+            # __members__, not iteration: a multi-bit mask such as PubFlags.DURABILITY is
+            # not iterated over.
+            ours = {n: int(m) for n, m in getattr(wire, name).__members__.items()}
+            self.assertEqual(ours, values, name)
+
+    def test_ops_match_src_wire_ops(self):
+        text = rust_source("src/wire/ops.rs")
+        codes = dict(re.findall(r"^    (\w+) = (0x[0-9A-F]{2}),$", text, re.M))
+        names = dict(re.findall(r"Op::(\w+) => \"(\w+)\",", text))
+        rust = {names[v]: int(c, 16) for v, c in codes.items()}
+        self.assertEqual({op.name: int(op) for op in wire.Op}, rust)
+
+    def test_limits_match_src_wire_limits(self):
+        text = rust_source("src/wire/limits.rs")
+        for rust, ours in [("MAX_FRAME_LEN_BYTES", wire.MAX_FRAME_LEN),
+                           ("MAX_KEY_LEN_BYTES", wire.MAX_KEY_LEN),
+                           ("MAX_TOPIC_LEN_BYTES", wire.MAX_TOPIC_LEN),
+                           ("MAX_ERR_MESSAGE_BYTES", wire.MAX_ERR_MESSAGE),
+                           ("PREAUTH_FRAME_LEN_MAX_BYTES", wire.PREAUTH_FRAME_LEN_MAX),
+                           ("WIRE_VERSION", wire.WIRE_VERSION),
+                           ("DEDUP_WINDOW_SEQS", wire.DEDUP_WINDOW_SEQS),
+                           ("SUB_PARTITION_ANY", wire.SUB_PARTITION_ANY)]:
+            expr = re.search(r"const %s: \w+ = ([^;]+);" % rust, text).group(1)
+            # Integer expressions such as `16 * 1024 * 1024` (Rust `_` separators removed).
+            value = eval(expr.replace("_", ""), {"__builtins__": {}})
+            self.assertEqual(value, ours, rust)
+        self.assertEqual(wire.MAX_VALUE_LEN, wire.MAX_FRAME_LEN - 1024)
 
 
 if __name__ == "__main__":
