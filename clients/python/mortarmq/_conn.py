@@ -3,12 +3,14 @@ Shared by Producer and Consumer; it keeps no protocol state beyond the read buff
 
 import select
 import socket
+import struct
 import time
 
 from . import wire
 from .errors import MortarError, ProtocolError
 
 READ_CHUNK = 256 * 1024
+_LENGTH = struct.Struct(">I")
 # Compacting the read buffer costs a copy of what is left; doing it only once this much
 # has been consumed keeps that copy rare.
 COMPACT_AFTER = 1 << 20
@@ -57,6 +59,15 @@ class Connection:
     def send(self, data):
         self.sock.sendall(data)
         self.last_send = time.monotonic()
+
+    def has_frame(self):
+        """Whether read_frame would return without waiting: a whole frame (or bytes it
+        refuses) is buffered. Only the header is looked at: this runs once per read."""
+        avail = len(self._buf) - self._pos
+        if avail < wire.FRAME_HEADER_BYTES:
+            return False
+        (length,) = _LENGTH.unpack_from(self._buf, self._pos)
+        return avail >= wire.FRAME_HEADER_BYTES + length
 
     def read_frame(self, deadline=None):
         """The next frame as (op, payload), or None once ``deadline`` (monotonic

@@ -24,6 +24,9 @@ from .errors import MortarError, ProtocolError
 HEARTBEAT_INTERVAL = 3.0  # a tenth of the broker's default 30 s session timeout
 # poll() looks at the heartbeat thread's findings at least this often while it waits.
 READ_SLICE = 1.0
+WRITE_BATCH = 128  # queued ACKs/NACKs that force a write
+
+_OP_BYTE = {op: bytes([op]) for op in wire.Op}
 
 DeadLetterOrigin = collections.namedtuple(
     "DeadLetterOrigin", "topic_id topic partition sequence attempts reason")
@@ -128,6 +131,7 @@ class Consumer:
         self._gen = 0  # one per connection: Messages of an older one are stale
         self._broken = False  # set by the heartbeat thread when a write fails
         self._pending = collections.deque()  # (op, gen) of each answer still owed
+        self._wbuf = []  # requests queued, in the order of _pending
         self._ready = collections.deque()
         self._notices = collections.deque()
         self._errors = []
@@ -159,15 +163,17 @@ class Consumer:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             self._raise_errors()
+            if self._notices and self._conn is not None and not self._broken:
+                # Before handing out more: a REVOKE takes back the partition's waiting
+                # deliveries, and the broker waits for its answer to move it.
+                self._answer_notice(self._notices.popleft())
+                continue
             if self._ready:
                 return self._ready.popleft()
             if self._closed:
                 return None
             if self._conn is None or self._broken:
                 self._rejoin()
-                continue
-            if self._notices:
-                self._answer_notice(self._notices.popleft())
                 continue
             now = time.monotonic()
             expired = deadline is not None and now >= deadline
@@ -187,22 +193,24 @@ class Consumer:
 
     def flush(self, timeout=None):
         """Waits until the broker has answered every ACK, NACK and CONTROL_ACK sent so
-        far; errors among the answers are raised (fenced and unknown deliveries are
-        dropped, as the registry advises). Messages that arrive meanwhile are kept for
-        poll()."""
+        far, and returns True; False when the connection was lost first (what was not
+        settled is delivered again). Errors among the answers are raised (fenced and
+        unknown deliveries are dropped, as the registry advises). Messages that arrive
+        meanwhile are kept for poll()."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             self._raise_errors()
+            self._flush_writes()
             with self._lock:
                 owed = [p for p in self._pending if p[1] == self._gen and p[0] != wire.Op.PULL]
-            if not owed or self._conn is None:
-                return
+            if self._conn is None or self._broken:
+                return False
+            if not owed:
+                return True
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError("answers still owed after %s s" % timeout)
             limit = time.monotonic() + READ_SLICE
             self._read(limit if deadline is None else min(deadline, limit))
-            if self._broken:
-                return
 
     def close(self):
         """Leaves the group (HEARTBEAT LEAVE, so it rebalances at once) and closes the
@@ -254,6 +262,7 @@ class Consumer:
             self._gen += 1
             self._broken = False
             self._pending.clear()
+            del self._wbuf[:]
             self._ready.clear()
             self._notices.clear()
             self._sub = wire.SubResult.decode(ok.result)
@@ -286,7 +295,8 @@ class Consumer:
                 self._join_once()
                 return
             except MortarError as e:
-                if not (e.retryable or e.closes_connection):
+                # AUTH_FAILED, UNKNOWN_TOPIC and the like will not go away by retrying.
+                if not e.retryable:
                     raise
                 last = e
             except (OSError, ProtocolError) as e:
@@ -310,6 +320,7 @@ class Consumer:
                 self._conn.close()
                 self._conn = None
             self._pending.clear()
+            del self._wbuf[:]
             self._ready.clear()
             self._notices.clear()
             self._pulling = False
@@ -318,6 +329,8 @@ class Consumer:
 
     def _read(self, deadline):
         """Reads and handles one frame; False when none came by ``deadline``."""
+        if self._wbuf and not self._conn.has_frame():
+            self._flush_writes()
         try:
             frame = self._conn.read_frame(deadline)
         except (OSError, ProtocolError):
@@ -327,7 +340,12 @@ class Consumer:
             return False
         try:
             self._dispatch(*frame)
-        except (wire.WireError, ProtocolError):
+            # The rest of what one recv brought (answers among MSGs), without a trip
+            # through poll() per frame.
+            conn = self._conn
+            while conn is not None and not self._broken and conn.has_frame():
+                self._dispatch(*conn.read_frame())
+        except (OSError, wire.WireError, ProtocolError):
             self._broken = True
         return True
 
@@ -346,6 +364,11 @@ class Consumer:
                 if not self._pending:
                     raise ProtocolError("an answer to no request")
                 expected, gen = self._pending.popleft()
+            if op == wire.Op.OK and payload[:1] == _OP_BYTE[expected]:
+                # The common case, an empty OK: its result is not needed.
+                if expected == wire.Op.PULL:
+                    self._pulling = False
+                return
             try:
                 check_answer(expected, op, payload)
                 if expected == wire.Op.PULL:
@@ -423,20 +446,31 @@ class Consumer:
 
     # ---- writing ---------------------------------------------------------------------
 
-    def _request(self, data, op, gen=None):
-        """Writes one request and notes the answer it is owed. False when the connection
-        (of ``gen``, if given) is gone."""
+    def _request(self, data, op, gen=None, batch=False):
+        """Queues one request, noting the answer it is owed, and writes the queue unless
+        ``batch``: ACKs and NACKs wait for the next read, the next unbatched request or
+        the heartbeat thread's next tick, so a burst of them costs one write. False
+        when the connection (of ``gen``, if given) is gone."""
         with self._lock:
             conn = self._conn
             if conn is None or self._broken or (gen is not None and gen != self._gen):
                 return False
+            self._wbuf.append(data)
+            self._pending.append((op, self._gen))
+            if not batch or len(self._wbuf) >= WRITE_BATCH:
+                self._flush_writes()
+            return True
+
+    def _flush_writes(self):
+        with self._lock:
+            if not self._wbuf or self._conn is None:
+                return
+            data = b"".join(self._wbuf)
+            del self._wbuf[:]
             try:
-                conn.send(data)
+                self._conn.send(data)
             except OSError:
                 self._broken = True
-                return False
-            self._pending.append((op, self._gen))
-            return True
 
     def _settle(self, m, how):
         if m._settled:
@@ -446,13 +480,13 @@ class Consumer:
         sid, tid, partition, seq, delivery_id, epoch = m._ref
         if how == "ack":
             return self._request(wire.encode_ack(sid, tid, partition, seq, delivery_id, epoch),
-                                 wire.Op.ACK, m._gen)
+                                 wire.Op.ACK, m._gen, batch=True)
         if how == "progress":
             return self._request(wire.encode_ack(sid, tid, partition, seq, delivery_id, epoch,
                                                  wire.AckFlags.PROGRESS), wire.Op.ACK, m._gen)
         reason = wire.NackReason.RETRY if how == "retry" else wire.NackReason.REJECT
         return self._request(wire.encode_nack(sid, tid, partition, seq, delivery_id, epoch,
-                                              reason), wire.Op.NACK, m._gen)
+                                              reason), wire.Op.NACK, m._gen, batch=True)
 
     def _send_pull(self, wait_ms):
         sub = self._sub
@@ -484,3 +518,6 @@ class Consumer:
                     continue
                 if time.monotonic() - conn.last_send >= self.heartbeat_interval:
                     self._send_heartbeat(wire.HeartbeatState.ACTIVE)
+                else:
+                    # ACKs of an application that stopped polling still go out.
+                    self._flush_writes()

@@ -12,6 +12,7 @@ SEQUENCE_OUT_OF_ORDER without being appended, so those are renumbered and resent
 
 import collections
 import random
+import struct
 import threading
 import time
 import zlib
@@ -25,6 +26,11 @@ Receipt = collections.namedtuple(
 Receipt.__doc__ = """What the broker answered a publish: the record's sequence in its
 partition, the Durability reached, the broker's leader_epoch and commit_seq, whether it
 was a resend the broker had already appended (deduplicated), and the partition."""
+
+# OK answering PUB: request_op, result_len, then the 26-byte result.
+_OK_PUB = struct.Struct(">BIQBQQB")
+_DURABILITY = {int(d): d for d in wire.Durability}
+_DEDUPLICATED = int(wire.PubResultFlags.DEDUPLICATED)
 
 BACKOFF_FIRST = 0.01  # the registry's advice for BACKPRESSURE: 10 ms doubling to 1 s
 BACKOFF_MAX = 1.0
@@ -184,6 +190,10 @@ class Producer:
                 raise ValueError("partition %d: %r has %d partitions" % (partition, topic, count))
             handle = PublishHandle(self)
             rec = _Record(topic_id, partition, flags, key, value, handle)
+            if len(self._inflight) >= self._max_in_flight:
+                # Down to half the window, not one below it: the next half goes out
+                # in one write rather than one write per record.
+                self._pump(lambda: len(self._inflight) <= self._max_in_flight // 2)
             self._pump(self._ready_to_write)
             self._probe_if_idle()
             self._write(rec)
@@ -228,7 +238,14 @@ class Producer:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        self.close()
+        if exc_type is None:
+            self.close()
+            return
+        # The exception on its way out says more than a failure to flush after it.
+        try:
+            self.close()
+        except Exception:
+            pass
 
     # ---- topics ----------------------------------------------------------------------
 
@@ -369,7 +386,14 @@ class Producer:
                 raise TimeoutError("no answer from the broker within %.1f s" % self.timeout)
             op, payload = frame
             rec = self._inflight[0]
-            ok = check_answer(wire.Op.PUB, op, payload)
+            if op == wire.Op.OK and len(payload) >= _OK_PUB.size and payload[0] == wire.Op.PUB:
+                # The common answer, decoded in one call; extra result bytes of a later
+                # version are ignored.
+                _, _, sequence, reached, leader_epoch, commit_seq, flags = \
+                    _OK_PUB.unpack_from(payload)
+            else:
+                check_answer(wire.Op.PUB, op, payload)
+                raise ProtocolError("an OK to PUB with a short result")
         except MortarError as e:
             self._inflight.popleft()
             self._refused(rec, e)
@@ -378,13 +402,8 @@ class Producer:
             self._lost()
             return True
         self._inflight.popleft()
-        r = wire.PubResult.decode(ok.result)
-        reached = r.durability
-        if reached in wire.Durability._value2member_map_:
-            reached = wire.Durability(reached)
-        deduplicated = bool(r.result_flags & wire.PubResultFlags.DEDUPLICATED)
-        self._succeed(rec, Receipt(r.sequence, reached, r.leader_epoch, r.commit_seq,
-                                   deduplicated, rec.partition))
+        self._succeed(rec, Receipt(sequence, _DURABILITY.get(reached, reached), leader_epoch,
+                                   commit_seq, bool(flags & _DEDUPLICATED), rec.partition))
         return True
 
     def _refused(self, rec, err):
