@@ -10,7 +10,7 @@ with a temporary data directory, and stops it at the end. Phases, one topic of o
 partition, values of --value-size bytes:
 
   publish   one Producer: send() x N pipelined (--max-in-flight), then flush()
-  publish1  one Producer: publish() x N/10, each waiting for its answer
+  publish1  one Producer: publish() x N/50, each waiting for its answer
   consume   one Consumer (push, --credit; or PULL): poll() + ack() x N, then flush()
 
 Each prints `NAME msgs/s MB/s seconds`, and the run ends with the same figures as one
@@ -91,7 +91,7 @@ def main():
             p.flush()
             report(results, "publish", args.count, args.value_size, time.perf_counter() - t0)
 
-            one = max(1, args.count // 10)
+            one = max(1, args.count // 50)
             t0 = time.perf_counter()
             for _ in range(one):
                 p.publish(topic, value)

@@ -98,6 +98,9 @@ class Consumer:
 
     After a connection loss poll() reconnects and joins again (the broker delivers the
     unsettled records again) for up to ``reconnect_timeout`` seconds (None: for ever).
+
+    A Consumer is used from one thread (the one calling poll()); its own heartbeat
+    thread only writes.
     """
 
     def __init__(self, address="127.0.0.1:7411", group="", topic="", start="earliest",
@@ -130,7 +133,9 @@ class Consumer:
         self._conn = None
         self._gen = 0  # one per connection: Messages of an older one are stale
         self._broken = False  # set by the heartbeat thread when a write fails
-        self._pending = collections.deque()  # (op, gen) of each answer still owed
+        # (op, gen, waiter) of each answer still owed; a waiter (a list) receives the
+        # OK or the MortarError of a request someone waits for.
+        self._pending = collections.deque()
         self._wbuf = []  # requests queued, in the order of _pending
         self._ready = collections.deque()
         self._notices = collections.deque()
@@ -211,6 +216,33 @@ class Consumer:
                 raise TimeoutError("answers still owed after %s s" % timeout)
             limit = time.monotonic() + READ_SLICE
             self._read(limit if deadline is None else min(deadline, limit))
+
+    def set_credit(self, count=0, credit_bytes=0):
+        """Resizes the window of unsettled deliveries (CREDIT SET; 0 keeps a dimension
+        as it is) and returns the broker's CreditResult (granted and outstanding
+        counts and bytes). Raises MortarError, e.g. CREDIT_LIMIT above the broker's cap."""
+        self._flush_writes()
+        while True:
+            if self._conn is None or self._broken:
+                self._rejoin()
+            sub = self._sub
+            credit = wire.Credit(subscription_id=sub.subscription_id,
+                                 membership_epoch=sub.membership_epoch,
+                                 ownership_epoch=0, mode=wire.CreditMode.SET,
+                                 credit_count=count, credit_bytes=credit_bytes)
+            waiter = []
+            if self._request(credit.encode(), wire.Op.CREDIT, waiter=waiter):
+                deadline = time.monotonic() + self.timeout
+                while not waiter and not self._broken and time.monotonic() < deadline:
+                    self._read(deadline)
+                if waiter:
+                    if isinstance(waiter[0], MortarError):
+                        raise waiter[0]
+                    self._credit, self._credit_bytes = count or self._credit, \
+                        credit_bytes or self._credit_bytes
+                    return wire.CreditResult.decode(waiter[0].result)
+                if not self._broken:
+                    raise TimeoutError("no answer to CREDIT within %s s" % self.timeout)
 
     def close(self):
         """Leaves the group (HEARTBEAT LEAVE, so it rebalances at once) and closes the
@@ -363,7 +395,13 @@ class Consumer:
             with self._lock:
                 if not self._pending:
                     raise ProtocolError("an answer to no request")
-                expected, gen = self._pending.popleft()
+                expected, gen, waiter = self._pending.popleft()
+            if waiter is not None:
+                try:
+                    waiter.append(check_answer(expected, op, payload))
+                except MortarError as e:
+                    waiter.append(e)
+                return
             if op == wire.Op.OK and payload[:1] == _OP_BYTE[expected]:
                 # The common case, an empty OK: its result is not needed.
                 if expected == wire.Op.PULL:
@@ -446,7 +484,7 @@ class Consumer:
 
     # ---- writing ---------------------------------------------------------------------
 
-    def _request(self, data, op, gen=None, batch=False):
+    def _request(self, data, op, gen=None, batch=False, waiter=None):
         """Queues one request, noting the answer it is owed, and writes the queue unless
         ``batch``: ACKs and NACKs wait for the next read, the next unbatched request or
         the heartbeat thread's next tick, so a burst of them costs one write. False
@@ -456,7 +494,7 @@ class Consumer:
             if conn is None or self._broken or (gen is not None and gen != self._gen):
                 return False
             self._wbuf.append(data)
-            self._pending.append((op, self._gen))
+            self._pending.append((op, self._gen, waiter))
             if not batch or len(self._wbuf) >= WRITE_BATCH:
                 self._flush_writes()
             return True

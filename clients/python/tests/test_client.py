@@ -120,6 +120,23 @@ class RoundTrip(unittest.TestCase):
             c.flush()
             self.assertIsNone(c.poll(0.5))
 
+    def test_credit_bounds_the_unsettled_deliveries(self):
+        with mortarmq.Producer(self.broker.address, declare=True) as p:
+            for i in range(3):
+                p.send("credited", b"%d" % i)
+            p.flush()
+        with mortarmq.Consumer(self.broker.address, group="g", topic="credited") as c:
+            granted = c.set_credit(count=1)
+            self.assertEqual(granted.granted_count, 1)
+            first = c.poll(5)
+            # The window is full until the first is settled.
+            self.assertIsNone(c.poll(0.5))
+            first.ack()
+            second = c.poll(5)
+            self.assertEqual((first.value, second.value), (b"0", b"1"))
+            second.ack()
+            self.assertEqual(c.poll(5).value, b"2")
+
     def test_progress_keeps_a_slow_delivery(self):
         broker = support.Mortard("--ack-wait", "600ms")
         try:

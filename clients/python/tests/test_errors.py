@@ -134,6 +134,9 @@ class BrokerErrors(unittest.TestCase):
                        topic="errs")
         self.assertErr("CREDIT_LIMIT", mortarmq.Consumer, self.addr, group="g", topic="errs",
                        credit=501)
+        with mortarmq.Consumer(self.addr, group="g", topic="errs") as member:
+            self.assertErr("CREDIT_LIMIT", member.set_credit, count=501)
+            self.assertEqual(member.set_credit(count=500).granted_count, 500)
         sub = wire.Sub(group=b"raw", topic_id=self.topic_id, partition=0)
         self.assertErr("INVALID_SUBSCRIPTION", self.request, sub, c)
         sub.partition = wire.SUB_PARTITION_ANY
