@@ -138,14 +138,14 @@ class RoundTrip(unittest.TestCase):
             self.assertEqual(c.poll(5).value, b"2")
 
     def test_progress_keeps_a_slow_delivery(self):
-        broker = support.Mortard("--ack-wait", "600ms")
+        broker = support.Mortard("--ack-wait", "1500ms")
         try:
             with mortarmq.Producer(broker.address, declare=True) as p:
                 p.publish("slow", b"work")
             with mortarmq.Consumer(broker.address, group="g", topic="slow") as c:
                 m = c.poll(5)
-                for _ in range(4):
-                    time.sleep(0.3)
+                for _ in range(4):  # 2 s in all: past the ack-wait without PROGRESS
+                    time.sleep(0.5)
                     self.assertTrue(m.progress())
                     c.flush()
                 self.assertIsNone(c.poll(0.1), "no redelivery while in progress")
@@ -380,7 +380,7 @@ class DeadLetters(unittest.TestCase):
 @support.needs_broker
 class Liveness(unittest.TestCase):
     def test_heartbeats_keep_a_busy_member_in_its_group(self):
-        with support.Mortard("--session-timeout", "1s") as broker:
+        with support.Mortard("--session-timeout", "1500ms") as broker:
             with mortarmq.Producer(broker.address, declare=True) as p:
                 p.topic("busy")
                 revoked = []
@@ -388,7 +388,7 @@ class Liveness(unittest.TestCase):
                                        heartbeat_interval=0.2, on_revoke=revoked.append) as c:
                     self.assertIsNone(c.poll(0.5))
                     member = c._sub.member_id
-                    time.sleep(2.5)  # "busy": no poll, only the heartbeat thread
+                    time.sleep(3.0)  # "busy": no poll, only the heartbeat thread
                     p.publish("busy", b"still here")
                     self.assertEqual(c.poll(5).value, b"still here")
                     self.assertEqual((c._sub.member_id, revoked), (member, []))
@@ -408,17 +408,18 @@ class Liveness(unittest.TestCase):
                     c.flush()
 
     def test_idle_connections_closed_by_the_broker_are_replaced(self):
-        with support.Mortard("--idle-timeout", "500ms") as broker:
+        with support.Mortard("--idle-timeout", "1s") as broker:
             with mortarmq.Producer(broker.address, declare=True) as p:
                 p.publish("idle", b"1")
-                time.sleep(1.0)
+                time.sleep(1.5)
                 self.assertEqual(p.publish("idle", b"2").sequence, 2)
+                self.assertEqual(p.reconnects, 1, "the broker had closed the idle connection")
             with mortarmq.Consumer(broker.address, group="g", topic="idle",
                                    heartbeat_interval=0.2) as c:
                 first = drain(c, idle=0.8)
                 self.assertEqual([m.value for m in first], [b"1", b"2"])
                 gen = c._gen
-                time.sleep(1.0)
+                time.sleep(1.5)
                 self.assertIsNone(c.poll(0.2))
                 self.assertEqual(c._gen, gen, "heartbeats kept the connection open")
 
