@@ -412,9 +412,12 @@ class Producer:
         if err.closes_connection:
             # The broker closes after this ERR and ran nothing after the frame: the
             # records behind it are lost with the connection and resent with it.
-            self._retry.append(rec)
-            if err.retry == "backoff":
-                rec.backoffs += 1
+            if err.retry == "no":
+                self._fail(rec, err)
+                self._hole(rec)
+            else:
+                rec.backoffs += err.retry == "backoff"
+                self._retry.append(rec)
             self._lost()
             return
         if err.name == "SEQUENCE_OUT_OF_ORDER" and (rec.renumber or self._behind_retry(rec)):

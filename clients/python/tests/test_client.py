@@ -231,6 +231,14 @@ class Restarts(unittest.TestCase):
             self.assertEqual([m.value for m in drain(c)], [b"one", b"two", b"three"])
 
     def test_kill9_in_the_middle_of_a_stream_leaves_exactly_one_copy(self):
+        self._restart_in_a_stream(kill=True)
+
+    def test_sigterm_in_the_middle_of_a_stream_leaves_exactly_one_copy(self):
+        # A stopping broker answers what it read and refuses the rest with
+        # SHUTTING_DOWN (close): those are resent to the next broker.
+        self._restart_in_a_stream(kill=False)
+
+    def _restart_in_a_stream(self, kill):
         p = mortarmq.Producer(self.broker.address, declare=True, partitions=3,
                               durability="written")
         handles = []
@@ -254,8 +262,8 @@ class Restarts(unittest.TestCase):
         worker.start()
         try:
             support.wait_until(lambda: answered() >= 500, what="500 answered records")
-            self.broker.restart(kill=True)
-            # The stream goes on through the restart, so the kill hit it mid-flight.
+            self.broker.restart(kill=kill)
+            # The stream goes on through the restart, so the stop hit it mid-flight.
             sent_by_then = len(handles)
             support.wait_until(lambda: answered() >= sent_by_then + 500, timeout=30,
                                what="500 more answered records after the restart")
