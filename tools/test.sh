@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's one test command (README "Run the tests"; CI runs exactly this).
-# Checks formatting, lints, the man pages, then every unit and integration test.
+# Checks formatting, lints, the man pages, then every unit and integration test, then
+# the Python client's tests (clients/python).
 # Integration tests start real `mortard` processes on free loopback ports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,3 +22,10 @@ if command -v mandoc >/dev/null 2>&1; then
   done
 fi
 cargo test --all-targets
+
+# The Python client, from source (standard library only: nothing to install), against
+# the mortard built above. MORTARMQ_REQUIRE_BROKER turns "no broker binary" into a
+# failure instead of a skip.
+cargo build --bin mortard
+PYTHONPATH=clients/python MORTARMQ_REQUIRE_BROKER=1 \
+  python3 -m unittest discover -s clients/python/tests
