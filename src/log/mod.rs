@@ -923,8 +923,9 @@ impl PartitionLog {
         if !was_mapped && seg.is_mapped() {
             self.mapped_segments += 1;
         }
-        mapped.map_err(|e| StorageError::from_io(&seg.log_path, None, e))?;
         seg.map_used_tick = self.map_tick;
+        let mapped = mapped.map_err(|e| StorageError::from_io(&seg.log_path, None, e));
+        // Even after a failure: half a map still counts against the cap.
         if self.mapped_segments > MAPPED_SEGMENTS_MAX {
             let victim = (0..self.segments.len())
                 .filter(|&j| j != i && self.segments[j].is_mapped())
@@ -934,7 +935,7 @@ impl PartitionLog {
                 self.mapped_segments -= 1;
             }
         }
-        Ok(())
+        mapped
     }
 
     /// Calls `f` for flushed records from `from_sequence` on (clamped up to

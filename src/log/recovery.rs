@@ -445,6 +445,18 @@ impl<'s> SegmentFile<'s> {
         Ok(ok.then(|| self.segment(self.len, n, ts)))
     }
 
+    /// Logs and counts the damaged records the scan kept in place.
+    fn note_damaged(&self, end: &ScanEnd, report: &mut RecoveryReport) {
+        for (pos, sequence, why) in &end.damaged {
+            log::warn!(
+                "{}: corrupt record at byte {pos} (sequence {sequence}: {why}), in bytes \
+                 known durable: kept in place, reading it reports it",
+                self.path.display()
+            );
+        }
+        report.damaged_records_kept += end.damaged.len() as u64;
+    }
+
     /// Cuts the file at the first bad record the scan met.
     fn cut(&mut self, end: &ScanEnd, records: u64, report: &mut RecoveryReport) -> IoResult {
         let why = end.stop.as_ref().map(|e| e.to_string()).unwrap_or_default();
@@ -620,14 +632,7 @@ fn recover_segment(
         },
         |p| positions.push(p as u32),
     )?;
-    for (pos, sequence, why) in &end.damaged {
-        log::warn!(
-            "{}: corrupt record at byte {pos} (sequence {sequence}: {why}), below the \
-             recovery point: kept in place, reading it reports it",
-            seg.path.display()
-        );
-    }
-    report.damaged_records_kept += end.damaged.len() as u64;
+    seg.note_damaged(&end, report);
     let records = positions.len() as u64;
     let whole = next_first == Some(first + records);
     if end.stop.is_some() || end.end_pos < seg.len {

@@ -954,7 +954,7 @@ fn a_sync_job_moves_the_recovery_point_a_stride_after_the_last() {
     let dir = tmp.path();
     let (mut log, _) = open(dir, cfg(64 << 20));
     let value = vec![7u8; 64 * 1024];
-    let mut sync = |log: &mut PartitionLog| {
+    let sync = |log: &mut PartitionLog| {
         let job = log.take_sync_job().unwrap();
         let moved = job.point.as_ref().map(|p| p.point);
         job.run().unwrap();

@@ -23,6 +23,10 @@ pub struct Mortard {
     args: Vec<String>,
     /// RLIMIT_NOFILE (soft, hard) the broker process starts with; `None`: inherited.
     nofile: Option<(u64, u64)>,
+    /// A command the broker runs under (`strace …`): its words, the broker's path last.
+    wrapper: Vec<String>,
+    /// The broker's own pid when it runs under a wrapper (the child is the wrapper).
+    wrapped_pid: Option<u32>,
 }
 
 impl Mortard {
@@ -41,19 +45,33 @@ impl Mortard {
         Mortard::start_with("data", args, Some((soft, hard)))
     }
 
+    /// Like `start`, under the command `wrapper` makes from the data directory (such as
+    /// `strace -P <a segment file in it> …`); the broker's path is appended to it.
+    pub fn start_wrapped(wrapper: impl FnOnce(&Path) -> Vec<String>, args: &[&str]) -> Mortard {
+        let mut m = Mortard::new("data", args, None);
+        m.wrapper = wrapper(&m.data_dir());
+        m.spawn();
+        m
+    }
+
     fn start_with(data_name: &str, args: &[&str], nofile: Option<(u64, u64)>) -> Mortard {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut m = Mortard {
+        let mut m = Mortard::new(data_name, args, nofile);
+        m.spawn();
+        m
+    }
+
+    fn new(data_name: &str, args: &[&str], nofile: Option<(u64, u64)>) -> Mortard {
+        Mortard {
             child: None,
             addr: "127.0.0.1:0".parse().unwrap(),
             admin: None,
-            dir,
+            dir: tempfile::tempdir().expect("tempdir"),
             data_name: data_name.to_string(),
             args: args.iter().map(|s| s.to_string()).collect(),
             nofile,
-        };
-        m.spawn();
-        m
+            wrapper: Vec::new(),
+            wrapped_pid: None,
+        }
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -90,7 +108,8 @@ impl Mortard {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().expect("running").id()
+        self.wrapped_pid
+            .unwrap_or_else(|| self.child.as_ref().expect("running").id())
     }
 
     fn spawn(&mut self) {
@@ -99,7 +118,15 @@ impl Mortard {
             .append(true)
             .open(self.log_path())
             .expect("log file");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mortard"));
+        let broker = env!("CARGO_BIN_EXE_mortard");
+        let mut cmd = match self.wrapper.split_first() {
+            Some((program, words)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(words).arg(broker);
+                cmd
+            }
+            None => Command::new(broker),
+        };
         if !self
             .args
             .iter()
@@ -168,6 +195,12 @@ impl Mortard {
         // Later lines (the admin address) arrive without waiting here.
         std::thread::spawn(move || while rx.recv().is_ok() {});
         self.addr = addr.unwrap();
+        if !self.wrapper.is_empty() {
+            // The wrapper's only child: the broker, which has printed its address.
+            let children = format!("/proc/{0}/task/{0}/children", child.id());
+            let pid = std::fs::read_to_string(children).expect("wrapper's children");
+            self.wrapped_pid = Some(pid.split_whitespace().next().unwrap().parse().unwrap());
+        }
         self.child = Some(child);
     }
 
@@ -190,15 +223,19 @@ impl Mortard {
     /// SIGKILL: no chance to flush or sync anything.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
+            if let Some(pid) = self.wrapped_pid.take() {
+                signal(pid, "KILL");
+            }
             let _ = child.kill();
             let _ = child.wait();
         }
     }
 
-    /// SIGTERM and wait for the exit status.
+    /// SIGTERM and wait for the exit status (a wrapper such as strace exits with its
+    /// command's).
     pub fn terminate(&mut self) -> ExitStatus {
         let mut child = self.child.take().expect("running");
-        signal(child.id(), "TERM");
+        signal(self.wrapped_pid.take().unwrap_or(child.id()), "TERM");
         child.wait().expect("wait")
     }
 

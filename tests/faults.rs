@@ -1,0 +1,278 @@
+//! Durability under a real kernel (issue 12): `mortard` runs under `strace`, which
+//! delays or fails the fdatasync calls on one segment file and records, with their times,
+//! every write to that file and every fdatasync of it. Clients publish with FSYNC from
+//! several connections at once and note when each answer arrived. The check: whenever an
+//! answer arrived, at least as many records as had been acknowledged by then were written
+//! before the start of an fdatasync of the file that had already returned with success.
+//!
+//! Why the times can be compared: strace stops the traced thread at every syscall entry
+//! and exit and stamps the stop before letting it go on, so an fdatasync's entry stamp is
+//! no later than the moment it really starts, a write's exit stamp is no earlier than the
+//! moment its bytes were in the page cache, and nothing the broker does after a syscall
+//! (answering included) happens before that syscall's exit stamp. The client's clock is
+//! the same wall clock.
+//!
+//! `tools/test.sh` installs strace where it is missing.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::SystemTime;
+
+use common::mortard::Mortard;
+use mortarmq::broker::topics::partition_dir;
+use mortarmq::broker::TOPICS_DIR;
+use mortarmq::client::ClientError;
+use mortarmq::log::RECORD_OVERHEAD_BYTES;
+use mortarmq::wire::{DeclareFlags, Durability, ErrorCode};
+
+const TOPIC: &str = "t";
+/// The first topic declared in a fresh data directory gets id 1.
+const TOPIC_ID: u16 = 1;
+const VALUE_BYTES: usize = 100;
+const RECORD_BYTES: u64 = (RECORD_OVERHEAD_BYTES + VALUE_BYTES) as u64;
+const CONNECTIONS: usize = 6;
+const PUBS_PER_CONNECTION: usize = 40;
+/// How long every fdatasync of the segment is held before it returns: far longer than an
+/// answer takes, so an answer sent before its fdatasync returned cannot hide.
+const FDATASYNC_DELAY_US: u64 = 30_000;
+
+/// The first segment file of partition 0 of `TOPIC` in `data_dir`.
+fn segment_file(data_dir: &Path) -> PathBuf {
+    partition_dir(&data_dir.join(TOPICS_DIR), TOPIC_ID, TOPIC, 0).join("00000000000000000001.log")
+}
+
+/// `strace` tracing `pwrite64` and `fdatasync` on the segment file only, with `inject`
+/// applied to its fdatasyncs, into `trace`.
+fn strace(trace: &Path, inject: &str) -> impl FnOnce(&Path) -> Vec<String> {
+    let trace = trace.to_path_buf();
+    let inject = inject.to_string();
+    move |data_dir| {
+        let segment = segment_file(data_dir);
+        let words = [
+            "strace",
+            "-f",
+            "-ttt",
+            "-T",
+            "-y",
+            "-s0",
+            "-e",
+            "trace=pwrite64,fdatasync",
+            "-e",
+            &format!("inject=fdatasync:{inject}"),
+            "-P",
+            segment.to_str().unwrap(),
+            "-o",
+            trace.to_str().unwrap(),
+        ];
+        words.iter().map(|w| w.to_string()).collect()
+    }
+}
+
+/// When an answer arrived (wall clock, seconds), and its sequence or ERR code.
+type Answer = (f64, Result<u64, u16>);
+
+/// One completed syscall from the trace.
+#[derive(Debug, Clone)]
+struct Call {
+    name: String,
+    start: f64,
+    end: f64,
+    /// The return value; `None` for an error (-1 E…).
+    ret: Option<u64>,
+    /// strace held the thread after the call (`delay_exit`): `end` includes the delay.
+    delayed: bool,
+}
+
+/// The completed pwrite64 and fdatasync calls of a `strace -f -ttt -T -o` file, joining
+/// the halves of calls strace printed as `<unfinished ...>` and `<... resumed>`. `-T`
+/// times the call itself; a delayed call's thread goes on `delay_us` later.
+fn parse_trace(text: &str, delay_us: u64) -> Vec<Call> {
+    let mut open: HashMap<u32, (String, f64)> = HashMap::new();
+    let mut calls = Vec::new();
+    for line in text.lines() {
+        let mut words = line.splitn(3, ' ');
+        let (Some(pid), Some(ts), Some(rest)) = (words.next(), words.next(), words.next()) else {
+            continue;
+        };
+        let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), ts.parse::<f64>()) else {
+            continue;
+        };
+        let rest = rest.trim_start();
+        let (name, start) = if let Some(resumed) = rest.strip_prefix("<... ") {
+            let name = resumed.split(' ').next().unwrap().to_string();
+            match open.remove(&pid) {
+                Some((n, s)) if n == name => (name, s),
+                _ => panic!("resumed call without its start: {line}"),
+            }
+        } else {
+            let name = rest.split('(').next().unwrap().to_string();
+            if rest.ends_with("<unfinished ...>") {
+                open.insert(pid, (name, start));
+                continue;
+            }
+            (name, start)
+        };
+        if name != "pwrite64" && name != "fdatasync" {
+            continue;
+        }
+        let (_, result) = rest.rsplit_once(") = ").expect("a completed call");
+        let ret = result.split(' ').next().unwrap().parse::<u64>().ok();
+        let took = result
+            .rsplit_once('<')
+            .and_then(|(_, t)| t.trim_end_matches('>').parse::<f64>().ok())
+            .expect("-T time");
+        let delayed = result.contains("(DELAYED)");
+        let held = if delayed { delay_us as f64 / 1e6 } else { 0.0 };
+        calls.push(Call {
+            name,
+            start,
+            end: start + took + held,
+            ret,
+            delayed,
+        });
+    }
+    calls
+}
+
+/// Records durable at wall time `t` by the trace: written before the start of an
+/// fdatasync that returned success by `t`. After a failed fdatasync, no later one
+/// proves anything (the kernel may have dropped the dirty pages), so only fdatasyncs that
+/// started before the first failure count.
+fn durable_records_at(calls: &[Call], t: f64) -> u64 {
+    let first_failure = calls
+        .iter()
+        .filter(|c| c.name == "fdatasync" && c.ret.is_none())
+        .map(|c| c.start)
+        .fold(f64::INFINITY, f64::min);
+    let covered_until = calls
+        .iter()
+        .filter(|c| c.name == "fdatasync" && c.ret == Some(0))
+        .filter(|c| c.end <= t && c.start < first_failure)
+        .map(|c| c.start)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let bytes: u64 = calls
+        .iter()
+        .filter(|c| c.name == "pwrite64" && c.end <= covered_until)
+        .filter_map(|c| c.ret)
+        .sum();
+    bytes / RECORD_BYTES
+}
+
+/// The answers to FSYNC PUBs from several connections at once: for each, when it
+/// arrived (wall clock, seconds) and whether it was OK.
+fn publish_from_many(broker: &Mortard) -> Vec<Answer> {
+    let threads: Vec<_> = (0..CONNECTIONS)
+        .map(|_| {
+            let mut client = broker.client();
+            std::thread::spawn(move || {
+                let mut answers = Vec::new();
+                for _ in 0..PUBS_PER_CONNECTION {
+                    let value = [7u8; VALUE_BYTES];
+                    let r = client.publish_value(TOPIC_ID, 0, &value, Some(Durability::Fsynced));
+                    let at = SystemTime::now()
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .unwrap()
+                        .as_secs_f64();
+                    answers.push((
+                        at,
+                        match r {
+                            Ok(ok) => Ok(ok.sequence),
+                            Err(ClientError::Broker { code, .. }) => Err(code),
+                            Err(e) => panic!("{e}"),
+                        },
+                    ));
+                }
+                answers
+            })
+        })
+        .collect();
+    let mut answers: Vec<_> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    answers.sort_by(|a, b| a.0.total_cmp(&b.0));
+    answers
+}
+
+/// Runs the publishers against a broker whose segment fdatasyncs get `inject` (holding
+/// each for `delay_us`); returns the answers and the trace.
+fn run(inject: &str, delay_us: u64) -> (Vec<Answer>, Vec<Call>) {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("strace.out");
+    assert!(
+        Command::new("strace").arg("-V").output().is_ok(),
+        "strace is needed (tools/test.sh installs it)"
+    );
+    let mut broker = Mortard::start_wrapped(strace(&trace, inject), &[]);
+    let declared = broker
+        .client()
+        .declare(TOPIC, 1, DeclareFlags::empty())
+        .unwrap();
+    assert_eq!(declared.topic_id, TOPIC_ID);
+    let answers = publish_from_many(&broker);
+    broker.terminate();
+    let calls = parse_trace(&std::fs::read_to_string(&trace).unwrap(), delay_us);
+    (answers, calls)
+}
+
+/// Every OK answer arrived when at least that many records were durable.
+fn assert_no_answer_ahead_of_its_fdatasync(answers: &[Answer], calls: &[Call]) {
+    let mut acknowledged = 0;
+    for (at, answer) in answers {
+        if answer.is_ok() {
+            acknowledged += 1;
+            let durable = durable_records_at(calls, *at);
+            assert!(
+                acknowledged <= durable,
+                "answer {acknowledged} arrived at {at:.6} with only {durable} records durable"
+            );
+        }
+    }
+}
+
+#[test]
+fn no_fsync_pub_is_answered_before_the_fdatasync_covering_it_returned() {
+    let delay = FDATASYNC_DELAY_US;
+    let (answers, calls) = run(&format!("delay_exit={delay}"), delay);
+    let syncs = calls.iter().filter(|c| c.name == "fdatasync").count();
+    let delayed = calls
+        .iter()
+        .filter(|c| c.name == "fdatasync" && c.delayed)
+        .count();
+    assert!(syncs >= 2 && delayed == syncs, "{calls:?}");
+    assert_eq!(answers.len(), CONNECTIONS * PUBS_PER_CONNECTION);
+    assert!(answers.iter().all(|(_, a)| a.is_ok()), "{answers:?}");
+    // Group commit: several connections' records share an fdatasync.
+    assert!(
+        syncs < answers.len(),
+        "{syncs} fdatasyncs for {} PUBs",
+        answers.len()
+    );
+    assert_no_answer_ahead_of_its_fdatasync(&answers, &calls);
+}
+
+#[test]
+fn an_fdatasync_eio_acknowledges_nothing_it_did_not_cover() {
+    // The first fdatasync of the segment is made when the topic is created; the 4th
+    // (the third group commit) fails.
+    let (answers, calls) = run("error=EIO:when=4+", 0);
+    let failed = calls
+        .iter()
+        .filter(|c| c.name == "fdatasync" && c.ret.is_none())
+        .count();
+    assert!(failed >= 1, "{calls:?}");
+    let ok = answers.iter().filter(|(_, a)| a.is_ok()).count();
+    let refused = answers.len() - ok;
+    assert!(ok > 0 && refused > 0, "{answers:?}");
+    assert_no_answer_ahead_of_its_fdatasync(&answers, &calls);
+    // The partition refuses writes until a restart re-reads the disk.
+    assert!(
+        answers
+            .iter()
+            .all(|(_, a)| a.is_ok() || *a == Err(ErrorCode::InternalError.code())),
+        "{answers:?}"
+    );
+}
