@@ -26,7 +26,8 @@ use mortarmq::broker::topics::partition_dir;
 use mortarmq::broker::TOPICS_DIR;
 use mortarmq::client::ClientError;
 use mortarmq::log::RECORD_OVERHEAD_BYTES;
-use mortarmq::wire::{DeclareFlags, Durability, ErrorCode};
+use mortarmq::wire::ops::{Frame, Ping, Pub};
+use mortarmq::wire::{DeclareFlags, Durability, ErrorCode, Op, PubFlags};
 
 const TOPIC: &str = "t";
 /// The first topic declared in a fresh data directory gets id 1.
@@ -93,8 +94,11 @@ fn parse_trace(text: &str, delay_us: u64) -> Vec<Call> {
     let mut open: HashMap<u32, (String, f64)> = HashMap::new();
     let mut calls = Vec::new();
     for line in text.lines() {
-        let mut words = line.splitn(3, ' ');
-        let (Some(pid), Some(ts), Some(rest)) = (words.next(), words.next(), words.next()) else {
+        // "<pid, padded> <seconds.micros> <call>"
+        let Some((pid, line)) = line.trim_start().split_once(' ') else {
+            continue;
+        };
+        let Some((ts, rest)) = line.trim_start().split_once(' ') else {
             continue;
         };
         let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), ts.parse::<f64>()) else {
@@ -198,8 +202,9 @@ fn publish_from_many(broker: &Mortard) -> Vec<Answer> {
 }
 
 /// Runs the publishers against a broker whose segment fdatasyncs get `inject` (holding
-/// each for `delay_us`); returns the answers and the trace.
-fn run(inject: &str, delay_us: u64) -> (Vec<Answer>, Vec<Call>) {
+/// each for `delay_us`), then stops it with SIGTERM; returns the answers, the trace and
+/// the broker's exit status.
+fn run(inject: &str, delay_us: u64) -> (Vec<Answer>, Vec<Call>, Option<i32>) {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("strace.out");
     assert!(
@@ -213,9 +218,9 @@ fn run(inject: &str, delay_us: u64) -> (Vec<Answer>, Vec<Call>) {
         .unwrap();
     assert_eq!(declared.topic_id, TOPIC_ID);
     let answers = publish_from_many(&broker);
-    broker.terminate();
+    let exit = broker.terminate().code();
     let calls = parse_trace(&std::fs::read_to_string(&trace).unwrap(), delay_us);
-    (answers, calls)
+    (answers, calls, exit)
 }
 
 /// Every OK answer arrived when at least that many records were durable.
@@ -236,7 +241,8 @@ fn assert_no_answer_ahead_of_its_fdatasync(answers: &[Answer], calls: &[Call]) {
 #[test]
 fn no_fsync_pub_is_answered_before_the_fdatasync_covering_it_returned() {
     let delay = FDATASYNC_DELAY_US;
-    let (answers, calls) = run(&format!("delay_exit={delay}"), delay);
+    let (answers, calls, exit) = run(&format!("delay_exit={delay}"), delay);
+    assert_eq!(exit, Some(0));
     let syncs = calls.iter().filter(|c| c.name == "fdatasync").count();
     let delayed = calls
         .iter()
@@ -258,7 +264,9 @@ fn no_fsync_pub_is_answered_before_the_fdatasync_covering_it_returned() {
 fn an_fdatasync_eio_acknowledges_nothing_it_did_not_cover() {
     // The first fdatasync of the segment is made when the topic is created; the 4th
     // (the third group commit) fails.
-    let (answers, calls) = run("error=EIO:when=4+", 0);
+    let (answers, calls, exit) = run("error=EIO:when=4+", 0);
+    // Records written since the failure may not be on disk: the exit status says so.
+    assert_eq!(exit, Some(1));
     let failed = calls
         .iter()
         .filter(|c| c.name == "fdatasync" && c.ret.is_none())
@@ -275,4 +283,53 @@ fn an_fdatasync_eio_acknowledges_nothing_it_did_not_cover() {
             .all(|(_, a)| a.is_ok() || *a == Err(ErrorCode::InternalError.code())),
         "{answers:?}"
     );
+}
+
+/// Waits until `ready` holds, polling (the trace and the log are files another process
+/// writes); panics after `WAIT_LIMIT`.
+fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + WAIT_LIMIT;
+    while !ready() {
+        assert!(std::time::Instant::now() < deadline, "waited for {what}");
+        std::thread::yield_now();
+    }
+}
+
+/// How long `wait_for` waits for another process.
+const WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+#[test]
+fn a_draining_broker_answers_what_it_read_and_reads_nothing_new() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("strace.out");
+    // One second per fdatasync: the PUB is still waiting for its own when SIGTERM comes.
+    let hold_us = 1_000_000;
+    let mut broker = Mortard::start_wrapped(strace(&trace, &format!("delay_exit={hold_us}")), &[]);
+    let mut client = broker.client();
+    client.declare(TOPIC, 1, DeclareFlags::empty()).unwrap();
+    let value = [1u8; VALUE_BYTES];
+    client
+        .send(&Frame::Pub(Pub {
+            topic_id: TOPIC_ID,
+            partition: 0,
+            flags: PubFlags::requesting(Some(Durability::Fsynced)),
+            value: &value,
+            ..Pub::default()
+        }))
+        .unwrap();
+    let trace_text = || std::fs::read_to_string(&trace).unwrap_or_default();
+    wait_for("the record's write", || trace_text().contains("pwrite64("));
+    common::mortard::signal(broker.pid(), "TERM");
+    wait_for("draining", || broker.log_text().contains("draining"));
+    // Sent while draining: never read, so never answered PONG.
+    client.send(&Frame::Ping(Ping {})).unwrap();
+    let answer = client
+        .recv_reply()
+        .expect("the PUB read before the signal is answered");
+    assert_eq!(answer.request_op, Op::Pub as u8);
+    match client.recv_reply() {
+        Err(e) => assert_eq!(e.code(), Some(ErrorCode::ShuttingDown), "{e}"),
+        Ok(r) => panic!("a request sent while draining was answered: {r:?}"),
+    }
+    assert!(broker.terminate().success());
 }

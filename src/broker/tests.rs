@@ -467,3 +467,32 @@ fn a_dead_letter_whose_twin_flush_failed_is_appended_again() {
         .collect();
     assert_eq!(committed, vec![2], "both settled, none lost");
 }
+
+#[test]
+fn a_failed_final_sync_is_an_error_for_the_exit_status() {
+    let dir = std::path::Path::new("/data");
+    let disk = SimDisk::seeded(4);
+    let (mut broker, jobs) = open_on(dir, Arc::new(disk.clone()), 0);
+    let topic = declare(&mut broker, &jobs, "t", 1);
+    let p = Pub {
+        topic_id: topic,
+        partition: 0,
+        flags: PubFlags::requesting(Some(Durability::Written)),
+        value: b"v",
+        ..Pub::default()
+    };
+    let synced = |broker: &Broker| broker.partition(topic, 0).unwrap().log.synced_sequence();
+    // Appended in the last pass before the signal: the final sync writes and syncs it.
+    broker.publish(CONN, 1, &p, Now::default());
+    assert!(broker.shutdown_sync(Now::default()).is_ok());
+    assert_eq!(synced(&broker), 1);
+
+    broker.publish(CONN, 2, &p, Now::default());
+    disk.set_faults(FaultRates {
+        sync_eio: 1_000_000,
+        ..FaultRates::default()
+    });
+    let e = broker.shutdown_sync(Now::default()).unwrap_err();
+    assert!(e.contains("Input/output error"), "{e}");
+    assert_eq!(synced(&broker), 1);
+}
