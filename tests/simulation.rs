@@ -46,6 +46,8 @@ const PRODUCERS: usize = 3;
 const CONSUMERS: usize = 2;
 /// Small segments so that rolls (and syncs straddling them) happen often.
 const SEGMENT_BYTES: u64 = 4 * 1024;
+/// Small journal files: new files, checkpoints and removals happen often too.
+const JOURNAL_FILE_BYTES: u64 = 16 * 1024;
 const VALUE_BYTES_MAX: u64 = 600;
 const DATA_DIR: &str = "/sim/data";
 const GROUP: &[u8] = b"sim-group";
@@ -193,6 +195,7 @@ fn config() -> BrokerConfig {
             ..ConsumeConfig::default()
         },
         commit_interval_ms: 200,
+        journal_file_bytes: JOURNAL_FILE_BYTES,
     }
 }
 

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use crate::consume::ConsumeConfig;
+use crate::log::journal::JOURNAL_FILE_BYTES_DEFAULT;
 use crate::log::LogConfig;
 use crate::wire::Durability;
 
@@ -27,6 +28,10 @@ pub struct BrokerConfig {
     pub consume: ConsumeConfig,
     /// Committed positions are persisted at least this often (`--commit-interval`).
     pub commit_interval_ms: u64,
+    /// `--journal-file-size`: a journal file is closed past this size, and a checkpoint
+    /// (every segment synced, old journal files removed) is taken each time the journal
+    /// grows this much.
+    pub journal_file_bytes: u64,
 }
 
 impl Default for BrokerConfig {
@@ -40,6 +45,7 @@ impl Default for BrokerConfig {
             max_data_bytes: 0,
             consume: ConsumeConfig::default(),
             commit_interval_ms: 1_000,
+            journal_file_bytes: JOURNAL_FILE_BYTES_DEFAULT,
         }
     }
 }

@@ -37,4 +37,10 @@ pub struct BrokerCounters {
     pub dead_letters_appended: u64,
     /// Corrupt records met (start-up scans and reads).
     pub corrupt_records_found: u64,
+    /// Records the journal gave back to partitions that lost them (start-up).
+    pub journal_records_replayed: u64,
+    /// Journal entries that could not be replayed: their partition ends before them.
+    pub journal_replay_gaps: u64,
+    /// Checkpoints completed: every segment synced, old journal files let go.
+    pub checkpoints: u64,
 }

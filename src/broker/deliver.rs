@@ -180,7 +180,7 @@ impl ConsumeDriver {
         self.dead_letters.retain(|d| {
             let durable = partitions
                 .get(d.twin)
-                .is_none_or(|p| p.log.synced_sequence() >= d.twin_sequence);
+                .is_none_or(|p| p.log.durable_sequence() >= d.twin_sequence);
             if durable {
                 let o = &d.origin;
                 coordinator.dead_lettered(

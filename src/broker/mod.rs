@@ -15,6 +15,7 @@
 //! Depends on `wire` (types and codes), `log` (partition storage), `consume` (the group
 //! coordinator) and `fsync` (only its `Job` trait and `Completion`).
 
+mod commit;
 mod config;
 mod counters;
 pub mod deliver;
@@ -54,6 +55,8 @@ const EPOCH_FILE: &str = "epoch";
 pub const LOCK_FILE: &str = "lock";
 /// Where the topic directories live, under the data directory.
 pub const TOPICS_DIR: &str = "topics";
+/// Where the journal lives, under the data directory (`log/journal.rs`).
+pub const JOURNAL_DIR: &str = "journal";
 
 /// A partition: (topic id, partition index).
 pub type PartitionKey = (u16, u16);
@@ -114,6 +117,7 @@ pub struct StartupReport {
     pub topics: usize,
     pub partitions: usize,
     pub truncations: u64,
+    pub journal_records_replayed: u64,
     pub orphan_dirs_removed: usize,
     pub group_positions: usize,
 }
@@ -251,9 +255,14 @@ impl Broker {
         };
         let pairs: Vec<topics::TopicPair> = broker.topics.registry().pairs().cloned().collect();
         for pair in &pairs {
-            report.partitions += broker.open_pair(pair, now)?;
+            report.partitions += broker.open_pair(pair)?;
         }
+        broker
+            .partitions
+            .recover(now, &mut broker.counters)
+            .map_err(|e| format!("journal: {e}"))?;
         report.truncations = broker.counters.recovery_truncations;
+        report.journal_records_replayed = broker.counters.journal_records_replayed;
         report.group_positions = broker.consume.restore(
             broker.topics.registry(),
             &mut broker.partitions,
@@ -267,11 +276,11 @@ impl Broker {
     }
 
     /// Opens the partitions of a registered pair at start; returns how many.
-    fn open_pair(&mut self, pair: &topics::TopicPair, now: Now) -> Result<usize, String> {
+    fn open_pair(&mut self, pair: &topics::TopicPair) -> Result<usize, String> {
         for (topic_id, name) in pair.topics() {
             for index in 0..pair.partition_count {
                 self.partitions
-                    .open((topic_id, index), &name, now, &mut self.counters)
+                    .open((topic_id, index), &name, &mut self.counters)
                     .map_err(|e| e.to_string())?;
             }
         }
@@ -427,24 +436,36 @@ impl Broker {
             elapsed,
         } = done;
         match job.work {
-            Work::SyncPartition {
-                key,
+            Work::SyncJournal {
                 sync,
+                undone,
                 records,
-                bytes,
+                ..
             } => {
                 let done = SyncDone {
-                    key,
-                    upto: sync.upto_sequence,
+                    upto_lsn: sync.upto_lsn,
+                    undone,
                     records,
-                    bytes,
                     result: &result,
                     elapsed,
                 };
-                self.partitions
-                    .sync_done(done, &mut self.effects, &mut self.counters);
+                self.partitions.sync_done(
+                    done,
+                    &mut self.effects,
+                    &mut self.counters,
+                    &mut self.jobs,
+                );
                 self.consume.settle_dead_letters(&self.partitions);
+                self.submit_jobs();
             }
+            Work::Checkpoint { syncs, write } => {
+                let done = (&mut self.jobs, &mut self.counters, &mut self.effects);
+                self.partitions
+                    .checkpoint_done(syncs, write.lsn, &result, done);
+                self.topics.checkpointed(write.lsn);
+                self.submit_jobs();
+            }
+            Work::RemoveFiles { .. } => {}
             Work::CreateTopic { opened, .. } => self.topic_created(opened, &result, now),
             Work::WriteRegistry { version, .. } => {
                 let removal =
@@ -487,7 +508,8 @@ impl Broker {
     /// buffered on the calling thread, and persists what must survive a restart.
     pub fn shutdown_sync(&mut self, now: Now) -> Result<(), String> {
         let mut failed = Vec::new();
-        self.partitions.shutdown_sync(now, &mut failed);
+        self.partitions
+            .shutdown_sync(now, &mut failed, &mut self.counters);
         if let Err(e) = self.consume.persist_positions_now() {
             failed.push(format!("group positions: {e}"));
         }

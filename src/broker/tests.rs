@@ -165,7 +165,7 @@ fn fsync_answers_wait_for_the_sync_and_group_commit_batches_them() {
     }
     broker.end_pass(Now::default());
     assert_eq!(jobs.len(), 2, "a second sync may run beside the first");
-    // ...but a third batch waits: at most SYNCS_IN_FLIGHT_PER_PARTITION_MAX run.
+    // ...but a third batch waits: at most JOURNAL_SYNCS_IN_FLIGHT_MAX run.
     publish(&mut broker, 5, topic, 0, (0, 0));
     broker.end_pass(Now::default());
     assert_eq!(jobs.len(), 2);
@@ -218,7 +218,7 @@ fn a_sync_finishing_first_covers_what_was_written_before_it_started() {
 }
 
 #[test]
-fn a_failed_fdatasync_poisons_only_its_partition_and_acknowledges_nothing_unsynced() {
+fn a_failed_journal_fdatasync_acknowledges_nothing_it_covered_and_refuses_writes() {
     let dir = tempfile::tempdir().unwrap();
     let (mut broker, jobs) = open(dir.path());
     let topic = declare(&mut broker, &jobs, "t", 2);
@@ -230,33 +230,67 @@ fn a_failed_fdatasync_poisons_only_its_partition_and_acknowledges_nothing_unsync
     publish(&mut broker, 1, topic, 0, (0, 0));
     publish(&mut broker, 2, topic, 1, (0, 0));
     broker.end_pass(Now::default());
-    assert_eq!(jobs.len(), 2);
-    jobs.run(&mut broker, |i| i == 0); // partition 0's sync fails
-    let mut got = answers(&mut broker);
-    got.sort_by_key(|(s, _)| *s);
-    assert_eq!(
-        got[0].1.error_code(),
-        Some(ErrorCode::InternalError),
-        "never acknowledged"
+    assert_eq!(jobs.len(), 1, "one journal sync for both partitions");
+    jobs.run(&mut broker, |_| true);
+    let got = answers(&mut broker);
+    assert_eq!(got.len(), 2);
+    assert!(
+        got.iter()
+            .all(|(_, a)| a.error_code() == Some(ErrorCode::InternalError)),
+        "never acknowledged: {got:?}"
     );
-    assert_eq!(
-        pub_result(&got[1].1).sequence,
-        1,
-        "partition 1 is unaffected"
-    );
-    // No retry-and-pretend: the partition refuses writes from now on.
-    match publish(&mut broker, 3, topic, 0, (0, 0)) {
+    // No retry-and-pretend: the kernel may have dropped the journal's dirty pages, so
+    // nothing written from now on could be made durable.
+    for (slot, partition) in [(3, 0), (4, 1)] {
+        match publish(&mut broker, slot, topic, partition, (0, 0)) {
+            Handled::Answer(a) => assert_eq!(a.error_code(), Some(ErrorCode::InternalError)),
+            Handled::Wait => panic!("a write was taken after the journal failed"),
+        }
+    }
+    assert_eq!(broker.counters.fsync_failures, 1);
+    // Reads of what was durable still work.
+    let part = broker.partitions.get_mut((topic, 0)).unwrap();
+    assert_eq!(part.log.read_one(1).unwrap().unwrap().value, b"v");
+}
+
+#[test]
+fn a_failed_segment_sync_at_a_checkpoint_poisons_only_its_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut broker, jobs) = open(dir.path());
+    let topic = declare(&mut broker, &jobs, "t", 2);
+    publish(&mut broker, 0, topic, 0, (0, 0));
+    publish(&mut broker, 1, topic, 1, (0, 0));
+    broker.end_pass(Now::default());
+    jobs.run(&mut broker, |_| false);
+    assert_eq!(answers(&mut broker).len(), 2);
+    broker.partitions.request_checkpoint();
+    broker.end_pass(Now::default());
+    let mut job = jobs.0.borrow_mut().pop().expect("a checkpoint");
+    crate::fsync::Job::run(&mut job).unwrap();
+    let Work::Checkpoint { syncs, .. } = &mut job.work else {
+        panic!("expected a checkpoint, got {job:?}");
+    };
+    let failing = syncs.iter_mut().find(|s| s.key == (topic, 0)).unwrap();
+    failing.result = Some(Err(io::Error::other("injected EIO")));
+    let done = Completion {
+        job,
+        result: Err(io::Error::other("injected EIO")),
+        elapsed: Duration::from_micros(50),
+    };
+    broker.job_done(done, Now::default());
+    broker.check_invariants();
+    match publish(&mut broker, 2, topic, 0, (0, 0)) {
         Handled::Answer(a) => assert_eq!(a.error_code(), Some(ErrorCode::InternalError)),
         Handled::Wait => panic!("a poisoned partition accepted a write"),
     }
-    assert_eq!(broker.counters.fsync_failures, 1);
-    // Reads of what was synced still work.
-    let part = broker.partitions.get_mut((topic, 0)).unwrap();
-    assert_eq!(part.log.read_one(1).unwrap().unwrap().value, b"v");
     assert!(matches!(
-        publish(&mut broker, 4, topic, 1, (0, 0)),
+        publish(&mut broker, 3, topic, 1, (0, 0)),
         Handled::Wait
     ));
+    assert_eq!(
+        broker.counters.checkpoints, 0,
+        "not written after a failure"
+    );
 }
 
 #[test]
@@ -455,7 +489,7 @@ fn a_dead_letter_whose_twin_flush_failed_is_appended_again() {
     settle(&mut broker, &jobs);
     let twin = broker.partition(topic + 1, 0).unwrap();
     assert_eq!(
-        twin.log.synced_sequence(),
+        twin.log.durable_sequence(),
         2,
         "both dead letters in the twin"
     );
@@ -481,7 +515,7 @@ fn a_failed_final_sync_is_an_error_for_the_exit_status() {
         value: b"v",
         ..Pub::default()
     };
-    let synced = |broker: &Broker| broker.partition(topic, 0).unwrap().log.synced_sequence();
+    let synced = |broker: &Broker| broker.partition(topic, 0).unwrap().log.durable_sequence();
     // Appended in the last pass before the signal: the final sync writes and syncs it.
     broker.publish(CONN, 1, &p, Now::default());
     assert!(broker.shutdown_sync(Now::default()).is_ok());
