@@ -519,12 +519,15 @@ impl Origin {
 }
 
 /// Bytes of a MSG frame besides its key, value and origin trailer: the length, the op
-/// and the fixed fields (ids and epochs, flags, `key_len:u16`, `value_len:u32`). A PULL
-/// answer is sized with it before it is encoded.
-pub const MSG_FRAME_FIXED_BYTES: usize = FRAME_HEADER_BYTES + OP_BYTES + 56;
-/// Bytes of an OK frame with an empty result (the end of every PULL answer).
+/// and the fixed fields (subscription_id, topic_id, partition, sequence, delivery_id,
+/// attempt, ownership_epoch, producer_id, producer_seq, flags, key_len, value_len). A
+/// PULL answer is sized with it before it is encoded.
+pub const MSG_FRAME_FIXED_BYTES: usize =
+    FRAME_HEADER_BYTES + OP_BYTES + 2 + 2 + 2 + 8 + 8 + 2 + 8 + 8 + 8 + 2 + 2 + 4;
+/// Bytes of an OK frame with an empty result (request_op, result_len 0): the end of
+/// every PULL answer.
 pub const OK_EMPTY_FRAME_BYTES: usize = FRAME_HEADER_BYTES + OP_BYTES + 1 + 4;
-/// Bytes of an ERR frame besides its message.
+/// Bytes of an ERR frame besides its message (code, request_op, message_len).
 pub const ERR_FRAME_FIXED_BYTES: usize = FRAME_HEADER_BYTES + OP_BYTES + 2 + 1 + 2;
 
 /// MSG 0x0A, S→C push: one delivery of one record. `key`/`value` borrow their source
