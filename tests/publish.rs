@@ -1431,12 +1431,19 @@ fn a_crc_failure_in_the_unindexed_tail_is_cut_and_given_back_by_the_journal() {
         )),
         "the truncation is logged"
     );
-    assert!(log.contains(&format!("{} records given back", N - BAD + 1)), "{log}");
+    assert!(
+        log.contains(&format!("{} records given back", N - BAD + 1)),
+        "{log}"
+    );
     drop(c);
     assert!(broker.terminate().success());
     let records = read_partition(&dir, 64 * 1024 * 1024);
     assert_eq!(records.len() as u64, N);
-    assert_eq!(records[BAD as usize - 1].3, value_of(BAD, 200), "intact again");
+    assert_eq!(
+        records[BAD as usize - 1].3,
+        value_of(BAD, 200),
+        "intact again"
+    );
 }
 
 #[test]

@@ -22,7 +22,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mortarmq::broker::dlq::{dlq_producer_id, split_dead_letter};
-use mortarmq::broker::{Broker, BrokerConfig, ConnRef, DurableJob, Effect, Handled, JobSink, Now};
+use mortarmq::broker::{
+    unlimited_room, Broker, BrokerConfig, ConnRef, DurableJob, Effect, Handled, JobSink, Now,
+};
 use mortarmq::consume::{ConsumeConfig, Delivery};
 use mortarmq::fsync::{Completion, Job};
 use mortarmq::log::simdisk::{FaultRates, SimDisk, SimRng};
@@ -186,6 +188,7 @@ fn config() -> BrokerConfig {
         },
         max_partitions: PARTITIONS_MAX,
         producer_ttl_ms: 7 * 24 * 3_600_000,
+        max_producers_per_partition: BrokerConfig::default().max_producers_per_partition,
         max_data_bytes: 0,
         consume: ConsumeConfig {
             ack_wait_ms: 2_000,
@@ -537,7 +540,9 @@ impl Sim {
                 self.check_msg(&out);
                 self.consumers[client].held.push(delivery);
             }
-            Effect::Answer { .. } => unreachable!("answers are taken before pushes"),
+            Effect::Answer { .. } | Effect::PullAnswer { .. } => {
+                unreachable!("answers are taken before pushes")
+            }
         }
     }
 
@@ -568,6 +573,7 @@ impl Sim {
                 Effect::Notice { conn, .. } | Effect::Deliver { conn, .. } => {
                     self.push(conn, effect)
                 }
+                Effect::PullAnswer { .. } => self.fail("a PULL answered though none was sent"),
             }
         }
     }
@@ -605,7 +611,7 @@ impl Sim {
         self.wall_ms += self.rng.below(20);
         let now = self.now();
         let broker = self.broker();
-        broker.end_pass(now);
+        broker.end_pass(now, &unlimited_room);
         if now.mono_ms % 1_000 < 20 {
             broker.housekeeping(now);
         }

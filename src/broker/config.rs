@@ -22,6 +22,9 @@ pub struct BrokerConfig {
     pub max_partitions: u16,
     /// `--producer-ttl`: an idle producer's dedup state is forgotten after this.
     pub producer_ttl_ms: u64,
+    /// `--max-producers`: idempotent producers one partition remembers;
+    /// a new one past it evicts the one idle longest.
+    pub max_producers_per_partition: usize,
     /// `--max-data-size`: cap on the bytes of all segments (0 = none): above it PUB gets
     /// STORAGE_FULL.
     pub max_data_bytes: u64,
@@ -42,6 +45,9 @@ impl Default for BrokerConfig {
             log: LogConfig::default(),
             max_partitions: 64,
             producer_ttl_ms: 7 * MS_PER_DAY,
+            // Far more writers than one partition of a small host sees at once, so only
+            // producers long gone are evicted; at most 16 MiB of windows per partition.
+            max_producers_per_partition: 1024,
             max_data_bytes: 0,
             consume: ConsumeConfig::default(),
             commit_interval_ms: 1_000,

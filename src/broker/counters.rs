@@ -34,6 +34,8 @@ pub struct BrokerCounters {
     pub recovery_truncations: u64,
     pub recovery_truncated_bytes: u64,
     pub producers_expired: u64,
+    /// Idempotent producers forgotten past `--max-producers`.
+    pub producers_evicted: u64,
     pub dead_letters_appended: u64,
     /// Corrupt records met (start-up scans and reads).
     pub corrupt_records_found: u64,

@@ -10,7 +10,9 @@
 //! Blocking I/O leaves as [`DurableJob`]s for a [`JobSink`] (the reactor's fsync pool)
 //! and comes back whole through [`Broker::job_done`]. A request is answered now
 //! ([`Handled::Answer`]) or later ([`Handled::Wait`]): the response then arrives as
-//! [`Effect::Answer`] naming the connection and the slot the reactor reserved for it.
+//! [`Effect::Answer`] (or [`Effect::PullAnswer`]) naming the connection and the slot the
+//! reactor reserved for it. What a connection's output can still take comes in as an
+//! [`OutputRoom`]: PULL answers are cut to fit it.
 //!
 //! Depends on `wire` (types and codes), `log` (partition storage), `consume` (the group
 //! coordinator) and `fsync` (only its `Job` trait and `Completion`).
@@ -37,6 +39,7 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 
+pub use crate::consume::{unlimited_room, OutputRoom};
 use crate::log::{meta, Storage};
 use crate::wire::ops::{Notice, Pub};
 use crate::wire::{Durability, ErrorCode, Op, Response};
@@ -96,6 +99,22 @@ pub enum Effect {
         conn: ConnRef,
         delivery: crate::consume::Delivery,
     },
+    /// Fill a PULL's slot: the reactor calls [`Broker::encode_pull_answer`] into the
+    /// connection's output when the slot reaches the head (until then `answer.bytes`
+    /// counts against the connection's output cap and the memory budget).
+    PullAnswer {
+        conn: ConnRef,
+        slot: u64,
+        answer: PullAnswer,
+    },
+}
+
+/// A PULL's answer before it is bytes: MSG for each delivery, then OK.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullAnswer {
+    pub deliveries: Vec<crate::consume::Delivery>,
+    /// The encoded answer is at most this long.
+    pub bytes: usize,
 }
 
 /// A record read back from a partition, owning its bytes.
@@ -267,6 +286,7 @@ impl Broker {
             broker.topics.registry(),
             &mut broker.partitions,
             &mut broker.counters,
+            now,
         )?;
         // Only a registry read from disk tells a deleted topic's directory from a live one.
         if registry_read {
@@ -366,9 +386,11 @@ impl Broker {
         self.consume.coordinator()
     }
 
-    /// Moves pending effects into `out` (the reactor reuses one Vec).
+    /// Moves pending effects into `out` (the reactor reuses one Vec). The caller puts
+    /// every PULL answer among them into its connection before it reports room again.
     pub fn drain_effects(&mut self, out: &mut Vec<Effect>) {
         out.append(&mut self.effects);
+        self.consume.outputs_caught_up();
     }
 
     fn submit_jobs(&mut self) {
@@ -410,8 +432,8 @@ impl Broker {
     /// Called once per reactor pass after all readable sockets were handled: writes
     /// each dirty partition with one write, answers what needed only WRITTEN, and starts
     /// fdatasyncs and registry writes (group commit: every PUB written before a sync
-    /// starts rides it).
-    pub fn end_pass(&mut self, now: Now) {
+    /// starts rides it). PULLs answered here fit `room`.
+    pub fn end_pass(&mut self, now: Now, room: &dyn OutputRoom) {
         let consume = &mut self.consume;
         let flushed = |key: PartitionKey, written: Result<(), u64>| match written {
             Ok(()) => consume.records_available(key.0, key.1),
@@ -422,7 +444,7 @@ impl Broker {
         self.partitions.take_sync_jobs(&mut self.jobs);
         self.jobs.extend(self.topics.take_write_job(now.mono_ms));
         self.consume.settle_dead_letters(&self.partitions);
-        self.pump_consume(now);
+        self.pump_consume(now, room);
         self.jobs.extend(self.consume.positions_job(now, false));
         self.submit_jobs();
         // Dead letters appended by the pump are flushed on the next pass.

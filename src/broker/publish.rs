@@ -64,6 +64,8 @@ pub struct Partitions {
     topics_dir: PathBuf,
     log_config: LogConfig,
     producer_ttl_ms: u64,
+    /// `--max-producers`.
+    max_producers: usize,
     /// `--max-data-size` (0 = none).
     max_data_bytes: u64,
     leader_epoch: u64,
@@ -90,6 +92,7 @@ impl Partitions {
             topics_dir,
             log_config: config.log,
             producer_ttl_ms: config.producer_ttl_ms,
+            max_producers: config.max_producers_per_partition,
             max_data_bytes: config.max_data_bytes,
             leader_epoch: epoch,
             next_producer_snapshot_ms: producers::PRODUCER_SNAPSHOT_INTERVAL_MS,
@@ -183,13 +186,13 @@ impl Partitions {
         now: Now,
         counters: &mut BrokerCounters,
     ) -> (Producers, u64) {
-        let ttl_ms = self.producer_ttl_ms;
+        let (ttl_ms, max_producers) = (self.producer_ttl_ms, self.max_producers);
         let written = log.written_sequence();
         let snapshot = meta::read_checked(&*self.storage, &dir.join(producers::PRODUCERS_FILE))
             .ok()
             .flatten()
             .and_then(|bytes| {
-                Producers::decode(&bytes, now.mono_ms, now.wall_ms, ttl_ms)
+                Producers::decode(&bytes, (now.mono_ms, now.wall_ms), ttl_ms, max_producers)
                     .map_err(|e| log::warn!("{}: producer snapshot ignored: {e}", dir.display()))
                     .ok()
             });
@@ -205,7 +208,9 @@ impl Partitions {
         let scanned = log.scan_headers(first, |sequence, timestamp_ms, producer_id, seq| {
             if producer_id != 0 && now.wall_ms.saturating_sub(timestamp_ms) <= ttl_ms {
                 // Idleness is measured on the monotonic clock from start-up on.
-                producers.record(producer_id, seq, sequence, now.mono_ms);
+                let evicted =
+                    producers.record(producer_id, seq, sequence, now.mono_ms, max_producers);
+                counters.producers_evicted += evicted as u64;
             }
         });
         match scanned {
@@ -348,8 +353,9 @@ impl Partitions {
         };
         let part = self.map.get_mut(&key).expect("appended above");
         if p.producer_id != 0 {
-            part.producers
-                .record(p.producer_id, p.producer_seq, sequence, now.mono_ms);
+            let (id, seq, max) = (p.producer_id, p.producer_seq, self.max_producers);
+            let evicted = part.producers.record(id, seq, sequence, now.mono_ms, max);
+            counters.producers_evicted += evicted as u64;
         }
         part.waiters.push(Waiter { sequence, ..waiter });
         Handled::Wait
@@ -609,6 +615,7 @@ impl Partitions {
     pub(super) fn check_invariants(&self) {
         for part in self.map.values() {
             part.check_invariants();
+            part.producers.check_len(self.max_producers);
         }
         self.commit.check_invariants();
         for key in &self.flush_list {

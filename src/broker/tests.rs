@@ -108,7 +108,7 @@ fn declare(broker: &mut Broker, jobs: &HeldJobs, name: &str, partitions: u16) ->
 /// Passes and job runs until no job is left (a creation, then its registry write).
 fn settle(broker: &mut Broker, jobs: &HeldJobs) {
     loop {
-        broker.end_pass(Now::default());
+        broker.end_pass(Now::default(), &unlimited_room);
         if jobs.len() == 0 {
             return;
         }
@@ -153,7 +153,7 @@ fn fsync_answers_wait_for_the_sync_and_group_commit_batches_them() {
             Handled::Wait
         ));
     }
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     assert_eq!(jobs.len(), 1, "one fdatasync for the three");
     assert!(
         answers(&mut broker).is_empty(),
@@ -163,11 +163,11 @@ fn fsync_answers_wait_for_the_sync_and_group_commit_batches_them() {
     for slot in 3..5 {
         publish(&mut broker, slot, topic, 0, (0, 0));
     }
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     assert_eq!(jobs.len(), 2, "a second sync may run beside the first");
     // ...but a third batch waits: at most JOURNAL_SYNCS_IN_FLIGHT_MAX run.
     publish(&mut broker, 5, topic, 0, (0, 0));
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     assert_eq!(jobs.len(), 2);
     jobs.run(&mut broker, |_| false);
     let done = answers(&mut broker);
@@ -177,7 +177,7 @@ fn fsync_answers_wait_for_the_sync_and_group_commit_batches_them() {
     );
     assert!(done.iter().all(|(_, a)| pub_result(a).durability == 2));
     assert_eq!(pub_result(&done[4].1).commit_seq, 5);
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     assert_eq!(
         jobs.len(),
         1,
@@ -204,9 +204,9 @@ fn a_sync_finishing_first_covers_what_was_written_before_it_started() {
     let (mut broker, jobs) = open(dir.path());
     let topic = declare(&mut broker, &jobs, "t", 1);
     publish(&mut broker, 0, topic, 0, (0, 0));
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     publish(&mut broker, 1, topic, 0, (0, 0));
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     // Complete the second job first: both records are durable.
     let mut held: Vec<_> = jobs.0.borrow_mut().drain(..).collect();
     held.reverse();
@@ -223,13 +223,13 @@ fn a_failed_journal_fdatasync_acknowledges_nothing_it_covered_and_refuses_writes
     let (mut broker, jobs) = open(dir.path());
     let topic = declare(&mut broker, &jobs, "t", 2);
     publish(&mut broker, 0, topic, 0, (0, 0));
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     jobs.run(&mut broker, |_| false);
     assert_eq!(pub_result(&answers(&mut broker)[0].1).sequence, 1);
 
     publish(&mut broker, 1, topic, 0, (0, 0));
     publish(&mut broker, 2, topic, 1, (0, 0));
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     assert_eq!(jobs.len(), 1, "one journal sync for both partitions");
     jobs.run(&mut broker, |_| true);
     let got = answers(&mut broker);
@@ -260,11 +260,11 @@ fn a_failed_segment_sync_at_a_checkpoint_poisons_only_its_partition() {
     let topic = declare(&mut broker, &jobs, "t", 2);
     publish(&mut broker, 0, topic, 0, (0, 0));
     publish(&mut broker, 1, topic, 1, (0, 0));
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     jobs.run(&mut broker, |_| false);
     assert_eq!(answers(&mut broker).len(), 2);
     broker.partitions.request_checkpoint();
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     let mut job = jobs.0.borrow_mut().pop().expect("a checkpoint");
     crate::fsync::Job::run(&mut job).unwrap();
     let Work::Checkpoint { syncs, .. } = &mut job.work else {
@@ -305,7 +305,7 @@ fn a_duplicate_waits_for_its_original_to_be_durable() {
         publish(&mut broker, 1, topic, 0, (9, 1)),
         Handled::Wait
     ));
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     assert!(answers(&mut broker).is_empty());
     jobs.run(&mut broker, |_| false);
     let got = answers(&mut broker);
@@ -336,9 +336,9 @@ fn a_failed_registry_write_fails_the_declare_and_is_retried_by_the_next_one() {
         flags: DeclareFlags::empty(),
     };
     broker.declare(CONN, 0, &d, Now::default());
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     jobs.run(&mut broker, |_| false); // the topic's files
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     jobs.run(&mut broker, |_| true); // the registry write fails
     assert_eq!(
         answers(&mut broker)[0].1.error_code(),
@@ -356,13 +356,13 @@ fn a_failed_registry_write_fails_the_declare_and_is_retried_by_the_next_one() {
         flags: DeclareFlags::empty(),
     };
     broker.declare(CONN, 2, &d2, Now::default());
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     jobs.run(&mut broker, |_| false); // b's files
     let later = Now {
         mono_ms: registry::REGISTRY_RETRY_MS,
         wall_ms: 0,
     };
-    broker.end_pass(later);
+    broker.end_pass(later, &unlimited_room);
     jobs.run(&mut broker, |_| false); // the write that names both
     assert!(matches!(answers(&mut broker)[0].1, Response::Declare(_)));
     let on_disk = meta::read_checked(
@@ -441,7 +441,7 @@ fn join(broker: &mut Broker, topic: u16) -> crate::wire::ops::SubResult {
     else {
         panic!("SUB refused");
     };
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     for e in effects(broker) {
         if let Effect::Notice { notice, .. } = e {
             let ca = ControlAck::answering(&notice, crate::wire::ControlResult::Ok);
@@ -463,7 +463,7 @@ fn a_dead_letter_whose_twin_flush_failed_is_appended_again() {
     }
     settle(&mut broker, &jobs);
     join(&mut broker, topic);
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     let deliveries: Vec<_> = effects(&mut broker)
         .into_iter()
         .filter_map(|e| match e {
@@ -481,7 +481,7 @@ fn a_dead_letter_whose_twin_flush_failed_is_appended_again() {
         write_eio: 1_000_000,
         ..FaultRates::default()
     });
-    broker.end_pass(Now::default()); // the twin's flush fails
+    broker.end_pass(Now::default(), &unlimited_room); // the twin's flush fails
     disk.set_faults(FaultRates::default());
     reject(&mut broker, &deliveries[1]); // would take twin sequence 1 again
     settle(&mut broker, &jobs);
