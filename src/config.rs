@@ -29,6 +29,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::broker::BrokerConfig;
+use crate::log::journal::{JOURNAL_FILE_BYTES_MAX, JOURNAL_FILE_BYTES_MIN};
 use crate::log::SEGMENT_BYTES_MAX;
 use crate::reactor::ReactorConfig;
 use crate::wire::limits::{FRAME_HEADER_BYTES, MAX_FRAME_LEN_BYTES};
@@ -306,6 +307,9 @@ const FLAGS: &[FlagSpec] = {
     row("segment-size", Storage, field!(Size, broker.log.segment_size_bytes),
         Within(SEGMENT_SIZE_BYTES_MIN, SEGMENT_SIZE_BYTES_MAX, ""),
         "start a new segment file at this size (4KiB..1GiB)"),
+    row("journal-file-size", Storage, field!(Size, broker.journal_file_bytes),
+        Within(JOURNAL_FILE_BYTES_MIN, JOURNAL_FILE_BYTES_MAX, ""),
+        "journal file size; a checkpoint each (64KiB..1GiB)"),
     row("retention-size", Storage, field!(Size, broker.log.retention_size_bytes), Any,
         "per partition, oldest deleted first; 0 = unlimited"),
     row("retention-age", Storage, field!(Dur, broker.log.retention_age_ms), Any,
@@ -906,6 +910,7 @@ mod tests {
         "connect-timeout",
         "data-dir",
         "segment-size",
+        "journal-file-size",
         "retention-size",
         "retention-age",
         "max-data-size",
@@ -1132,6 +1137,9 @@ mod tests {
         }),
         ("segment-size", "32MiB", |c| {
             c.broker.log.segment_size_bytes == 32 << 20
+        }),
+        ("journal-file-size", "128MiB", |c| {
+            c.broker.journal_file_bytes == 128 << 20
         }),
         ("retention-size", "1GiB", |c| {
             c.broker.log.retention_size_bytes == 1 << 30

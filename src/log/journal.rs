@@ -57,6 +57,11 @@ use super::storage::{self, FileReader, FileRef, Open, Storage};
 /// A journal file is closed once the next entry would take it past this size (an entry
 /// larger than this gets a file of its own).
 pub const JOURNAL_FILE_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
+/// Smallest `--journal-file-size`: below it checkpoints (a sync of every written
+/// segment each) would come too often.
+pub const JOURNAL_FILE_BYTES_MIN: u64 = 64 * 1024;
+/// Largest `--journal-file-size`: start-up replays up to one file's worth of entries.
+pub const JOURNAL_FILE_BYTES_MAX: u64 = 1024 * 1024 * 1024;
 /// First four bytes of every journal file.
 pub const JOURNAL_MAGIC: [u8; 4] = *b"MMQJ";
 /// Bumped whenever the journal layout changes.
