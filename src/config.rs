@@ -29,7 +29,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::broker::BrokerConfig;
-use crate::log::journal::{JOURNAL_FILE_BYTES_MAX, JOURNAL_FILE_BYTES_MIN};
+use crate::log::JOURNAL_FILE_BYTES_MAX;
+use crate::log::JOURNAL_FILE_BYTES_MIN;
 use crate::log::SEGMENT_BYTES_MAX;
 use crate::reactor::ReactorConfig;
 use crate::wire::limits::{FRAME_HEADER_BYTES, MAX_FRAME_LEN_BYTES};

@@ -8,10 +8,10 @@
 //! | room | what it is for | may depend on |
 //! |---|---|---|
 //! | [`wire`] | frames, ops, requests, responses, every protocol value, limits, codes | nothing |
-//! | [`log`] | segments, index, recovery, retention, the node journal, atomic metadata files | nothing (files only) |
+//! | [`log`] | segments, index, recovery, retention, journal, metadata files | nothing (files) |
 //! | [`fsync`] | the worker pool that runs durable I/O off the reactor thread | nothing |
 //! | [`consume`] | consumer groups, credit, delivery, redelivery: a pure state machine | `wire` |
-//! | [`broker`] | registry, publish path, group commit and checkpoints, consume driver; blocking I/O as jobs | those four |
+//! | [`broker`] | registry, publish, group commit, consume; blocking I/O as jobs | those four |
 //! | [`session`] | CONNECT, the one dispatch, response slots in order | `wire`, `broker` |
 //! | [`reactor`] | the mio loop: sockets, buffers, timers, backpressure | all above |
 //! | [`admin`] | HTTP listener threads rendering reactor snapshots | `broker`, `consume` |

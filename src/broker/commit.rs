@@ -12,6 +12,7 @@
 //! Depends on the log (journal, partition logs) and the broker's partitions and jobs.
 
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::log::journal::{Journal, JournalReport};
@@ -54,6 +55,8 @@ pub struct GroupCommit {
     checkpoint_bytes: u64,
     /// Segments cut back after a failed write, synced by the next journal sync job.
     undone: Vec<SegmentSync>,
+    /// A spare-making job runs.
+    spare_in_flight: bool,
     /// Checkpoints completed since start.
     pub checkpoints_done: u64,
     /// Take a checkpoint at the end of the pass whatever the journal's growth (a topic
@@ -86,6 +89,7 @@ impl GroupCommit {
             checkpoint_in_flight: false,
             checkpoint_bytes,
             undone: Vec::new(),
+            spare_in_flight: false,
             checkpoints_done: 0,
             checkpoint_requested: false,
             checkpoints_blocked: false,
@@ -275,6 +279,43 @@ impl GroupCommit {
         failed
     }
 
+    /// The job that makes the journal's next file ahead of need, when there is none and
+    /// none is being made: from `recycle` when given, else by filling one with zeros (only
+    /// before the first checkpoint let a file go).
+    pub fn take_spare_job(&mut self, recycle: Option<PathBuf>, out: &mut Vec<DurableJob>) {
+        if self.spare_in_flight {
+            return;
+        }
+        let remove = recycle.clone();
+        match self.journal.spare_job(recycle) {
+            Some(write) => {
+                self.spare_in_flight = true;
+                out.push(DurableJob {
+                    storage: Arc::clone(&self.storage),
+                    work: Work::MakeSpare { write },
+                });
+            }
+            // A spare is there already: the file goes like the others.
+            None => out.extend(remove.map(|path| DurableJob {
+                storage: Arc::clone(&self.storage),
+                work: Work::RemoveFiles { paths: vec![path] },
+            })),
+        }
+    }
+
+    /// A spare job finished.
+    pub fn spare_made(&mut self, result: &std::io::Result<()>) {
+        self.spare_in_flight = false;
+        self.journal.spare_made(result);
+    }
+
+    /// Once per pass: a spare when the file being written is half full and none is ready.
+    pub fn take_spare_if_due(&mut self, out: &mut Vec<DurableJob>) {
+        if self.journal.half_full() && self.journal.poisoned().is_none() {
+            self.take_spare_job(None, out);
+        }
+    }
+
     /// A checkpoint once the journal has grown `checkpoint_bytes` past the last one (or
     /// when `force`d), unless one is running: every segment written since the last one
     /// is synced, then the checkpoint is written at the journal's end.
@@ -358,7 +399,12 @@ impl GroupCommit {
             Ok(()) => {
                 self.checkpoints_done += 1;
                 counters.checkpoints += 1;
-                let paths = self.journal.checkpoint_done(lsn);
+                let mut paths = self.journal.checkpoint_done(lsn);
+                if !self.spare_in_flight {
+                    if let Some(recycle) = paths.pop() {
+                        self.take_spare_job(Some(recycle), out);
+                    }
+                }
                 if !paths.is_empty() {
                     out.push(DurableJob {
                         storage: Arc::clone(&self.storage),

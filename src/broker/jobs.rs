@@ -6,7 +6,7 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::log::journal::{CheckpointWrite, JournalSync};
+use crate::log::journal::{CheckpointWrite, JournalSync, SpareWrite};
 use crate::log::{meta, LogConfig, PartitionLog, Storage, SyncJob};
 
 use super::topics::{write_topic_files, TopicPair};
@@ -72,6 +72,8 @@ pub enum Work {
     },
     /// Journal files wholly below a durable checkpoint.
     RemoveFiles { paths: Vec<PathBuf> },
+    /// The journal's next file, made ahead: recycled or filled with zeros.
+    MakeSpare { write: SpareWrite },
     /// The topic registry, replaced atomically; answers DECLAREs up to `version`.
     WriteRegistry {
         version: u64,
@@ -134,6 +136,7 @@ impl crate::fsync::Job for DurableJob {
         let storage = &*self.storage;
         match &self.work {
             Work::CreateTopic { .. } | Work::Checkpoint { .. } | Work::SyncJournal { .. } => Ok(()),
+            Work::MakeSpare { write } => write.run(),
             Work::RemoveFiles { paths } => {
                 for path in paths {
                     if let Err(e) = storage.remove_file(path) {

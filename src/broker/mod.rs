@@ -488,6 +488,7 @@ impl Broker {
                 self.submit_jobs();
             }
             Work::RemoveFiles { .. } => {}
+            Work::MakeSpare { .. } => self.partitions.spare_made(&result),
             Work::CreateTopic { opened, .. } => self.topic_created(opened, &result, now),
             Work::WriteRegistry { version, .. } => {
                 let removal =

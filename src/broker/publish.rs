@@ -447,6 +447,7 @@ impl Partitions {
         self.commit.take_sync_job(out);
         let force = std::mem::take(&mut self.commit.checkpoint_requested);
         self.commit.take_checkpoint(&mut self.map, force, out);
+        self.commit.take_spare_if_due(out);
     }
 
     /// A journal sync job finished on a worker.
@@ -504,6 +505,11 @@ impl Partitions {
                 fail_unsynced(part, &error, self.leader_epoch, effects);
             }
         }
+    }
+
+    /// A job making the journal's spare file finished.
+    pub(super) fn spare_made(&mut self, result: &std::io::Result<()>) {
+        self.commit.spare_made(result);
     }
 
     /// Where the journal's next entry goes.
