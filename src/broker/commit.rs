@@ -309,9 +309,9 @@ impl GroupCommit {
         self.journal.spare_made(result);
     }
 
-    /// Once per pass: a spare when the file being written is half full and none is ready.
+    /// Once per pass: a spare when one is due (`Journal::spare_due`) and none is ready.
     pub fn take_spare_if_due(&mut self, out: &mut Vec<DurableJob>) {
-        if self.journal.half_full() && self.journal.poisoned().is_none() {
+        if self.journal.spare_due() && self.journal.poisoned().is_none() {
             self.take_spare_job(None, out);
         }
     }

@@ -280,6 +280,9 @@ impl Broker {
             .partitions
             .recover(now, &mut broker.counters)
             .map_err(|e| format!("journal: {e}"))?;
+        // The journal's first file preallocated too, when this start has none.
+        broker.partitions.take_sync_jobs(&mut broker.jobs);
+        broker.submit_jobs();
         report.truncations = broker.counters.recovery_truncations;
         report.journal_records_replayed = broker.counters.journal_records_replayed;
         report.group_positions = broker.consume.restore(

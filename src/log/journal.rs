@@ -222,6 +222,8 @@ struct JournalFile {
     file: FileRef,
     /// Bytes used, header included.
     len: u64,
+    /// Made from a spare: its blocks are allocated, appends do not grow it.
+    preallocated: bool,
 }
 
 /// The journal of a data directory. Single-threaded: owned by the reactor; only
@@ -248,6 +250,13 @@ pub struct Journal {
     checkpoint_lsn: u64,
     /// `SPARE_FILE` exists, whole, for the next file.
     spare_ready: bool,
+    /// The next write starts a new file: after a restart the last file was cut at its
+    /// end, and appending to it would grow it again (a size change for every fdatasync)
+    /// while a spare is ready.
+    roll_at_next_write: bool,
+    /// Making a spare failed since the current file started (a full disk): the next try
+    /// waits for the next file, rather than failing again on every pass.
+    spare_failed: bool,
     poisoned: Option<String>,
 }
 
@@ -306,6 +315,8 @@ impl Journal {
             dir_dirty: false,
             checkpoint_lsn: 0,
             spare_ready: false,
+            roll_at_next_write: false,
+            spare_failed: false,
             poisoned: None,
         }
     }
@@ -349,7 +360,9 @@ impl Journal {
             }
         };
         self.spare_ready = self.storage.file_len(&self.dir.join(SPARE_FILE)).is_ok();
-        self.replay_from(checkpoint, replay)
+        let report = self.replay_from(checkpoint, replay)?;
+        self.roll_at_next_write = self.spare_ready && !self.files.is_empty();
+        Ok(report)
     }
 
     /// Finds the files, replays from the checkpoint, cuts what is past the end.
@@ -491,6 +504,8 @@ impl Journal {
                     path,
                     file,
                     len,
+                    // Cut at its end just after: it grows again.
+                    preallocated: false,
                 },
             ));
         }
@@ -561,6 +576,9 @@ impl Journal {
         let mut at = 0;
         let mut i = 0;
         while i < self.entry_lens.len() {
+            if std::mem::take(&mut self.roll_at_next_write) {
+                self.start_file(self.written_lsn)?;
+            }
             let Some(f) = self.files.back() else {
                 self.start_file(self.written_lsn)?;
                 continue;
@@ -599,7 +617,9 @@ impl Journal {
     fn start_file(&mut self, first_lsn: u64) -> Result<(), StorageError> {
         let path = journal_file_path(&self.dir, first_lsn);
         let io = |e| StorageError::from_io(&path, Some(0), e);
-        let file = if std::mem::take(&mut self.spare_ready) {
+        let preallocated = std::mem::take(&mut self.spare_ready);
+        self.spare_failed = false;
+        let file = if preallocated {
             // The old bytes past the header are entries of other LSNs: they never count.
             self.storage
                 .rename(&self.dir.join(SPARE_FILE), &path)
@@ -615,6 +635,7 @@ impl Journal {
             path,
             file,
             len: JOURNAL_FILE_HEADER_BYTES as u64,
+            preallocated,
         });
         Ok(())
     }
@@ -682,11 +703,15 @@ impl Journal {
         self.poisoned.as_deref()
     }
 
-    /// Whether the file being written is past half full: time to make the next spare.
-    pub fn half_full(&self) -> bool {
-        self.files
-            .back()
-            .is_some_and(|f| 2 * f.len >= self.file_bytes)
+    /// Whether to make the next spare now: the file being written is past half full (a
+    /// checkpoint will have let a file go by then, to be recycled), or there is no file
+    /// yet, so that the first one is preallocated too.
+    pub fn spare_due(&self) -> bool {
+        !self.spare_failed
+            && self
+                .files
+                .back()
+                .is_none_or(|f| 2 * f.len >= self.file_bytes)
     }
 
     pub fn written_lsn(&self) -> u64 {
@@ -740,12 +765,19 @@ impl Journal {
     /// A spare job finished.
     pub fn spare_made(&mut self, result: &io::Result<()>) {
         match result {
-            Ok(()) => self.spare_ready = true,
+            Ok(()) => {
+                self.spare_ready = true;
+                // A file that grows costs a size change per fdatasync: leave it now.
+                self.roll_at_next_write = self.files.back().is_some_and(|f| !f.preallocated);
+            }
             // Harmless: the next file is made by appending, as without a spare.
-            Err(e) => log::warn!(
-                "{}: cannot make the spare journal file: {e}",
-                self.dir.display()
-            ),
+            Err(e) => {
+                self.spare_failed = true;
+                log::warn!(
+                    "{}: cannot make the spare journal file: {e}",
+                    self.dir.display()
+                );
+            }
         }
     }
 
@@ -990,6 +1022,44 @@ mod tests {
             seen.iter().map(|s| s.4).collect()
         };
         assert!(expected.iter().all(|&f| f >= 100), "{expected:?}");
+    }
+
+    #[test]
+    fn a_restart_with_a_spare_writes_into_it_and_a_failed_spare_waits_for_the_next_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let (mut j, _, _) = open(dir, 4096, 1);
+        assert!(
+            j.spare_due(),
+            "no file yet: the first one is preallocated too"
+        );
+        j.spare_made(&j.spare_job(None).unwrap().run());
+        put(&mut j, 1);
+        sync(&mut j);
+        assert!(j.files.back().unwrap().preallocated);
+        assert!(!j.spare_due(), "not half full");
+        j.spare_made(&j.spare_job(None).unwrap().run());
+        drop(j);
+        // The file written last was cut at its end: appending would grow it again.
+        let (mut j, _, seen) = open(dir, 4096, 2);
+        assert_eq!(seen.len(), 1);
+        put(&mut j, 2);
+        sync(&mut j);
+        assert_eq!(j.files.len(), 2, "rolled into the spare");
+        assert!(j.files.back().unwrap().preallocated);
+        // A spare that cannot be made (a full disk) is not tried again on every pass.
+        j.spare_made(&Err(io::Error::from_raw_os_error(28)));
+        while 2 * j.files.back().unwrap().len < j.file_bytes {
+            put(&mut j, 3);
+        }
+        assert!(!j.spare_due(), "failed for this file");
+        while j.files.len() < 3 {
+            put(&mut j, 4);
+        }
+        while 2 * j.files.back().unwrap().len < j.file_bytes {
+            put(&mut j, 5);
+        }
+        assert!(j.spare_due(), "a new file tries again");
     }
 
     #[test]
