@@ -912,11 +912,16 @@ fn cmd_groups_describe(ctx: &Ctx) -> Outcome {
         if i > 0 {
             println!();
         }
+        // Group id 0: read back from disk at start, no member has joined since (the
+        // broker gives it an id then).
+        let group_id = match u64_of(g, "group_id") {
+            0 => "restored at start".to_string(),
+            id => format!("group id {id}"),
+        };
         println!(
-            "group {}  topic {}  (group id {}, topic id {})\n",
+            "group {}  topic {}  ({group_id}, topic id {})\n",
             str_of(g, "group"),
             str_of(g, "topic"),
-            u64_of(g, "group_id"),
             u64_of(g, "topic_id")
         );
         let members: Vec<Vec<String>> = array_of(g, "members")

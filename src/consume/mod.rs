@@ -228,6 +228,7 @@ pub struct PartitionSnapshot {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupSnapshot {
+    /// [`RESTORED_GROUP_ID`] for a group read back at start that no member rejoined yet.
     pub group_id: u16,
     pub name: Vec<u8>,
     pub topic_id: u16,
@@ -373,7 +374,8 @@ impl Default for ConnSubs {
     }
 }
 
-/// Persisted state read at start, applied when the group is first created by a SUB.
+/// Persisted state read at start, applied when the group is first created by a SUB;
+/// until then `/stats` shows it as a group without members ([`RESTORED_GROUP_ID`]).
 #[derive(Default)]
 struct Restored {
     committed: BTreeMap<u16, u64>,
@@ -393,6 +395,38 @@ pub struct Coordinator {
     free_group_ids: BTreeSet<u16>,
     next_member_id: u64,
     next_membership_epoch: u32,
+}
+
+/// Marks, in a [`GroupSnapshot`], a group read back at start that no SUB has recreated
+/// yet: live ids start at 1, and the group gets a real one when a member joins.
+pub const RESTORED_GROUP_ID: u16 = 0;
+
+/// A group read back at start, as `/stats` shows it: no members, no owners, nothing in
+/// flight, and per persisted partition its committed position (the next delivery follows
+/// it, as `Group::new` will make it when a member joins).
+fn restored_snapshot((name, topic_id): &(Vec<u8>, u16), r: &Restored) -> GroupSnapshot {
+    let partitions = r
+        .committed
+        .iter()
+        .map(|(&partition, &committed)| PartitionSnapshot {
+            partition,
+            owner: None,
+            state: OwnershipState::Unowned,
+            ownership_epoch: 0,
+            committed,
+            next_sequence: committed.saturating_add(1),
+            outstanding: 0,
+            pending_redeliveries: 0,
+            dead_letter_pending: 0,
+        })
+        .collect();
+    GroupSnapshot {
+        group_id: RESTORED_GROUP_ID,
+        name: name.clone(),
+        topic_id: *topic_id,
+        members: Vec::new(),
+        partitions,
+    }
 }
 
 /// Group names: 1..=255 bytes of `[A-Za-z0-9._-]` (emptiness is checked first and is
@@ -986,9 +1020,18 @@ impl Coordinator {
             .any(|g| g.topic_id == topic_id && !g.members.is_empty())
     }
 
+    /// Live groups in id order, then the groups read back at start that no SUB has
+    /// recreated yet: they are groups without members (they hold a `--max-groups` slot and
+    /// their positions are persisted), so operators see them and their lag until a member
+    /// joins or `--group-ttl` removes them (docs/DECISIONS.md, "Groups after a restart").
     pub fn snapshot(&self) -> CoordinatorSnapshot {
+        let live = self.groups.values().map(Group::snapshot);
+        let restored = self
+            .restored
+            .iter()
+            .map(|(key, r)| restored_snapshot(key, r));
         CoordinatorSnapshot {
-            groups: self.groups.values().map(Group::snapshot).collect(),
+            groups: live.chain(restored).collect(),
             stats: self.sh.stats,
         }
     }
@@ -1164,7 +1207,11 @@ impl Coordinator {
                 }
             }
             Timer::GroupExpiry { group_id } => self.expire_group(group_id, now_ms),
-            Timer::RestoredExpiry => self.restored.clear(),
+            Timer::RestoredExpiry => {
+                // They were shown as groups without members: their removal counts as such.
+                self.sh.stats.groups_expired += self.restored.len() as u64;
+                self.restored.clear();
+            }
             // Redeliveries and PULL deadlines are served by the delivery pass.
             Timer::Retry { group_id, .. }
             | Timer::Pull { group_id, .. }

@@ -1293,6 +1293,51 @@ fn restore_position_and_dead_lettered_records() {
 }
 
 #[test]
+fn restored_groups_are_shown_without_members_until_rejoined_or_expired() {
+    let ttl = config().group_ttl_ms;
+    let mut h = H::new(2);
+    h.log.partitions.get_mut(&TOPIC).unwrap()[0] = (1, 9);
+    let now = h.now;
+    h.c.restore_position((b"g", TOPIC), 0, 2, now);
+    h.c.restore_position((b"g", TOPIC), 1, 0, now);
+    h.c.restore_position((b"idle", TOPIC), 0, 5, now);
+    h.c.check_invariants();
+    let snap = h.c.snapshot();
+    let names: Vec<&[u8]> = snap.groups.iter().map(|g| g.name.as_slice()).collect();
+    assert_eq!(names, vec![&b"g"[..], &b"idle"[..]]);
+    let g = &snap.groups[0];
+    assert_eq!((g.group_id, g.topic_id), (RESTORED_GROUP_ID, TOPIC));
+    assert!(g.members.is_empty());
+    let parts: Vec<(u16, u64, u64)> = (g.partitions.iter())
+        .map(|p| (p.partition, p.committed, p.next_sequence))
+        .collect();
+    assert_eq!(parts, vec![(0, 2, 3), (1, 0, 1)]);
+    assert!(g
+        .partitions
+        .iter()
+        .all(|p| p.owner.is_none() && p.outstanding == 0));
+
+    // A member joins: the restored group becomes a live one, once, at its position.
+    h.join(A, 0);
+    let snap = h.c.snapshot();
+    let g: Vec<&GroupSnapshot> = snap.groups.iter().filter(|g| g.name == b"g").collect();
+    assert_eq!(g.len(), 1, "no duplicate of the rejoined group");
+    assert_ne!(g[0].group_id, RESTORED_GROUP_ID);
+    assert_eq!(g[0].members.len(), 1);
+    assert_eq!(
+        g[0].partitions[0].committed, 2,
+        "the restored position is kept"
+    );
+    assert_eq!(snap.groups.last().unwrap().name, b"idle".to_vec());
+
+    // The unclaimed one is removed by --group-ttl, counted as an expired group.
+    h.advance(ttl);
+    let snap = h.c.snapshot();
+    assert!(snap.groups.iter().all(|g| g.name != b"idle"));
+    assert_eq!(snap.stats.groups_expired, 1);
+}
+
+#[test]
 fn retention_skips_records_that_are_gone() {
     let mut h = H::new(1);
     h.join(A, 0);
