@@ -393,8 +393,21 @@ impl Member {
 
     fn release_revokes(&mut self) {
         for n in std::mem::take(&mut self.held_revokes) {
-            control_ack(&mut self.c, &n, 0).unwrap();
+            self.answer_notice(&n);
             self.held.remove(&n.partition);
+        }
+    }
+
+    /// CONTROL_ACKs a notice; false if the broker no longer knows it (an ASSIGN answered
+    /// after --revoke-timeout was taken back, which happens on a loaded machine: the
+    /// registry says to ignore UNKNOWN_NOTICE, as this member does).
+    fn answer_notice(&mut self, n: &Notice) -> bool {
+        match control_ack(&mut self.c, n, 0) {
+            Ok(_) => true,
+            Err(ClientError::Broker { code, .. }) if code == ErrorCode::UnknownNotice.code() => {
+                false
+            }
+            Err(e) => panic!("CONTROL_ACK of {n:?}: {e}"),
         }
     }
 
@@ -412,13 +425,14 @@ impl Member {
             Push::Notice(n) => {
                 self.assignment_epoch = self.assignment_epoch.max(n.assignment_epoch);
                 if n.kind == 0 {
-                    control_ack(&mut self.c, &n, 0).unwrap();
-                    self.held.insert(n.partition, n.ownership_epoch);
-                    self.assigns.push(n);
+                    if self.answer_notice(&n) {
+                        self.held.insert(n.partition, n.ownership_epoch);
+                        self.assigns.push(n);
+                    }
                 } else if self.hold_revokes {
                     self.held_revokes.push(n);
                 } else {
-                    control_ack(&mut self.c, &n, 0).unwrap();
+                    self.answer_notice(&n);
                     self.held.remove(&n.partition);
                 }
             }

@@ -1057,7 +1057,7 @@ impl PartitionLog {
             self.map_segment(i)?;
             let seg = &self.segments[i];
             let mut position = index_position(seg, sequence)?;
-            let bytes = seg.log_map.as_deref().unwrap_or(&[]);
+            let bytes = seg.log_bytes();
             let seg_end = seg.end_sequence().min(end);
             // The index finds the first record; the rest follow by length, so a read
             // touches the index once per segment.
@@ -1087,7 +1087,7 @@ impl PartitionLog {
         self.map_segment(i)?;
         let seg = &self.segments[i];
         let position = index_position(seg, sequence)?;
-        let bytes = seg.log_map.as_deref().unwrap_or(&[]);
+        let bytes = seg.log_bytes();
         Ok(Some(
             decode_mapped(bytes, position, sequence, &seg.log_path)?.0,
         ))

@@ -183,6 +183,17 @@ pub(crate) struct Writer {
     pub idx: FileRef,
 }
 
+/// The smallest map of a segment being written: see [`map_len_for`].
+const ACTIVE_MAP_BYTES_MIN: usize = 64 * 1024;
+
+/// How much of a segment being written to map when `needed` bytes must be covered: the
+/// next power of two, so that a segment growing to its size is remapped a few times
+/// (about log2(segment size / 64 KiB)) instead of after every flush, with at most twice
+/// its length in address space.
+fn map_len_for(needed: usize) -> usize {
+    needed.next_power_of_two().max(ACTIVE_MAP_BYTES_MIN)
+}
+
 /// One segment as the running log sees it. `len_bytes` and `record_count` count only
 /// flushed bytes; the writer may have bytes beyond them only in the middle of a flush.
 pub(crate) struct Segment {
@@ -230,23 +241,44 @@ impl Segment {
         self.idx_map = None;
     }
 
-    /// Makes the maps cover every flushed byte, remapping a segment that grew since.
+    /// Makes the maps cover every flushed byte, remapping a segment that grew since. The
+    /// segment being written is mapped past its end ([`map_len_for`]): a consumer at the
+    /// tail would otherwise remap it after every flush, and each munmap of a large map
+    /// stalls the reactor (measured up to 10 ms, `docs/BENCHMARKS.md`).
     pub fn ensure_mapped(&mut self, storage: &dyn Storage) -> io::Result<()> {
         let log_len = self.len_bytes as usize;
         if self.log_map.as_ref().is_none_or(|m| m.len() < log_len) {
             self.log_map = Some(self.map_file(storage, false, log_len)?);
         }
-        let idx_len = self.record_count as usize * INDEX_ENTRY_BYTES;
+        let idx_len = self.index_len_bytes();
         if idx_len > 0 && self.idx_map.as_ref().is_none_or(|m| m.len() < idx_len) {
             self.idx_map = Some(self.map_file(storage, true, idx_len)?);
         }
         Ok(())
     }
 
+    fn index_len_bytes(&self) -> usize {
+        self.record_count as usize * INDEX_ENTRY_BYTES
+    }
+
+    /// The flushed bytes of the segment file, from its map (empty when not mapped). A map
+    /// may reach past them: nothing past them is ever read (a page wholly past the end
+    /// of the file would raise SIGBUS).
+    pub fn log_bytes(&self) -> &[u8] {
+        let m = self.log_map.as_deref().unwrap_or(&[]);
+        &m[..m.len().min(self.len_bytes as usize)]
+    }
+
+    /// The index entries of the flushed records, from the index map.
+    pub fn idx_bytes(&self) -> &[u8] {
+        let m = self.idx_map.as_deref().unwrap_or(&[]);
+        &m[..m.len().min(self.index_len_bytes())]
+    }
+
     fn map_file(&self, storage: &dyn Storage, index: bool, len: usize) -> io::Result<Mapped> {
         match (&self.writer, index) {
-            (Some(w), false) => w.log.map(len),
-            (Some(w), true) => w.idx.map(len),
+            (Some(w), false) => w.log.map(map_len_for(len)),
+            (Some(w), true) => w.idx.map(map_len_for(len)),
             (None, false) => storage.open(&self.log_path, Open::Read)?.map(len),
             (None, true) => storage.open(&self.idx_path, Open::Read)?.map(len),
         }
@@ -256,8 +288,7 @@ impl Segment {
     pub fn position_of(&self, sequence: u64) -> Result<u64, String> {
         debug_assert!(sequence >= self.first_sequence && sequence < self.end_sequence());
         let i = (sequence - self.first_sequence) as usize * INDEX_ENTRY_BYTES;
-        let idx = self.idx_map.as_deref().unwrap_or(&[]);
-        let Some(b) = idx.get(i..i + INDEX_ENTRY_BYTES) else {
+        let Some(b) = self.idx_bytes().get(i..i + INDEX_ENTRY_BYTES) else {
             return Err(format!("index has no entry for sequence {sequence}"));
         };
         let pos = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as u64;

@@ -208,6 +208,31 @@ fn reads_see_records_flushed_after_the_active_segment_was_mapped() {
 }
 
 #[test]
+fn a_reader_at_the_tail_remaps_the_active_segment_a_few_times_not_after_every_flush() {
+    let tmp = TempDir::new().unwrap();
+    let (mut log, _) = open(tmp.path(), cfg(1 << 20));
+    // A new map is made before the old one goes, so a remap always changes the address.
+    let (mut remaps, mut previous) = (0, std::ptr::null());
+    for _ in 0..500 {
+        append_range(&mut log, 1, 1);
+        let last = log.written_sequence;
+        let value = log.read_one(last).unwrap().expect("flushed").value.to_vec();
+        assert_eq!(value, value_for(last));
+        let seg = log.segments.last().unwrap();
+        let map = seg.log_map.as_deref().unwrap().as_ptr();
+        remaps += usize::from(map != previous);
+        previous = map;
+        assert!(
+            seg.log_bytes().len() as u64 == seg.len_bytes,
+            "cut at the flushed end"
+        );
+    }
+    // About 40 KiB in one segment: one map of 64 KiB.
+    assert!(remaps <= 2, "{remaps} maps for 500 flushes");
+    assert_holds(&mut log, 1, 500);
+}
+
+#[test]
 fn reopen_after_clean_close_keeps_everything() {
     let tmp = TempDir::new().unwrap();
     let (mut log, _) = open(tmp.path(), cfg(256));
