@@ -21,7 +21,8 @@
 //!   Fields hold them as `_ms`.
 //! - Sizes are binary (`KiB` = 1024 bytes). `MB`/`KB` are refused rather than guessed.
 //! - Every flag takes effect at start; there is no reload (no SIGHUP).
-//! - The log level is `RUST_LOG` (env_logger), not a flag.
+//! - The log level is `--log-level`; `RUST_LOG` (env_logger syntax), when set, overrides
+//!   it, because it is the finer tool (per-module filters) and what existing units set.
 
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -100,6 +101,62 @@ pub struct Config {
     pub token_file: Option<PathBuf>,
     /// `--fsync-threads`: fdatasync worker pool size.
     pub fsync_threads: usize,
+    /// `--log-level`: the most detailed lines logged, unless `RUST_LOG` is set.
+    pub log_level: LogLevel,
+    /// `--log-format`: how each log line on standard error is written.
+    pub log_format: LogFormat,
+}
+
+/// `--log-level`, least to most detailed; `main` maps it onto the `log` crate's levels
+/// (this module has no logger).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    pub const ALL: [LogLevel; 5] = [
+        LogLevel::Error,
+        LogLevel::Warn,
+        LogLevel::Info,
+        LogLevel::Debug,
+        LogLevel::Trace,
+    ];
+
+    /// The flag value, as `--log-level` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+/// `--log-format`: `text` for a person reading the journal, `json` (one object per line)
+/// for a log shipper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl LogFormat {
+    pub const ALL: [LogFormat; 2] = [LogFormat::Text, LogFormat::Json];
+
+    /// The flag value, as `--log-format` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
 }
 
 impl Default for Config {
@@ -111,6 +168,8 @@ impl Default for Config {
             listen_peer: None,
             token_file: None,
             fsync_threads: 2,
+            log_level: LogLevel::Info,
+            log_format: LogFormat::Text,
         }
     }
 }
@@ -156,14 +215,16 @@ enum Group {
     Publish,
     Consume,
     Limits,
+    Logging,
 }
 
-const GROUPS: [(Group, &str); 5] = [
+const GROUPS: [(Group, &str); 6] = [
     (Group::Network, "Network"),
     (Group::Storage, "Storage"),
     (Group::Publish, "Publish"),
     (Group::Consume, "Consume"),
     (Group::Limits, "Limits"),
+    (Group::Logging, "Logging"),
 ];
 
 /// Reads and writes one non-numeric field of a [`Config`].
@@ -187,6 +248,8 @@ enum Field {
     /// A path that may be unset (rendered `none`).
     OptPath(At<Option<PathBuf>>),
     Durability(At<Durability>),
+    LogLevel(At<LogLevel>),
+    LogFormat(At<LogFormat>),
     /// Milliseconds, written with a unit.
     Dur(Num),
     /// Bytes, written with a binary unit or none.
@@ -280,7 +343,7 @@ macro_rules! field {
 #[rustfmt::skip]
 const FLAGS: &[FlagSpec] = {
     use Bounds::{AtLeastOne, Any, Positive, Within};
-    use Group::{Consume, Limits, Network, Publish, Storage};
+    use Group::{Consume, Limits, Logging, Network, Publish, Storage};
     &[
     row("listen", Network, field!(Addr, reactor.listen), Any,
         "client protocol (v1) listener, IP:PORT"),
@@ -367,6 +430,10 @@ const FLAGS: &[FlagSpec] = {
     row("max-members-per-group", Limits,
         field!(Count(u32::MAX), broker.consume.max_members_per_group),
         AtLeastOne, "members in one consumer group"),
+    row("log-level", Logging, field!(LogLevel, log_level), Any,
+        "error, warn, info, debug or trace; RUST_LOG overrides"),
+    row("log-format", Logging, field!(LogFormat, log_format), Any,
+        "stderr lines as text or JSON objects, one per line"),
     ]
 };
 
@@ -378,6 +445,8 @@ impl FlagSpec {
             Field::AddrOrOff(_) => "ADDR|off",
             Field::Path(_) | Field::OptPath(_) => "PATH",
             Field::Durability(_) => "written|fsync",
+            Field::LogLevel(_) => "LEVEL",
+            Field::LogFormat(_) => "text|json",
             Field::Dur(_) => "DUR",
             Field::Size(_) => "SIZE",
             Field::Count(..) => "N",
@@ -393,6 +462,8 @@ impl FlagSpec {
             Field::Path(at) => *(at.get_mut)(c) = parse_path(text)?,
             Field::OptPath(at) => *(at.get_mut)(c) = Some(parse_path(text)?),
             Field::Durability(at) => *(at.get_mut)(c) = parse_durability(text)?,
+            Field::LogLevel(at) => *(at.get_mut)(c) = parse_log_level(text)?,
+            Field::LogFormat(at) => *(at.get_mut)(c) = parse_log_format(text)?,
             Field::Dur(num) => {
                 let ms = parse_duration(text)?.as_millis();
                 self.set_number(c, num, u64::try_from(ms).unwrap_or(u64::MAX))?
@@ -444,6 +515,8 @@ impl FlagSpec {
             Field::Path(at) => (at.get)(c).display().to_string(),
             Field::OptPath(at) => return (at.get)(c).as_ref().map(|p| p.display().to_string()),
             Field::Durability(at) => (at.get)(c).to_string(),
+            Field::LogLevel(at) => (at.get)(c).name().to_string(),
+            Field::LogFormat(at) => (at.get)(c).name().to_string(),
             Field::Dur(num) | Field::Size(num) | Field::Count(num, _) => self.show((num.get)(c)),
         };
         Some(text)
@@ -680,7 +753,7 @@ pub fn help_text() -> String {
     out.push_str(
         "Persistent message broker for small hosts. Flags take effect at start (no reload).\n\
          DUR: 500ms, 10s, 2m, 1h, 7d (unit required). SIZE: bytes or B, KiB, MiB, GiB, TiB.\n\
-         Log level: RUST_LOG (e.g. RUST_LOG=info). See mortard(8).\n",
+         Log level: --log-level, or RUST_LOG if set (it wins). See mortard(8).\n",
     );
     out.push_str(&format!(
         "\n  {:<form_width$}  {:<default_width$}  MEANING\n",
@@ -891,6 +964,20 @@ fn parse_durability(s: &str) -> Result<Durability, String> {
     }
 }
 
+fn parse_log_level(s: &str) -> Result<LogLevel, String> {
+    LogLevel::ALL
+        .into_iter()
+        .find(|l| l.name() == s)
+        .ok_or_else(|| format!("'{s}' is not a log level (use error, warn, info, debug or trace)"))
+}
+
+fn parse_log_format(s: &str) -> Result<LogFormat, String> {
+    LogFormat::ALL
+        .into_iter()
+        .find(|f| f.name() == s)
+        .ok_or_else(|| format!("'{s}' is not a log format (use text or json)"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -935,6 +1022,8 @@ mod tests {
         "max-subscriptions",
         "max-groups",
         "max-members-per-group",
+        "log-level",
+        "log-format",
     ];
 
     fn args(list: &[&str]) -> Vec<String> {
@@ -1201,6 +1290,8 @@ mod tests {
         ("max-members-per-group", "11", |c| {
             c.broker.consume.max_members_per_group == 11
         }),
+        ("log-level", "debug", |c| c.log_level == LogLevel::Debug),
+        ("log-format", "json", |c| c.log_format == LogFormat::Json),
     ];
 
     use std::path::Path;
@@ -1290,6 +1381,23 @@ mod tests {
             let e = err(&["--listen", bad]);
             assert!(e.contains("is not an address (use IP:PORT"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn log_level_and_format_values() {
+        for level in LogLevel::ALL {
+            assert_eq!(run(&["--log-level", level.name()]).log_level, level);
+        }
+        assert_eq!(run(&[]).log_level, LogLevel::Info);
+        assert_eq!(run(&["--log-format=json"]).log_format, LogFormat::Json);
+        assert_eq!(run(&[]).log_format, LogFormat::Text);
+        assert_eq!(
+            err(&["--log-level", "verbose"]),
+            "mortard: --log-level: 'verbose' is not a log level (use error, warn, info, \
+             debug or trace)"
+        );
+        assert!(err(&["--log-level", "INFO"]).contains("not a log level"));
+        assert!(err(&["--log-format", "syslog"]).contains("(use text or json)"));
     }
 
     #[test]
@@ -1493,7 +1601,7 @@ mod tests {
             "mortard: unknown option '--listn' (see mortard --help)"
         );
         assert!(err(&["-x"]).contains("unknown option '-x'"));
-        assert!(err(&["--log-level", "debug"]).contains("unknown option '--log-level'"));
+        assert!(err(&["--loglevel", "debug"]).contains("unknown option '--loglevel'"));
         assert!(
             err(&["--max-conn", "5"]).contains("unknown option"),
             "no prefix matching"

@@ -17,6 +17,8 @@
 //! | [`admin`] | HTTP listener threads rendering reactor snapshots | `broker`, `consume` |
 //! | [`config`] | the flag table: argv into the layers' configs, `--help` | config types* |
 //! | [`client`] | a small blocking client for tests and `tools/` | `wire` |
+//! | [`systemd`] | `Type=notify` readiness (`READY=1`, `STOPPING=1`) | nothing |
+//! | [`logging`] | `mortard`'s log line formats (text, JSON, journald priorities) | `config` |
 //!
 //! Rules: only `reactor` (and `admin`'s HTTP listener) touch sockets; `broker` and
 //! `consume` take the time as an argument and return effects, so they are tested
@@ -33,6 +35,8 @@ pub mod config;
 pub mod consume;
 pub mod fsync;
 pub mod log;
+pub mod logging;
 pub mod reactor;
 pub mod session;
+pub mod systemd;
 pub mod wire;

@@ -12,9 +12,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use mortarmq::admin::{Admin, ADMIN_THREADS_MAX};
-use mortarmq::broker::{Broker, Now};
+use mortarmq::broker::{Broker, BrokerConfig, Now};
 use mortarmq::config::{self, Command, Config};
-use mortarmq::reactor::Reactor;
+use mortarmq::reactor::{Reactor, ReactorConfig};
 use mortarmq::session::parse_token_file;
 
 /// Exit status for a usage error (bad flag or value).
@@ -41,7 +41,14 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let filter_override = mortarmq::logging::init(config.log_level, config.log_format);
+    if let Some(filter) = filter_override {
+        log::info!(
+            "log filter {}={filter} (it overrides --log-level {})",
+            mortarmq::logging::FILTER_ENV,
+            config.log_level.name()
+        );
+    }
     match run(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -126,7 +133,7 @@ fn check_descriptor_limit(limit: Option<u64>, max_connections: usize, partitions
 /// Starts the admin HTTP listener, wired to the reactor for snapshots.
 fn start_admin(
     reactor: &mut Reactor,
-    addr: std::net::SocketAddr,
+    listener: std::net::TcpListener,
     data_dir: std::path::PathBuf,
 ) -> Result<Admin, String> {
     let (tx, rx) = std::sync::mpsc::channel();
@@ -135,7 +142,7 @@ fn start_admin(
     let wake = Arc::new(move || {
         let _ = waker.wake();
     });
-    let admin = Admin::start(addr, data_dir, tx, wake, last_turn, reactor.started())?;
+    let admin = Admin::start(listener, data_dir, tx, wake, last_turn, reactor.started())?;
     log::info!(
         "admin HTTP on http://{}/ (/healthz /metrics /stats)",
         admin.addr
@@ -143,33 +150,27 @@ fn start_admin(
     Ok(admin)
 }
 
-fn run(config: Config) -> Result<(), String> {
-    for warning in config.warnings() {
-        log::warn!("{warning}");
+/// Tells systemd (`Type=notify`, `$NOTIFY_SOCKET`) that the broker serves: the listeners
+/// are bound and recovery is done. Without `NOTIFY_SOCKET` this does nothing.
+fn notify_ready() {
+    if let Err(e) = mortarmq::systemd::notify(mortarmq::systemd::State::Ready) {
+        log::warn!("cannot send READY=1 to $NOTIFY_SOCKET: {e}");
     }
-    let Config {
-        mut reactor,
-        broker,
-        admin_listen,
-        token_file,
-        fsync_threads,
-        // Reserved for replication: checked and warned about, nothing binds it yet.
-        listen_peer: _,
-    } = config;
-    reactor.tokens = load_tokens(token_file.as_deref())?;
-    let descriptor_limit = raise_descriptor_limit();
-    let max_connections = reactor.max_connections;
-    let mut partitions = 0;
+}
+
+/// Binds the client listener, then opens the data directory (recovery, a new leader
+/// epoch) and the reactor around it. Returns the reactor and the number of partitions.
+fn open(
+    reactor: ReactorConfig,
+    broker: BrokerConfig,
+    fsync_threads: usize,
+) -> Result<(Reactor, usize), String> {
     let data_dir = broker.data_dir.clone();
-    // First, before anything is written: a second mortard on this directory must leave
-    // every file (the epoch too) as it found it.
-    std::fs::create_dir_all(&data_dir)
-        .map_err(|e| format!("cannot create data directory {}: {e}", data_dir.display()))?;
-    let _data_dir_lock = mortarmq::broker::DataDirLock::acquire(&data_dir)?;
+    let mut partitions = 0;
     let wall_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    let mut reactor = Reactor::bind(reactor, fsync_threads, |submitter| {
+    let reactor = Reactor::bind(reactor, fsync_threads, |submitter| {
         let (broker, report) = Broker::open(
             broker,
             mortarmq::log::FsStorage::shared(),
@@ -190,14 +191,46 @@ fn run(config: Config) -> Result<(), String> {
         partitions = report.partitions;
         Ok(broker)
     })?;
+    Ok((reactor, partitions))
+}
+
+fn run(config: Config) -> Result<(), String> {
+    for warning in config.warnings() {
+        log::warn!("{warning}");
+    }
+    let Config {
+        mut reactor,
+        broker,
+        admin_listen,
+        token_file,
+        fsync_threads,
+        // Acted on in `main`, before anything is logged.
+        log_level: _,
+        log_format: _,
+        // Reserved for replication: checked and warned about, nothing binds it yet.
+        listen_peer: _,
+    } = config;
+    reactor.tokens = load_tokens(token_file.as_deref())?;
+    let descriptor_limit = raise_descriptor_limit();
+    let max_connections = reactor.max_connections;
+    let data_dir = broker.data_dir.clone();
+    // First, before anything is written: a second mortard on this directory must leave
+    // every file (the epoch too) as it found it.
+    std::fs::create_dir_all(&data_dir)
+        .map_err(|e| format!("cannot create data directory {}: {e}", data_dir.display()))?;
+    let _data_dir_lock = mortarmq::broker::DataDirLock::acquire(&data_dir)?;
+    // Bound before the broker opens and bumps the leader epoch (so is the client listener,
+    // in `Reactor::bind`): a port in use must not cost an epoch.
+    let admin_listener = admin_listen.map(Admin::bind).transpose()?;
+    let (mut reactor, partitions) = open(reactor, broker, fsync_threads)?;
     check_descriptor_limit(descriptor_limit, max_connections, partitions);
     let addr = reactor.local_addr().ok_or("listener has no address")?;
     log::info!("mortard {} listening on {addr}", env!("CARGO_PKG_VERSION"));
     let mut stdout = std::io::stdout().lock();
     let _ = writeln!(stdout, "listening {addr}");
-    let _admin = match admin_listen {
-        Some(admin_addr) => {
-            let admin = start_admin(&mut reactor, admin_addr, data_dir)?;
+    let _admin = match admin_listener {
+        Some(listener) => {
+            let admin = start_admin(&mut reactor, listener, data_dir)?;
             let _ = writeln!(stdout, "admin {}", admin.addr);
             Some(admin)
         }
@@ -205,5 +238,6 @@ fn run(config: Config) -> Result<(), String> {
     };
     let _ = stdout.flush();
     drop(stdout);
+    notify_ready();
     reactor.run().map_err(|e| format!("reactor failed: {e}"))
 }

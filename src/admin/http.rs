@@ -72,17 +72,22 @@ pub struct Admin {
 }
 
 impl Admin {
-    /// Binds the admin listener and starts its accept thread.
+    /// Binds the admin listener. Apart from [`Admin::start`] so that `mortard` binds every
+    /// listener before the broker opens (and bumps the leader epoch): a port in use then
+    /// leaves the data directory as it was.
+    pub fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
+        TcpListener::bind(addr).map_err(|e| format!("cannot listen on --admin-listen {addr}: {e}"))
+    }
+
+    /// Starts the accept thread on a listener from [`Admin::bind`].
     pub fn start(
-        addr: SocketAddr,
+        listener: TcpListener,
         data_dir: PathBuf,
         requests: Sender<AdminRequest>,
         wake: Arc<dyn Fn() + Send + Sync>,
         last_turn_ms: Arc<AtomicU64>,
         started: Instant,
     ) -> Result<Admin, String> {
-        let listener = TcpListener::bind(addr)
-            .map_err(|e| format!("cannot listen on --admin-listen {addr}: {e}"))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         let ctx = Arc::new(Ctx {
             data_dir,

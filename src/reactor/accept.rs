@@ -143,7 +143,7 @@ impl Reactor {
         self.next_serial += 1;
         entry.insert(Conn::new(stream, peer, serial, now.mono_ms));
         self.counters.accepted += 1;
-        log::info!("conn {serial} open from {peer}");
+        log::debug!("conn {serial} open from {peer}");
         self.schedule_timer(key);
     }
 }

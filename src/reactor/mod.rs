@@ -176,16 +176,19 @@ impl Reactor {
             }),
         )
         .map_err(|e| format!("cannot start fsync workers: {e}"))?;
-        // The broker gets a pool of its own handle: jobs go out through it, completions
-        // come back through `self.pool`, which shares the channels.
-        let broker = open_broker(pool.submitter())?;
         let (backlog, warning) = accept::listen_backlog(config.listen_backlog);
         if let Some(warning) = warning {
             log::warn!("{warning}");
         }
+        // Bound before the broker opens, which bumps the leader epoch: a start that cannot
+        // listen (port in use) must leave the data directory as it found it. Connections
+        // that arrive during recovery wait in the backlog.
         let mut listener = accept::bind(config.listen, backlog)
             .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
         log::info!("listen backlog {backlog}");
+        // The broker gets a pool of its own handle: jobs go out through it, completions
+        // come back through `self.pool`, which shares the channels.
+        let broker = open_broker(pool.submitter())?;
         poll.registry()
             .register(&mut listener, LISTENER_TOKEN, Interest::READABLE)
             .map_err(|e| e.to_string())?;
@@ -400,7 +403,7 @@ impl Reactor {
                 Err(e) if would_block(&e) => return,
                 Err(e) if interrupted(&e) => continue,
                 Err(e) => {
-                    log::info!("conn {} read error: {e}", self.conns[key].serial);
+                    log::debug!("conn {} read error: {e}", self.conns[key].serial);
                     self.close(key, CloseReason::IoError);
                     return;
                 }
@@ -615,7 +618,7 @@ impl Reactor {
                 .iter()
                 .position(|r| *r == reason)
                 .unwrap_or(0)] += 1;
-            log::info!(
+            log::debug!(
                 "conn {} from {} closed: {}",
                 conn.serial,
                 conn.session.peer,
@@ -702,7 +705,7 @@ impl Reactor {
             return self.schedule_timer(key);
         };
         if let Some(why) = why {
-            log::info!("conn {} closed: {why}", conn.serial);
+            log::debug!("conn {} closed: {why}", conn.serial);
         }
         self.close(key, reason);
     }
@@ -974,7 +977,7 @@ impl Reactor {
                 Err(e) if would_block(&e) => break,
                 Err(e) if interrupted(&e) => continue,
                 Err(e) => {
-                    log::info!("conn {} write error: {e}", conn.serial);
+                    log::debug!("conn {} write error: {e}", conn.serial);
                     self.close(key, CloseReason::IoError);
                     return;
                 }
@@ -1016,6 +1019,10 @@ impl Reactor {
                     self.conns.len()
                 );
                 self.draining_since_ms = Some(now.mono_ms);
+                // Under systemd's Type=notify: the unit shows "deactivating" from here on.
+                if let Err(e) = crate::systemd::notify(crate::systemd::State::Stopping) {
+                    log::warn!("cannot send STOPPING=1 to $NOTIFY_SOCKET: {e}");
+                }
                 if let Some(mut listener) = self.listener.take() {
                     let _ = self.poll.registry().deregister(&mut listener);
                 }
