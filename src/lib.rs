@@ -15,7 +15,7 @@
 //! | [`reactor`] | the mio loop: sockets, buffers, timers, backpressure | all above |
 //! | [`admin`] | HTTP listener threads rendering reactor snapshots | `broker`, `consume` |
 //! | [`config`] | the flag table: argv into the layers' configs, `--help` | config types* |
-//! | [`client`] | a small blocking client for tests and `tools/` | `wire` |
+//! | [`client`] | the client library (`Producer`, `Consumer`), raw frames for tests | `wire` |
 //!
 //! Rules: only `reactor` (and `admin`'s HTTP listener) touch sockets; `broker` and
 //! `consume` take the time as an argument and return effects, so they are tested

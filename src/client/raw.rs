@@ -1,9 +1,11 @@
-//! A small blocking client of the wire protocol, for tests, `mortarctl` and the
-//! benchmark tools. One TCP connection; requests are answered in order, so a caller
-//! may pipeline with [`Client::send`] and collect with [`Client::recv_reply`]. Pushes
-//! (MSG, NOTICE) that arrive while waiting for a reply are kept for [`Client::next_push`].
+//! The frame-level client: one TCP connection, frames in and frames out, nothing done
+//! for the caller (no retries, no group handshake). For tests that must send exact or
+//! hostile frames and tools that exercise the protocol itself; applications use
+//! [`Producer`](super::Producer) and [`Consumer`](super::Consumer).
 //!
-//! Depends on `wire` only.
+//! Requests are answered in order, so a caller may pipeline with [`Client::send`] and
+//! collect with [`Client::recv_reply`]. Pushes (MSG, NOTICE) that arrive while waiting
+//! for a reply are kept for [`Client::next_push`].
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};

@@ -1,0 +1,476 @@
+//! The producer's pipeline: records written, answers read in order, and what happens to
+//! a record the broker refused or whose connection was lost.
+//!
+//! [`refusal`] is the one place that turns an ERR answering a PUB into an action, from
+//! the registry's retry class. Following NOT_LEADER to another broker (replication) is
+//! a new [`Refusal`] there and an address change in [`Producer::reconnect`].
+
+use std::time::{Duration, Instant};
+
+use crate::wire::errors::Retry;
+use crate::wire::limits::{FRAME_HEADER_BYTES, OP_BYTES};
+use crate::wire::ops::{Frame, Message, OkResult, Pub, PubResult};
+use crate::wire::{Durability, ErrorCode, Op, PubFlags, PubResultFlags};
+
+use super::super::conn::{answer_to, Conn, FrameAt};
+use super::super::error::{Error, Result};
+use super::{new_producer_id, Producer, Receipt, SendHandle};
+
+/// The registry's advice for BACKPRESSURE: 10 ms doubling to 1 s.
+const BACKOFF_FIRST: Duration = Duration::from_millis(10);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// A broker that refuses connections is asked again after this, doubling to BACKOFF_MAX.
+const RECONNECT_BACKOFF_FIRST: Duration = Duration::from_millis(50);
+/// Queued records are written once this many bytes wait, without waiting for a read.
+const WRITE_BATCH_BYTES: usize = 256 * 1024;
+
+/// Sleeps the `n`-th backoff (0-based).
+pub(super) fn backoff(n: u32) {
+    std::thread::sleep(backoff_delay(BACKOFF_FIRST, n));
+}
+
+fn backoff_delay(first: Duration, n: u32) -> Duration {
+    first.saturating_mul(1 << n.min(16)).min(BACKOFF_MAX)
+}
+
+/// A record between `send` and its answer.
+pub(super) struct Pending {
+    topic_id: u16,
+    partition: u16,
+    flags: PubFlags,
+    /// The encoded PUB, kept for resends (re-encoded when renumbered).
+    frame: Vec<u8>,
+    pub(super) handle: SendHandle,
+    /// A `publish` waits for it: its failure is reported there, not by `flush`.
+    awaited: bool,
+    pid: u64,
+    seq: u64,
+    /// First-send order, kept across resends.
+    order: u64,
+    /// Behind a hole and not appended: take a fresh producer_seq when sent again.
+    renumber: bool,
+    backoffs: u32,
+    first_sent: Instant,
+    /// Why it is being resent; `outcome_unknown` when it may have been appended.
+    error: Option<Error>,
+    outcome_unknown: bool,
+}
+
+impl Pending {
+    pub(super) fn new(
+        (topic_id, partition): (u16, u16),
+        (pid, seq): (u64, u64),
+        flags: PubFlags,
+        (key, value): (&[u8], &[u8]),
+        handle: SendHandle,
+        awaited: bool,
+    ) -> Pending {
+        let mut frame = Vec::with_capacity(64 + key.len() + value.len());
+        Pub {
+            topic_id,
+            partition,
+            producer_id: pid,
+            producer_seq: seq,
+            flags,
+            key,
+            value,
+        }
+        .encode_frame(&mut frame);
+        Pending {
+            topic_id,
+            partition,
+            flags,
+            frame,
+            handle,
+            awaited,
+            pid,
+            seq,
+            order: u64::MAX,
+            renumber: false,
+            backoffs: 0,
+            first_sent: Instant::now(),
+            error: None,
+            outcome_unknown: false,
+        }
+    }
+
+    /// Re-encodes the PUB with this record's producer fields.
+    fn renumbered(&self) -> Vec<u8> {
+        let payload = &self.frame[FRAME_HEADER_BYTES + OP_BYTES..];
+        let Ok(Frame::Pub(p)) = Frame::decode(Op::Pub, payload) else {
+            unreachable!("a Pending holds the PUB it encoded")
+        };
+        let mut frame = Vec::with_capacity(self.frame.len());
+        Pub {
+            producer_id: self.pid,
+            producer_seq: self.seq,
+            flags: self.flags,
+            ..p
+        }
+        .encode_frame(&mut frame);
+        frame
+    }
+
+    fn same_stream(&self, other: &Pending) -> bool {
+        self.pid == other.pid
+            && self.topic_id == other.topic_id
+            && self.partition == other.partition
+    }
+}
+
+/// What to do with a record the broker refused with a connection-keeping ERR.
+#[derive(Debug, PartialEq, Eq)]
+enum Refusal {
+    /// Send it again after a backoff (not appended).
+    Backoff,
+    /// Send it again as it is (the outcome is unknown, or it waits behind a resend).
+    Resend,
+    /// It failed for good; it leaves a hole in its partition's producer_seqs.
+    Fail,
+    /// It failed, and this producer's sequence state is not the broker's: a new
+    /// producer_id (the registry's advice for SEQUENCE_OUT_OF_ORDER).
+    FailNewProducer,
+}
+
+/// The registry's retry class, applied to a PUB. `behind` says the record was refused
+/// only because an earlier record of its partition was.
+fn refusal(code: ErrorCode, behind: bool, idempotent: bool) -> Refusal {
+    match (code, code.retry()) {
+        (ErrorCode::SequenceOutOfOrder, _) if behind => Refusal::Resend,
+        (ErrorCode::SequenceOutOfOrder, _) => Refusal::FailNewProducer,
+        (_, Retry::Backoff) => Refusal::Backoff,
+        (_, Retry::Idempotent) if idempotent => Refusal::Resend,
+        _ => Refusal::Fail,
+    }
+}
+
+/// The receipt in an answer to PUB, or the ERR it carries.
+fn receipt(op: Op, payload: &[u8], partition: u16) -> Result<Receipt> {
+    let result = answer_to(Op::Pub, op, payload)?;
+    let r = PubResult::decode_result(result).map_err(|e| Error::Protocol(e.to_string()))?;
+    let durability = Durability::from_code(r.durability)
+        .ok_or_else(|| Error::Protocol(format!("PUB answered durability {}", r.durability)))?;
+    Ok(Receipt {
+        partition,
+        sequence: r.sequence,
+        durability,
+        leader_epoch: r.leader_epoch,
+        commit_seq: r.commit_seq,
+        deduplicated: r.result_flags.contains(PubResultFlags::DEDUPLICATED),
+    })
+}
+
+impl Producer {
+    /// Works until `done`: writes, reads answers, reconnects, resends. `Err` when the
+    /// broker stayed out of reach for the retry timeout (the records waiting for it
+    /// have failed with it).
+    pub(super) fn pump(&mut self, done: &dyn Fn(&Producer) -> bool) -> Result<()> {
+        while !done(self) {
+            if self.conn.is_none() {
+                self.reconnect_or_fail()?;
+            } else if !self.inflight.is_empty() {
+                self.read_answers();
+            } else if !self.retry.is_empty() {
+                self.resend();
+            } else if self.must_drain {
+                self.must_drain = false;
+            } else {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The producer fields of the next record of a partition: (0, 0) when not
+    /// idempotent.
+    pub(super) fn number(&mut self, topic_id: u16, partition: u16) -> (u64, u64) {
+        if !self.settings.idempotent {
+            return (0, 0);
+        }
+        let next = self.next_seq.entry((topic_id, partition)).or_insert(1);
+        *next += 1;
+        (self.producer_id, *next - 1)
+    }
+
+    /// Queues `p` on the connection, renumbered first when it is behind a hole.
+    pub(super) fn write(&mut self, mut p: Pending) {
+        if p.order == u64::MAX {
+            p.order = self.order;
+            self.order += 1;
+            p.first_sent = Instant::now();
+        }
+        if p.renumber {
+            (p.pid, p.seq) = self.number(p.topic_id, p.partition);
+            p.renumber = false;
+            p.frame = p.renumbered();
+        }
+        let conn = self.conn.as_mut().expect("written only when connected");
+        conn.out.extend_from_slice(&p.frame);
+        self.inflight.push_back(p);
+    }
+
+    pub(super) fn write_if_batch_full(&mut self) {
+        let full = self
+            .conn
+            .as_ref()
+            .is_some_and(|c| c.out.len() >= WRITE_BATCH_BYTES);
+        if full {
+            let written = self.conn.as_mut().map(Conn::write_out);
+            if let Some(Err(e)) = written {
+                self.lose_connection(e);
+            }
+        }
+    }
+
+    /// Waits for one answer (up to the timeout), then takes every answer already read.
+    fn read_answers(&mut self) {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        let deadline = Instant::now() + self.settings.timeout;
+        let mut next = conn.next_frame(deadline, Duration::MAX);
+        let lost = loop {
+            match next {
+                Ok(Some(f)) => {
+                    if let Err(e) = self.take_answer(&conn, f) {
+                        break Some(e);
+                    }
+                }
+                Ok(None) => break Some(Error::Timeout("no answer from the broker".into())),
+                Err(e) => break Some(e),
+            }
+            next = match conn.buffered() {
+                Ok(None) => break None,
+                other => other,
+            };
+        };
+        match lost {
+            None => self.conn = Some(conn),
+            Some(e) => self.lose_connection(e),
+        }
+    }
+
+    /// Settles the oldest record in flight with the answer `f`. `Err`: the connection
+    /// is done for (the broker closes it after this ERR, or broke the protocol).
+    fn take_answer(&mut self, conn: &Conn, f: FrameAt) -> Result<()> {
+        let Some(mut p) = self.inflight.pop_front() else {
+            return Err(Error::Protocol(format!(
+                "{} answering nothing",
+                f.op.name()
+            )));
+        };
+        match receipt(f.op, conn.payload(f), p.partition) {
+            Ok(r) => {
+                p.handle.settle(Ok(r));
+                Ok(())
+            }
+            Err(e) if e.code().is_none() => {
+                // Not an answer we can read: the record's outcome is unknown.
+                self.inflight.push_front(p);
+                Err(e)
+            }
+            Err(e) if e.closes_connection() => {
+                if e.retry() == Retry::No {
+                    self.hole(&p);
+                    self.fail(p, e.clone());
+                } else {
+                    p.backoffs += 1;
+                    p.outcome_unknown = false;
+                    p.error = Some(e.clone());
+                    self.retry.push(p);
+                }
+                Err(e)
+            }
+            Err(e) => {
+                self.refused(p, e);
+                Ok(())
+            }
+        }
+    }
+
+    /// A connection-keeping ERR answering `p`: resend it, or fail it.
+    fn refused(&mut self, mut p: Pending, err: Error) {
+        let code = err.code().expect("a broker error");
+        let behind = p.renumber
+            || self
+                .retry
+                .iter()
+                .any(|r| r.same_stream(&p) && r.seq < p.seq);
+        let action = refusal(code, behind, self.settings.idempotent);
+        if matches!(code, ErrorCode::UnknownTopic | ErrorCode::UnknownPartition) {
+            // Deleted or recreated: look it up afresh next time.
+            self.topics.clear();
+        }
+        p.outcome_unknown = code.retry() == Retry::Idempotent;
+        p.error = Some(err.clone());
+        match action {
+            Refusal::Backoff => {
+                p.backoffs += 1;
+                self.retry.push(p);
+            }
+            Refusal::Resend => self.retry.push(p),
+            Refusal::FailNewProducer => {
+                self.producer_id = new_producer_id();
+                self.next_seq.clear();
+                self.fail(p, err);
+            }
+            Refusal::Fail => {
+                self.hole(&p);
+                self.fail(p, err);
+            }
+        }
+    }
+
+    /// `failed` was not appended: its producer_seq is a hole the broker never sees
+    /// filled, so the later records of its partition are refused until renumbered.
+    fn hole(&mut self, failed: &Pending) {
+        if failed.pid == 0 || failed.renumber {
+            return;
+        }
+        for p in self.inflight.iter_mut().chain(self.retry.iter_mut()) {
+            if p.same_stream(failed) && p.seq > failed.seq {
+                p.renumber = true;
+            }
+        }
+        let key = (failed.topic_id, failed.partition);
+        if failed.pid == self.producer_id {
+            if let Some(next) = self.next_seq.get_mut(&key) {
+                *next = (*next).min(failed.seq);
+            }
+        }
+        // New records wait until the doomed ones are answered, so they cannot overtake
+        // them in the partition.
+        self.must_drain = true;
+    }
+
+    fn fail(&mut self, p: Pending, err: Error) {
+        if !p.awaited && self.unreported.is_none() {
+            self.unreported = Some(err.clone());
+        }
+        p.handle.settle(Err(err));
+    }
+
+    /// Sends the records to resend, in their first-send order, after the longest
+    /// backoff any of them asked for.
+    fn resend(&mut self) {
+        let mut ps = std::mem::take(&mut self.retry);
+        ps.sort_by_key(|p| p.order);
+        // Nothing is in flight: the resent records go out ahead of any new one.
+        self.must_drain = false;
+        if let Some(n) = ps.iter().map(|p| p.backoffs).max().filter(|&n| n > 0) {
+            backoff(n - 1);
+        }
+        for p in ps {
+            let expired = p.first_sent.elapsed() > self.settings.retry_timeout;
+            match p.error.clone() {
+                Some(e) if expired => self.give_up(p, e),
+                _ if self.conn.is_none() => self.retry.push(p),
+                _ => {
+                    self.stats.resent += 1;
+                    self.write(p);
+                }
+            }
+        }
+        let written = self.conn.as_mut().map(Conn::write_out);
+        if let Some(Err(e)) = written {
+            self.lose_connection(e);
+        }
+    }
+
+    /// `p` is out of time: it fails. If it may have been appended, neither reusing nor
+    /// skipping its producer_seq is safe, so later records take a new producer_id.
+    fn give_up(&mut self, p: Pending, err: Error) {
+        if p.renumber || !p.outcome_unknown {
+            self.hole(&p);
+        } else if p.pid != 0 && p.pid == self.producer_id {
+            self.producer_id = new_producer_id();
+            self.next_seq.clear();
+        }
+        self.fail(p, err);
+    }
+
+    /// The connection is gone: what was in flight has an unknown outcome.
+    fn lose_connection(&mut self, why: Error) {
+        self.conn = None;
+        let lost: Vec<Pending> = self.inflight.drain(..).collect();
+        for mut p in lost {
+            if self.settings.idempotent {
+                p.outcome_unknown = true;
+                p.error = Some(why.clone());
+                self.retry.push(p);
+            } else {
+                let e = Error::io(
+                    std::io::ErrorKind::ConnectionAborted,
+                    format!("{why}; the outcome is unknown and the producer is not idempotent"),
+                );
+                self.fail(p, e);
+            }
+        }
+    }
+
+    /// Connects again, backing off, until `deadline`.
+    pub(super) fn reconnect(&mut self, deadline: Instant) -> Result<()> {
+        let mut n = 0;
+        loop {
+            let s = &self.settings;
+            let err = match Conn::open(&self.addrs, &s.token, s.timeout) {
+                Ok(c) => {
+                    self.conn = Some(c);
+                    self.stats.reconnects += 1;
+                    return Ok(());
+                }
+                Err(e) => e,
+            };
+            if !err.is_retryable() || Instant::now() >= deadline {
+                return Err(err);
+            }
+            std::thread::sleep(backoff_delay(RECONNECT_BACKOFF_FIRST, n));
+            n += 1;
+        }
+    }
+
+    /// Reconnects for the records waiting to be resent; when the broker stays away past
+    /// the retry timeout of the oldest, they all fail.
+    fn reconnect_or_fail(&mut self) -> Result<()> {
+        let oldest = self.retry.iter().map(|p| p.first_sent).min();
+        let deadline = oldest.unwrap_or_else(Instant::now) + self.settings.retry_timeout;
+        let err = match self.reconnect(deadline) {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        let mut ps = std::mem::take(&mut self.retry);
+        ps.sort_by_key(|p| p.order);
+        for p in ps {
+            self.give_up(p, err.clone());
+        }
+        Err(err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_follow_the_registry() {
+        use ErrorCode::*;
+        assert_eq!(refusal(Backpressure, false, true), Refusal::Backoff);
+        assert_eq!(refusal(NotLeader, false, true), Refusal::Backoff);
+        assert_eq!(refusal(InternalError, false, true), Refusal::Resend);
+        assert_eq!(refusal(InternalError, false, false), Refusal::Fail);
+        assert_eq!(refusal(SequenceOutOfOrder, true, true), Refusal::Resend);
+        assert_eq!(
+            refusal(SequenceOutOfOrder, false, true),
+            Refusal::FailNewProducer
+        );
+        assert_eq!(refusal(DurabilityUnavailable, false, true), Refusal::Fail);
+        assert_eq!(refusal(UnknownTopic, false, true), Refusal::Fail);
+    }
+
+    #[test]
+    fn backoff_doubles_to_its_cap() {
+        assert_eq!(backoff_delay(BACKOFF_FIRST, 0), Duration::from_millis(10));
+        assert_eq!(backoff_delay(BACKOFF_FIRST, 3), Duration::from_millis(80));
+        assert_eq!(backoff_delay(BACKOFF_FIRST, 40), BACKOFF_MAX);
+    }
+}
