@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use crate::wire::limits::{DEFAULT_CREDIT_COUNT, SUB_PARTITION_ANY};
 use crate::wire::ops::{
-    ControlAck, Credit, CreditResult, Frame, Message as _, Msg, Notice, OkResult, Pull, Sub,
-    SubResult,
+    ControlAck, Credit, CreditResult, ErrFrame, Frame, Message as _, Msg, Notice, OkResult, Pull,
+    Sub, SubResult,
 };
 use crate::wire::{
     ControlResult, CreditMode, ErrorCode, HeartbeatState, NoticeKind, Op, OriginReason, SubFlags,
@@ -25,6 +25,11 @@ const READ_SLICE: Duration = Duration::from_secs(1);
 /// A rejoin refused for a passing reason is tried again after this, doubling.
 const REJOIN_BACKOFF_FIRST: Duration = Duration::from_millis(50);
 const REJOIN_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// Whether an ERR answers no request: `request_op` 0, sent before the broker closes.
+fn goodbye(payload: &[u8]) -> bool {
+    ErrFrame::decode(payload).is_ok_and(|e| e.request_op == 0)
+}
 
 impl Consumer {
     /// Connects (unless a fresh connection waits), resolves the topic and SUBs.
@@ -181,6 +186,11 @@ impl Consumer {
             Op::Notice => self
                 .notices
                 .push_back(Notice::decode(payload).map_err(malformed)?),
+            Op::Err if goodbye(payload) => {
+                // The broker's ERR before it closes (SHUTTING_DOWN at a drain answers no
+                // request): join again.
+                return Err(answer_to(Op::Ping, op, payload).unwrap_err());
+            }
             Op::Ok | Op::Err => {
                 let owed = self.link.lock().pop_owed();
                 let owed = owed.ok_or_else(|| Error::Protocol("an answer to no request".into()))?;

@@ -46,7 +46,7 @@ pub const DEFAULT_RECONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A rebalance, as the consumer's callback sees it: before the broker is told, so the
 /// application can finish or commit its work for the partition first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Rebalance {
     /// This member now owns the partition; its messages follow.
     Assigned(u16),

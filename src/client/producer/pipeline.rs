@@ -144,6 +144,20 @@ fn refusal(code: ErrorCode, behind: bool, idempotent: bool) -> Refusal {
     }
 }
 
+/// Whether a broker error answers a PUB (SHUTTING_DOWN at a drain answers no request:
+/// its `request_op` is 0).
+fn answers_pub(e: &Error) -> bool {
+    matches!(e, Error::Broker { request_op, .. } if *request_op == Op::Pub as u8)
+}
+
+/// An OK or ERR with nothing in flight: the broker's goodbye, or a protocol breach.
+fn unsolicited(op: Op, payload: &[u8]) -> Error {
+    match answer_to(Op::Pub, op, payload) {
+        Err(e) if e.closes_connection() => e,
+        _ => Error::Protocol(format!("{} answering nothing", op.name())),
+    }
+}
+
 /// The receipt in an answer to PUB, or the ERR it carries.
 fn receipt(op: Op, payload: &[u8], partition: u16) -> Result<Receipt> {
     let result = answer_to(Op::Pub, op, payload)?;
@@ -254,18 +268,16 @@ impl Producer {
     /// is done for (the broker closes it after this ERR, or broke the protocol).
     fn take_answer(&mut self, conn: &Conn, f: FrameAt) -> Result<()> {
         let Some(mut p) = self.inflight.pop_front() else {
-            return Err(Error::Protocol(format!(
-                "{} answering nothing",
-                f.op.name()
-            )));
+            return Err(unsolicited(f.op, conn.payload(f)));
         };
         match receipt(f.op, conn.payload(f), p.partition) {
             Ok(r) => {
                 p.handle.settle(Ok(r));
                 Ok(())
             }
-            Err(e) if e.code().is_none() => {
-                // Not an answer we can read: the record's outcome is unknown.
+            Err(e) if e.code().is_none() || !answers_pub(&e) => {
+                // Not this record's answer (the broker's goodbye at shutdown answers
+                // no request), or unreadable: the record's outcome is unknown.
                 self.inflight.push_front(p);
                 Err(e)
             }
