@@ -768,7 +768,9 @@ fn errors_carry_the_registry_entry() {
     let e = created
         .publish_record(Record::new("two", b"x").partition(2))
         .unwrap_err();
-    assert!(matches!(e, Error::InvalidInput(_)), "{e:?}");
+    assert_eq!(e.code(), Some(ErrorCode::UnknownPartition));
+    let next = created.publish_record(Record::new("two", b"y").partition(1));
+    assert_eq!(next.unwrap().sequence, 1, "the refused record left no hole");
     let mut c = Consumer::builder(addr(&b))
         .token("s3cret")
         .connect()

@@ -47,12 +47,14 @@ pub(crate) struct Conn {
     pub last_send: Instant,
 }
 
-/// Connects to the first of `addrs` that answers within `timeout`.
+/// Connects to the first of `addrs` that answers within `timeout`. When a name gave
+/// several addresses, the error names the last one tried.
 fn dial(addrs: &[SocketAddr], timeout: Duration) -> Result<TcpStream> {
     let mut last = io::Error::new(io::ErrorKind::InvalidInput, "no broker address");
     for addr in addrs {
         match TcpStream::connect_timeout(addr, timeout) {
             Ok(s) => return Ok(s),
+            Err(e) if addrs.len() == 1 => last = e,
             Err(e) => last = io::Error::new(e.kind(), format!("{addr}: {e}")),
         }
     }

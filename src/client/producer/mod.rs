@@ -372,7 +372,10 @@ impl Producer {
     }
 
     /// Queues one record and returns its handle at once (pipelined: see
-    /// [`SendHandle`]). Records go out in batches, ahead of any later read.
+    /// [`SendHandle`]). Queued records are written in one batch when the batch holds
+    /// 256 KiB, when `max_in_flight` records are unanswered, or by
+    /// [`send_queued`](Self::send_queued), [`flush`](Self::flush), [`wait`](Self::wait)
+    /// or [`publish`](Self::publish): call one of those before a pause.
     pub fn send(
         &mut self,
         topic: &str,
@@ -388,6 +391,14 @@ impl Producer {
     /// [`send`](Self::send) with every choice of a [`Record`].
     pub fn send_record(&mut self, record: Record<'_>) -> Result<SendHandle> {
         self.enqueue(record, false)
+    }
+
+    /// Writes the records queued by [`send`](Self::send) now, without waiting for
+    /// their answers (for a caller about to wait for its next record, e.g. on input).
+    /// A failed write is not an error here: the records are resent by the next call
+    /// that reads.
+    pub fn send_queued(&mut self) {
+        self.write_queued();
     }
 
     /// Waits until `handle` is answered and returns its outcome.
@@ -446,16 +457,11 @@ impl Producer {
         }
         check_lengths(record.key, record.value)?;
         let topic = self.topic(record.topic)?;
-        let partition = match record.partition {
-            None => partition_for_key(record.key, topic.partitions),
-            Some(p) if p < topic.partitions => p,
-            Some(p) => {
-                return Err(Error::InvalidInput(format!(
-                    "partition {p}: {} has {} partitions",
-                    record.topic, topic.partitions
-                )))
-            }
-        };
+        // A partition past the count known here goes to the broker all the same: the
+        // topic may have grown, and UNKNOWN_PARTITION refreshes what is known.
+        let partition = record
+            .partition
+            .unwrap_or_else(|| partition_for_key(record.key, topic.partitions));
         self.pump(&Producer::ready_to_write)?;
         self.probe_if_idle()?;
         let durability = record.durability.or(self.settings.durability);

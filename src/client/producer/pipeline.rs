@@ -229,10 +229,16 @@ impl Producer {
             .as_ref()
             .is_some_and(|c| c.out.len() >= WRITE_BATCH_BYTES);
         if full {
-            let written = self.conn.as_mut().map(Conn::write_out);
-            if let Some(Err(e)) = written {
-                self.lose_connection(e);
-            }
+            self.write_queued();
+        }
+    }
+
+    /// Writes the queued records; a failed write loses the connection (its records are
+    /// resent by the next pump).
+    pub(super) fn write_queued(&mut self) {
+        let written = self.conn.as_mut().map(Conn::write_out);
+        if let Some(Err(e)) = written {
+            self.lose_connection(e);
         }
     }
 
@@ -383,10 +389,7 @@ impl Producer {
                 }
             }
         }
-        let written = self.conn.as_mut().map(Conn::write_out);
-        if let Some(Err(e)) = written {
-            self.lose_connection(e);
-        }
+        self.write_queued();
     }
 
     /// `p` is out of time: it fails. If it may have been appended, neither reusing nor
