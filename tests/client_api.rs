@@ -778,3 +778,80 @@ fn errors_carry_the_registry_entry() {
     let e = c.subscribe("g", "nope", StartPolicy::Earliest).unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::UnknownTopic));
 }
+
+/// The ```rust blocks of README.md's "Rust client" section.
+fn readme_rust_blocks() -> Vec<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let start = readme
+        .find("\n## Rust client\n")
+        .expect("a Rust client section");
+    let section = &readme[start + 1..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+    section
+        .split("```rust\n")
+        .skip(1)
+        .map(|b| b[..b.find("```").expect("a closed block")].to_string())
+        .collect()
+}
+
+/// A built example program; `cargo test --all-targets` (tools/test.sh) builds them.
+fn example_binary(name: &str) -> std::path::PathBuf {
+    let test_exe = std::env::current_exe().unwrap();
+    let profile_dir = test_exe.parent().unwrap().parent().unwrap();
+    let exe = profile_dir.join("examples").join(name);
+    let source = format!("{}/examples/{name}.rs", env!("CARGO_MANIFEST_DIR"));
+    let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified());
+    match (modified(&exe), modified(source.as_ref())) {
+        (Ok(built), Ok(written)) if built >= written => exe,
+        _ => panic!(
+            "{} is missing or older than its source: `cargo build --examples`",
+            exe.display()
+        ),
+    }
+}
+
+#[test]
+fn the_readme_rust_section_is_the_examples_and_they_run() {
+    let names = ["produce", "consume", "dead_letters", "errors"];
+    let blocks = readme_rust_blocks();
+    let sources: Vec<String> = names
+        .iter()
+        .map(|n| {
+            std::fs::read_to_string(format!("{}/examples/{n}.rs", env!("CARGO_MANIFEST_DIR")))
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        blocks, sources,
+        "README.md shows examples/ whole, in this order"
+    );
+    let b = broker(&[]);
+    let run = |name: &str| {
+        let out = std::process::Command::new(example_binary(name))
+            .arg(addr(&b))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{name}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let customer = partition_for_key(b"customer-42", 4);
+    assert_eq!(
+        run("produce"),
+        format!("partition {customer} sequence 1\nline 999: partition 0 sequence 1000\n")
+    );
+    assert_eq!(run("consume"), "acknowledged 1001, rejected 1\n");
+    assert_eq!(
+        run("dead_letters"),
+        "[255, 254] from orders partition 0 sequence 1001 after 1 attempt(s): Some(Rejected)\n"
+    );
+    assert_eq!(
+        run("errors"),
+        "UNKNOWN_TOPIC No - DECLARE the topic, or refresh the id\n"
+    );
+}
