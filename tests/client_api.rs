@@ -77,8 +77,8 @@ fn seen(m: &Message) -> Seen {
         m.partition,
         m.sequence,
         m.attempt,
-        m.key.clone(),
-        m.value.clone(),
+        m.key.to_vec(),
+        m.value.to_vec(),
     )
 }
 
@@ -329,7 +329,7 @@ fn consumer_resumes(kill: bool) {
     let mut first = Vec::new();
     while first.len() < 4 {
         let m = c.poll(Some(WAIT_MAX)).unwrap().expect("a message");
-        first.push(String::from_utf8(m.value.clone()).unwrap());
+        first.push(String::from_utf8(m.value.to_vec()).unwrap());
         m.ack();
     }
     assert!(c.flush(WAIT_MAX).unwrap());
@@ -394,7 +394,7 @@ fn a_rejected_message_is_read_from_the_twin_with_its_origin() {
     let first = c.poll(Some(WAIT_MAX)).unwrap().unwrap();
     let bad = c.poll(Some(WAIT_MAX)).unwrap().unwrap();
     assert_eq!(
-        (first.value.as_slice(), bad.value.as_slice()),
+        (&first.value[..], &bad.value[..]),
         (&b"fine"[..], &b"poison-value"[..])
     );
     assert!(first.ack());
@@ -410,7 +410,7 @@ fn a_rejected_message_is_read_from_the_twin_with_its_origin() {
     let m = d.poll(Some(WAIT_MAX)).unwrap().expect("the dead letter");
     assert!(d.poll(Some(Duration::from_millis(300))).unwrap().is_none());
     assert_eq!(
-        (&*m.topic, m.partition, m.key.as_slice(), m.value.as_slice()),
+        (&*m.topic, m.partition, &m.key[..], &m.value[..]),
         ("orders.dlq", 1, &b"poison-key"[..], &b"poison-value"[..])
     );
     let origin = m.origin.clone().expect("an origin");
@@ -496,7 +496,7 @@ fn rebalances_reach_the_callback_before_the_broker_is_told() {
     let mut take = |c: &mut Consumer, wait: Duration| {
         let m = c.poll(Some(wait)).unwrap();
         if let Some(m) = m {
-            got.insert(String::from_utf8(m.value.clone()).unwrap());
+            got.insert(String::from_utf8(m.value.to_vec()).unwrap());
             m.ack();
         }
     };
@@ -540,7 +540,7 @@ fn rebalances_reach_the_callback_before_the_broker_is_told() {
     // b leaves: a takes everything back and the rest of the records.
     bm.close().unwrap();
     while let Some(m) = a.poll(Some(IDLE)).unwrap() {
-        got.insert(String::from_utf8(m.value.clone()).unwrap());
+        got.insert(String::from_utf8(m.value.to_vec()).unwrap());
         m.ack();
     }
     assert_eq!(a.assignment(), vec![0, 1, 2, 3]);

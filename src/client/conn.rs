@@ -1,10 +1,12 @@
 //! One TCP connection of a [`Producer`](super::Producer) or a
 //! [`Consumer`](super::Consumer): CONNECT, a write buffer sent in one syscall, and
 //! frames decoded in place from one reused read buffer, so the hot paths allocate
-//! nothing per frame.
+//! nothing per frame. Messages handed out share the read buffer ([`Bytes`]); while they
+//! live, reading goes on in a fresh one.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::wire::frame::split_frame;
@@ -12,6 +14,7 @@ use crate::wire::limits::{FRAME_HEADER_BYTES, MAX_FRAME_LEN_BYTES, OP_BYTES, WIR
 use crate::wire::ops::{Connect, ErrFrame, Frame, Message, OkFrame};
 use crate::wire::Op;
 
+use super::bytes::Bytes;
 use super::error::{Error, Result};
 
 /// Bytes asked of the socket per read; the buffer grows for a larger frame.
@@ -36,7 +39,8 @@ pub(crate) struct FrameAt {
 
 pub(crate) struct Conn {
     stream: TcpStream,
-    buf: Vec<u8>,
+    /// Shared with the [`Bytes`] of messages handed out.
+    buf: Arc<Vec<u8>>,
     start: usize,
     end: usize,
     /// Frames queued for the next [`Conn::write_out`].
@@ -70,7 +74,7 @@ impl Conn {
         stream.set_write_timeout(Some(timeout))?;
         let mut c = Conn {
             stream,
-            buf: vec![0; READ_CHUNK_BYTES],
+            buf: Arc::new(vec![0; READ_CHUNK_BYTES]),
             start: 0,
             end: 0,
             out: Vec::new(),
@@ -95,6 +99,16 @@ impl Conn {
         &self.buf[f.start..f.end]
     }
 
+    /// `bytes`, a part of a payload this connection returned, as a shared window on the
+    /// read buffer.
+    pub fn share(&self, bytes: &[u8]) -> Bytes {
+        if bytes.is_empty() {
+            return Bytes::default();
+        }
+        let start = bytes.as_ptr() as usize - self.buf.as_ptr() as usize;
+        Bytes::shared(&self.buf, start, start + bytes.len())
+    }
+
     /// Writes every queued frame.
     pub fn write_out(&mut self) -> Result<()> {
         if !self.out.is_empty() {
@@ -102,6 +116,13 @@ impl Conn {
             self.out.clear();
             self.last_send = Instant::now();
         }
+        Ok(())
+    }
+
+    /// Writes `bytes` now (frames kept outside the connection's queue).
+    pub fn write_bytes(&mut self, bytes: &[u8]) -> Result<()> {
+        self.stream.write_all(bytes)?;
+        self.last_send = Instant::now();
         Ok(())
     }
 
@@ -136,21 +157,7 @@ impl Conn {
     /// Reads what arrives within `wait` (at most a [`READ_TICK`]): `false` when nothing
     /// did. The broker closing the connection is an error.
     fn read_some(&mut self, wait: Duration) -> Result<bool> {
-        if self.start == self.end {
-            self.start = 0;
-            self.end = 0;
-            if self.buf.len() > READ_BUFFER_KEEP_BYTES {
-                self.buf.truncate(READ_CHUNK_BYTES);
-                self.buf.shrink_to_fit();
-            }
-        } else if self.buf.len() - self.end < READ_CHUNK_BYTES / 2 {
-            self.buf.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
-        }
-        if self.buf.len() - self.end < READ_CHUNK_BYTES / 2 {
-            self.buf.resize(self.end + READ_CHUNK_BYTES, 0);
-        }
+        self.make_room();
         let wait = if wait >= READ_TICK {
             READ_TICK
         } else {
@@ -160,7 +167,8 @@ impl Conn {
             self.stream.set_read_timeout(Some(wait))?;
             self.read_timeout = Some(wait);
         }
-        match self.stream.read(&mut self.buf[self.end..]) {
+        let buf = Arc::get_mut(&mut self.buf).expect("made room: not shared");
+        match self.stream.read(&mut buf[self.end..]) {
             Ok(0) => Err(Error::io(
                 io::ErrorKind::UnexpectedEof,
                 "the broker closed the connection",
@@ -179,6 +187,32 @@ impl Conn {
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(true),
             Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The read buffer, this connection's alone, with at least half a chunk free after
+    /// `end`: compacted or grown in place, or a fresh one while messages share it.
+    fn make_room(&mut self) {
+        let live = self.end - self.start;
+        if Arc::get_mut(&mut self.buf).is_none() {
+            let mut fresh = vec![0; live + READ_CHUNK_BYTES];
+            fresh[..live].copy_from_slice(&self.buf[self.start..self.end]);
+            self.buf = Arc::new(fresh);
+            (self.start, self.end) = (0, live);
+        }
+        let buf = Arc::get_mut(&mut self.buf).expect("not shared");
+        if live == 0 {
+            (self.start, self.end) = (0, 0);
+            if buf.len() > READ_BUFFER_KEEP_BYTES {
+                buf.truncate(READ_CHUNK_BYTES);
+                buf.shrink_to_fit();
+            }
+        } else if buf.len() - self.end < READ_CHUNK_BYTES / 2 {
+            buf.copy_within(self.start..self.end, 0);
+            (self.start, self.end) = (0, live);
+        }
+        if buf.len() - self.end < READ_CHUNK_BYTES / 2 {
+            buf.resize(self.end + READ_CHUNK_BYTES, 0);
         }
     }
 

@@ -16,6 +16,7 @@
 //!
 //! Depends on `wire` only.
 
+mod bytes;
 mod conn;
 mod consumer;
 mod error;
@@ -23,6 +24,7 @@ mod producer;
 mod raw;
 mod topics;
 
+pub use bytes::Bytes;
 pub use consumer::{
     Consumer, ConsumerBuilder, ConsumerStats, DeadLetterOrigin, Message, Messages, Rebalance,
 };

@@ -13,6 +13,7 @@ use crate::wire::{
     ControlResult, CreditMode, ErrorCode, HeartbeatState, NoticeKind, Op, OriginReason, SubFlags,
 };
 
+use super::super::bytes::Bytes;
 use super::super::conn::{answer_to, Conn, FrameAt};
 use super::super::error::{Error, Result};
 use super::super::topics;
@@ -63,13 +64,13 @@ impl Consumer {
             SubResult::decode_result(&answer).map_err(|e| Error::Protocol(e.to_string()))?;
         sub.resolved = Some(topic);
         let writer = conn.stream().try_clone()?;
-        self.link.lock().install(writer, member);
+        self.gen = self.link.lock().install(writer, member);
         self.conn = Some(conn);
         self.member = Some(member);
         self.held.clear();
         self.pulling = false;
         for (op, payload) in pushes {
-            self.dispatch(op, &payload)?;
+            self.dispatch(op, &payload, None)?;
         }
         Ok(())
     }
@@ -166,10 +167,12 @@ impl Consumer {
     }
 
     fn dispatch_at(&mut self, conn: &Conn, f: FrameAt) -> Result<()> {
-        self.dispatch(f.op, conn.payload(f))
+        self.dispatch(f.op, conn.payload(f), Some(conn))
     }
 
-    fn dispatch(&mut self, op: Op, payload: &[u8]) -> Result<()> {
+    /// Handles one frame; a MSG's key and value are shared with `conn`'s read buffer
+    /// when the payload is in it, copied otherwise.
+    fn dispatch(&mut self, op: Op, payload: &[u8], conn: Option<&Conn>) -> Result<()> {
         let malformed = |e: crate::wire::DecodeError| Error::Protocol(e.to_string());
         match op {
             Op::Msg => {
@@ -178,7 +181,11 @@ impl Consumer {
                     .member
                     .is_some_and(|s| s.subscription_id == m.subscription_id)
                 {
-                    let message = self.message(&m);
+                    let share = |b: &[u8]| match conn {
+                        Some(c) => c.share(b),
+                        None => Bytes::from(b.to_vec()),
+                    };
+                    let message = self.message(&m, share(m.key), share(m.value));
                     self.ready.push_back(message);
                 }
                 // A MSG for an earlier subscription of this connection is moot.
@@ -201,7 +208,7 @@ impl Consumer {
         Ok(())
     }
 
-    fn message(&self, m: &Msg<'_>) -> Message {
+    fn message(&self, m: &Msg<'_>, key: Bytes, value: Bytes) -> Message {
         let sub = self.sub.as_ref().expect("subscribed");
         let origin = m.origin.map(|o| DeadLetterOrigin {
             topic_id: o.origin_topic_id,
@@ -219,13 +226,13 @@ impl Consumer {
             partition: m.partition,
             sequence: m.sequence,
             attempt: m.attempt,
-            key: m.key.to_vec(),
-            value: m.value.to_vec(),
+            key,
+            value,
             origin,
             producer_id: m.producer_id,
             producer_seq: m.producer_seq,
             link: Arc::clone(&self.link),
-            gen: self.link.lock().gen,
+            gen: self.gen,
             delivery: m.delivery_ref(),
         }
     }

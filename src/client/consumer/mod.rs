@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use crate::wire::ops::{Ack, CreditResult, DeliveryRef, Frame, Nack, Notice, SubResult};
 use crate::wire::{AckFlags, NackReason, OriginReason, StartPolicy};
 
+use super::bytes::Bytes;
 use super::conn::Conn;
 use super::error::{Error, Result};
 use super::producer::resolve_addrs;
@@ -99,8 +100,9 @@ pub struct Message {
     pub sequence: u64,
     /// 1 for the first delivery.
     pub attempt: u16,
-    pub key: Vec<u8>,
-    pub value: Vec<u8>,
+    /// Shared with the read buffer ([`Bytes`]): derefs to `[u8]`.
+    pub key: Bytes,
+    pub value: Bytes,
     /// Set on a message read from a `.dlq` twin.
     pub origin: Option<DeadLetterOrigin>,
     pub producer_id: u64,
@@ -265,6 +267,7 @@ impl ConsumerBuilder {
             on_rebalance: self.on_rebalance,
             link,
             conn: Some(conn),
+            gen: 0,
             sub: None,
             member: None,
             held: BTreeMap::new(),
@@ -314,6 +317,8 @@ pub struct Consumer {
     link: Arc<Link>,
     /// The read half; `None` between a loss and the next join.
     conn: Option<Conn>,
+    /// The link's connection generation, stamped on each Message.
+    gen: u64,
     sub: Option<Subscription>,
     member: Option<SubResult>,
     /// Partition → ownership epoch, for every partition this member holds.
@@ -378,7 +383,8 @@ impl Consumer {
     /// The next message, or `None` when `timeout` passes without one (`None`: wait for
     /// one). Rebalance callbacks run here, and a lost connection is joined again here.
     pub fn poll(&mut self, timeout: Option<Duration>) -> Result<Option<Message>> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // Read the clock only when there is nothing to hand out at once.
+        let mut deadline = None;
         loop {
             if let Some(e) = self.errors.pop_front() {
                 return Err(e);
@@ -402,6 +408,10 @@ impl Consumer {
                 self.rejoin()?;
                 continue;
             }
+            if deadline.is_none() {
+                deadline = Some(timeout.map(|t| Instant::now() + t));
+            }
+            let deadline = deadline.flatten();
             self.pull_if_idle(deadline);
             let got = self.read(deadline);
             if !got && deadline.is_some_and(|d| Instant::now() >= d) {

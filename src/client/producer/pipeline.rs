@@ -38,7 +38,9 @@ pub(super) struct Pending {
     topic_id: u16,
     partition: u16,
     flags: PubFlags,
-    /// The encoded PUB, kept for resends (re-encoded when renumbered).
+    /// Bytes of its PUB in the outbox, while in flight.
+    len: usize,
+    /// Its PUB while it waits to be resent (re-encoded when renumbered).
     frame: Vec<u8>,
     pub(super) handle: SendHandle,
     /// A `publish` waits for it: its failure is reported there, not by `flush`.
@@ -57,30 +59,21 @@ pub(super) struct Pending {
 }
 
 impl Pending {
+    /// A record whose PUB (`len` bytes) was just encoded into the outbox.
     pub(super) fn new(
         (topic_id, partition): (u16, u16),
         (pid, seq): (u64, u64),
         flags: PubFlags,
-        (key, value): (&[u8], &[u8]),
-        handle: SendHandle,
-        awaited: bool,
+        len: usize,
+        (handle, awaited): (SendHandle, bool),
+        now: Instant,
     ) -> Pending {
-        let mut frame = Vec::with_capacity(64 + key.len() + value.len());
-        Pub {
-            topic_id,
-            partition,
-            producer_id: pid,
-            producer_seq: seq,
-            flags,
-            key,
-            value,
-        }
-        .encode_frame(&mut frame);
         Pending {
             topic_id,
             partition,
             flags,
-            frame,
+            len,
+            frame: Vec::new(),
             handle,
             awaited,
             pid,
@@ -88,27 +81,25 @@ impl Pending {
             order: u64::MAX,
             renumber: false,
             backoffs: 0,
-            first_sent: Instant::now(),
+            first_sent: now,
             error: None,
             outcome_unknown: false,
         }
     }
 
-    /// Re-encodes the PUB with this record's producer fields.
-    fn renumbered(&self) -> Vec<u8> {
+    /// Encodes its kept PUB again, with its current producer fields.
+    fn encode_renumbered(&self, out: &mut Vec<u8>) {
         let payload = &self.frame[FRAME_HEADER_BYTES + OP_BYTES..];
         let Ok(Frame::Pub(p)) = Frame::decode(Op::Pub, payload) else {
-            unreachable!("a Pending holds the PUB it encoded")
+            unreachable!("a Pending keeps the PUB it encoded")
         };
-        let mut frame = Vec::with_capacity(self.frame.len());
         Pub {
             producer_id: self.pid,
             producer_seq: self.seq,
             flags: self.flags,
             ..p
         }
-        .encode_frame(&mut frame);
-        frame
+        .encode_frame(out);
     }
 
     fn same_stream(&self, other: &Pending) -> bool {
@@ -206,29 +197,36 @@ impl Producer {
         (self.producer_id, *next - 1)
     }
 
-    /// Queues `p` on the connection, renumbered first when it is behind a hole.
-    pub(super) fn write(&mut self, mut p: Pending) {
+    /// `p`, its PUB in the outbox, is in flight.
+    pub(super) fn admit(&mut self, mut p: Pending) {
         if p.order == u64::MAX {
             p.order = self.order;
             self.order += 1;
-            p.first_sent = Instant::now();
         }
-        if p.renumber {
-            (p.pid, p.seq) = self.number(p.topic_id, p.partition);
-            p.renumber = false;
-            p.frame = p.renumbered();
-        }
-        let conn = self.conn.as_mut().expect("written only when connected");
-        conn.out.extend_from_slice(&p.frame);
         self.inflight.push_back(p);
     }
 
+    /// Queues the kept PUB of `p` again, renumbered first when it is behind a hole.
+    fn write_again(&mut self, mut p: Pending) {
+        if p.renumber {
+            (p.pid, p.seq) = self.number(p.topic_id, p.partition);
+            p.renumber = false;
+            p.len = self.outbox.push(|out| p.encode_renumbered(out));
+        } else {
+            p.len = self.outbox.push(|out| out.extend_from_slice(&p.frame));
+        }
+        p.frame = Vec::new();
+        self.admit(p);
+    }
+
+    /// Moves the PUB of `p`, the oldest in flight, out of the outbox and into `p`.
+    fn take_out(&mut self, p: &mut Pending) {
+        p.frame = self.outbox.front(p.len).to_vec();
+        self.outbox.pop_front(p.len);
+    }
+
     pub(super) fn write_if_batch_full(&mut self) {
-        let full = self
-            .conn
-            .as_ref()
-            .is_some_and(|c| c.out.len() >= WRITE_BATCH_BYTES);
-        if full {
+        if self.outbox.unwritten().len() >= WRITE_BATCH_BYTES {
             self.write_queued();
         }
     }
@@ -236,14 +234,21 @@ impl Producer {
     /// Writes the queued records; a failed write loses the connection (its records are
     /// resent by the next pump).
     pub(super) fn write_queued(&mut self) {
-        let written = self.conn.as_mut().map(Conn::write_out);
-        if let Some(Err(e)) = written {
-            self.lose_connection(e);
+        let (Some(conn), unwritten) = (self.conn.as_mut(), self.outbox.unwritten()) else {
+            return;
+        };
+        if unwritten.is_empty() {
+            return;
+        }
+        match conn.write_bytes(unwritten) {
+            Ok(()) => self.outbox.mark_written(),
+            Err(e) => self.lose_connection(e),
         }
     }
 
     /// Waits for one answer (up to the timeout), then takes every answer already read.
     fn read_answers(&mut self) {
+        self.write_queued();
         let Some(mut conn) = self.conn.take() else {
             return;
         };
@@ -264,6 +269,7 @@ impl Producer {
                 other => other,
             };
         };
+        self.now = Instant::now();
         match lost {
             None => self.conn = Some(conn),
             Some(e) => self.lose_connection(e),
@@ -278,6 +284,7 @@ impl Producer {
         };
         match receipt(f.op, conn.payload(f), p.partition) {
             Ok(r) => {
+                self.outbox.pop_front(p.len);
                 p.handle.settle(Ok(r));
                 Ok(())
             }
@@ -288,6 +295,7 @@ impl Producer {
                 Err(e)
             }
             Err(e) if e.closes_connection() => {
+                self.take_out(&mut p);
                 if e.retry() == Retry::No {
                     self.hole(&p);
                     self.fail(p, e.clone());
@@ -300,6 +308,7 @@ impl Producer {
                 Err(e)
             }
             Err(e) => {
+                self.take_out(&mut p);
                 self.refused(p, e);
                 Ok(())
             }
@@ -385,7 +394,7 @@ impl Producer {
                 _ if self.conn.is_none() => self.retry.push(p),
                 _ => {
                     self.stats.resent += 1;
-                    self.write(p);
+                    self.write_again(p);
                 }
             }
         }
@@ -407,7 +416,11 @@ impl Producer {
     /// The connection is gone: what was in flight has an unknown outcome.
     fn lose_connection(&mut self, why: Error) {
         self.conn = None;
-        let lost: Vec<Pending> = self.inflight.drain(..).collect();
+        let mut lost: Vec<Pending> = self.inflight.drain(..).collect();
+        for p in &mut lost {
+            self.take_out(p);
+        }
+        self.outbox.clear();
         for mut p in lost {
             if self.settings.idempotent {
                 p.outcome_unknown = true;

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The Rust client library (mortarmq::client) against mortar-bench's raw frames (issue 16).
+#
+# usage: tools/api_bench.sh [ROUNDS]     (default 5)
+#
+# Builds release, starts one mortard on a free loopback port with a temporary data
+# directory, and runs each workload ROUNDS times, alternating the raw loop and --api
+# run by run so that both see the same machine. The machine is shared: read the
+# ratios, not the absolute figures. Per workload it prints one line
+#   NAME raw=X api=Y ratio=R raw_cpu_us=A api_cpu_us=B
+# X and Y the median msgs/s, R the median of the per-round api/raw ratios, A and B the
+# median client CPU (user + system) per message in microseconds. 1 KiB values, one
+# partition:
+#   pub_written_idem  publish --durability written --pipeline 64, raw --idempotent
+#                     (producer_id + producer_seq, as the library sends) vs --api
+#   pub_written_plain the same without idempotence (raw default vs --api --not-idempotent)
+#   pub_fsync_idem    publish --durability fsync --pipeline 64, idempotent both
+#   consume_push      consume --mode push --credit 256, an ACK per message
+#   consume_pull      consume --mode pull --credit 256
+# The raw JSON of every run goes to stderr.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ROUNDS=${1:-5}
+PUB_COUNT=300000
+FSYNC_COUNT=50000
+CONSUME_COUNT=500000
+
+echo "api_bench: building release" >&2
+cargo build --release --quiet --bin mortard --bin mortar-bench
+BENCH=target/release/mortar-bench
+
+WORK=$(mktemp -d /tmp/mortar-api-bench.XXXXXX)
+MORTAR_PID=""
+cleanup() {
+  [ -z "$MORTAR_PID" ] || kill "$MORTAR_PID" 2>/dev/null || true
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Retention keeps the data directory small over many publish runs.
+RUST_LOG=warn target/release/mortard --listen 127.0.0.1:0 --admin-listen off \
+  --data-dir "$WORK/data" --retention-size 1GiB \
+  >"$WORK/mortard.out" 2>"$WORK/mortard.err" &
+MORTAR_PID=$!
+for _ in $(seq 100); do grep -q '^listening ' "$WORK/mortard.out" && break; sleep 0.1; done
+MORTAR=$(awk '/^listening /{print $2; exit}' "$WORK/mortard.out")
+[ -n "$MORTAR" ] || { echo "api_bench: mortard did not start" >&2; cat "$WORK/mortard.err"; exit 1; }
+echo "api_bench: mortard $MORTAR (pid $MORTAR_PID), $ROUNDS rounds" >&2
+
+# run ARGS...: one mortar-bench run; prints "msgs_per_sec client_cpu_us_per_msg".
+run() {
+  local out
+  out=$("$BENCH" --broker "$MORTAR" --json "$@")
+  echo "$* $out" >&2
+  python3 -c '
+import json, sys
+d = json.loads(sys.argv[1])
+rate = d.get("ops_per_sec", d.get("msgs_per_sec"))
+n = d.get("ops", d.get("msgs"))
+cpu_us = d["tool_cpu_pct"] / 100 * d["seconds"] / n * 1e6
+print(rate, cpu_us)' "$out"
+}
+
+# pair NAME RAW_ARGS -- API_ARGS: ROUNDS alternating runs, then the summary line.
+pair() {
+  local name=$1 raw=() api=() side=raw
+  shift
+  for a in "$@"; do
+    if [ "$a" = "--" ]; then side=api; continue; fi
+    if [ $side = raw ]; then raw+=("$a"); else api+=("$a"); fi
+  done
+  local results=()
+  for _ in $(seq "$ROUNDS"); do
+    results+=("$(run "${raw[@]}") $(run "${api[@]}")")
+  done
+  python3 -c '
+import statistics as st, sys
+name, rows = sys.argv[1], [list(map(float, r.split())) for r in sys.argv[2:]]
+med = lambda i: st.median(r[i] for r in rows)
+ratio = st.median(r[2] / r[0] for r in rows)
+print("%s raw=%.0f api=%.0f ratio=%.3f raw_cpu_us=%.2f api_cpu_us=%.2f"
+      % (name, med(0), med(2), ratio, med(1), med(3)))' "$name" "${results[@]}"
+}
+
+PUB=(publish --topic pub --pipeline 64)
+pair pub_written_idem "${PUB[@]}" --durability written --count $PUB_COUNT --idempotent \
+  -- "${PUB[@]}" --durability written --count $PUB_COUNT --api
+pair pub_written_plain "${PUB[@]}" --durability written --count $PUB_COUNT \
+  -- "${PUB[@]}" --durability written --count $PUB_COUNT --api --not-idempotent
+pair pub_fsync_idem "${PUB[@]}" --durability fsync --count $FSYNC_COUNT --idempotent \
+  -- "${PUB[@]}" --durability fsync --count $FSYNC_COUNT --api
+CONSUME=(consume --topic consume --credit 256 --count $CONSUME_COUNT)
+pair consume_push "${CONSUME[@]}" --mode push -- "${CONSUME[@]}" --mode push --api
+pair consume_pull "${CONSUME[@]}" --mode pull -- "${CONSUME[@]}" --mode pull --api
