@@ -9,7 +9,7 @@ use super::error::{Error, Result};
 
 /// What the broker knows of a topic: its id and partition count. For a `.dlq` twin,
 /// `source_id` is its source topic's id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct TopicInfo {
     pub id: u16,
     pub partitions: u16,

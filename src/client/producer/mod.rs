@@ -70,16 +70,12 @@ pub struct Receipt {
 /// ```
 #[derive(Debug, Clone)]
 pub struct SendHandle {
-    slot: Arc<OnceLock<Result<Receipt>>>,
+    slot: Arc<Slot>,
 }
 
-impl SendHandle {
-    fn new() -> SendHandle {
-        SendHandle {
-            slot: Arc::new(OnceLock::new()),
-        }
-    }
+type Slot = OnceLock<Result<Receipt>>;
 
+impl SendHandle {
     /// Whether the broker has answered (or the record failed for good).
     pub fn is_done(&self) -> bool {
         self.slot.get().is_some()
@@ -90,8 +86,9 @@ impl SendHandle {
         self.slot.get().cloned()
     }
 
-    fn settle(&self, outcome: Result<Receipt>) {
+    fn settle(self, outcome: Result<Receipt>) -> Arc<Slot> {
         let _ = self.slot.set(outcome);
+        self.slot
     }
 }
 
@@ -253,6 +250,8 @@ impl ProducerBuilder {
             settings: self.settings,
             conn: Some(conn),
             topics: HashMap::default(),
+            last_topic: (String::new(), TopicInfo::default()),
+            spare_slots: VecDeque::new(),
             outbox: outbox::Outbox::default(),
             now: Instant::now(),
             inflight: VecDeque::new(),
@@ -341,6 +340,11 @@ pub struct Producer {
     settings: Settings,
     conn: Option<Conn>,
     topics: HashMap<String, TopicInfo, Fnv>,
+    /// The topic of the latest record: most records go where the one before went.
+    last_topic: (String, TopicInfo),
+    /// Handles' slots of settled records, oldest first, reused once their callers
+    /// dropped them: a send allocates nothing.
+    spare_slots: VecDeque<Arc<Slot>>,
     /// The PUBs of the records in flight.
     outbox: outbox::Outbox,
     /// The time of the latest read, close enough to stamp a record's first send
@@ -466,12 +470,21 @@ impl Producer {
     /// first when the producer was built with [`declare`](ProducerBuilder::declare). A
     /// `.dlq` name is its source's twin.
     pub fn topic(&mut self, name: &str) -> Result<TopicInfo> {
-        if let Some(t) = self.topics.get(name) {
-            return Ok(*t);
+        if self.last_topic.0 == name {
+            return Ok(self.last_topic.1);
         }
-        let create = self.settings.declare;
-        let found = topics::resolve(name, create, &mut |frame| self.call(frame))?;
-        self.topics.insert(name.to_string(), found);
+        let found = match self.topics.get(name) {
+            Some(t) => *t,
+            None => {
+                let create = self.settings.declare;
+                let found = topics::resolve(name, create, &mut |frame| self.call(frame))?;
+                self.topics.insert(name.to_string(), found);
+                found
+            }
+        };
+        self.last_topic.0.clear();
+        self.last_topic.0.push_str(name);
+        self.last_topic.1 = found;
         Ok(found)
     }
 
@@ -515,7 +528,7 @@ impl Producer {
             }
             .encode_frame(out)
         });
-        let handle = SendHandle::new();
+        let handle = self.new_handle();
         let pending = pipeline::Pending::new(
             (topic.id, partition),
             (producer_id, producer_seq),
@@ -527,6 +540,28 @@ impl Producer {
         self.admit(pending);
         self.write_if_batch_full();
         Ok(handle)
+    }
+
+    /// A fresh handle, in the oldest spare slot nobody holds any more if there is one.
+    fn new_handle(&mut self) -> SendHandle {
+        if let Some(slot) = self.spare_slots.front_mut().and_then(Arc::get_mut) {
+            slot.take();
+            let slot = self.spare_slots.pop_front().expect("looked at");
+            return SendHandle { slot };
+        }
+        SendHandle {
+            slot: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Gives `handle` its outcome and keeps its slot for reuse.
+    fn settle(&mut self, handle: SendHandle, outcome: Result<Receipt>) {
+        let slot = handle.settle(outcome);
+        if self.spare_slots.len() >= self.settings.max_in_flight {
+            // Its oldest still held by a caller: let it go with them.
+            self.spare_slots.pop_front();
+        }
+        self.spare_slots.push_back(slot);
     }
 
     fn ready_to_write(&self) -> bool {
@@ -591,7 +626,7 @@ impl Producer {
             .chain(self.retry.drain(..))
             .collect();
         for p in left {
-            p.handle.settle(Err(closed_error("answer")));
+            let _ = p.handle.settle(Err(closed_error("answer")));
         }
     }
 }

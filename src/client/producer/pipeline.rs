@@ -285,7 +285,7 @@ impl Producer {
         match receipt(f.op, conn.payload(f), p.partition) {
             Ok(r) => {
                 self.outbox.pop_front(p.len);
-                p.handle.settle(Ok(r));
+                self.settle(p.handle, Ok(r));
                 Ok(())
             }
             Err(e) if e.code().is_none() || !answers_pub(&e) => {
@@ -327,6 +327,7 @@ impl Producer {
         if matches!(code, ErrorCode::UnknownTopic | ErrorCode::UnknownPartition) {
             // Deleted or recreated: look it up afresh next time.
             self.topics.clear();
+            self.last_topic.0.clear();
         }
         p.outcome_unknown = code.retry() == Retry::Idempotent;
         p.error = Some(err.clone());
@@ -374,7 +375,7 @@ impl Producer {
         if !p.awaited && self.unreported.is_none() {
             self.unreported = Some(err.clone());
         }
-        p.handle.settle(Err(err));
+        self.settle(p.handle, Err(err));
     }
 
     /// Sends the records to resend, in their first-send order, after the longest
