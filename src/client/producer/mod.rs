@@ -13,11 +13,12 @@
 
 mod outbox;
 mod pipeline;
+mod slot;
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::wire::limits::{DEDUP_WINDOW_SEQS, MAX_KEY_LEN_BYTES, MAX_VALUE_LEN_BYTES};
@@ -73,21 +74,21 @@ pub struct SendHandle {
     slot: Arc<Slot>,
 }
 
-type Slot = OnceLock<Result<Receipt>>;
+use slot::Slot;
 
 impl SendHandle {
     /// Whether the broker has answered (or the record failed for good).
     pub fn is_done(&self) -> bool {
-        self.slot.get().is_some()
+        self.slot.is_done()
     }
 
     /// The receipt or the error, once done.
     pub fn result(&self) -> Option<Result<Receipt>> {
-        self.slot.get().cloned()
+        self.slot.get()
     }
 
     fn settle(self, outcome: Result<Receipt>) -> Arc<Slot> {
-        let _ = self.slot.set(outcome);
+        self.slot.set(outcome);
         self.slot
     }
 }
@@ -257,7 +258,7 @@ impl ProducerBuilder {
             inflight: VecDeque::new(),
             retry: Vec::new(),
             must_drain: false,
-            next_seq: HashMap::default(),
+            next_seq: Vec::new(),
             producer_id: if idempotent { new_producer_id() } else { 0 },
             order: 0,
             unreported: None,
@@ -357,7 +358,9 @@ pub struct Producer {
     /// A hole appeared: new records wait until the ones in flight are answered.
     must_drain: bool,
     /// (topic_id, partition) → producer_seq of the next record.
-    next_seq: HashMap<(u16, u16), u64, Fnv>,
+    /// Indexed by topic_id, then partition: two loads per record, no hashing; topic
+    /// ids are small (pairs are numbered from 1).
+    next_seq: Vec<Vec<u64>>,
     producer_id: u64,
     order: u64,
     /// The first failure of a record nobody waits for, for the next `flush`.
@@ -545,12 +548,12 @@ impl Producer {
     /// A fresh handle, in the oldest spare slot nobody holds any more if there is one.
     fn new_handle(&mut self) -> SendHandle {
         if let Some(slot) = self.spare_slots.front_mut().and_then(Arc::get_mut) {
-            slot.take();
+            slot.reset();
             let slot = self.spare_slots.pop_front().expect("looked at");
             return SendHandle { slot };
         }
         SendHandle {
-            slot: Arc::new(OnceLock::new()),
+            slot: Arc::default(),
         }
     }
 

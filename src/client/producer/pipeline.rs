@@ -24,6 +24,19 @@ const RECONNECT_BACKOFF_FIRST: Duration = Duration::from_millis(50);
 /// Queued records are written once this many bytes wait, without waiting for a read.
 const WRITE_BATCH_BYTES: usize = 256 * 1024;
 
+/// The producer_seq the next record of (topic, partition) takes, 1 for the first.
+fn next_seq_mut(seqs: &mut Vec<Vec<u64>>, topic_id: u16, partition: u16) -> &mut u64 {
+    let (t, p) = (usize::from(topic_id), usize::from(partition));
+    if seqs.len() <= t {
+        seqs.resize_with(t + 1, Vec::new);
+    }
+    let topic = &mut seqs[t];
+    if topic.len() <= p {
+        topic.resize(p + 1, 1);
+    }
+    &mut topic[p]
+}
+
 /// Sleeps the `n`-th backoff (0-based).
 pub(super) fn backoff(n: u32) {
     std::thread::sleep(backoff_delay(BACKOFF_FIRST, n));
@@ -192,7 +205,7 @@ impl Producer {
         if !self.settings.idempotent {
             return (0, 0);
         }
-        let next = self.next_seq.entry((topic_id, partition)).or_insert(1);
+        let next = next_seq_mut(&mut self.next_seq, topic_id, partition);
         *next += 1;
         (self.producer_id, *next - 1)
     }
@@ -362,7 +375,11 @@ impl Producer {
         }
         let key = (failed.topic_id, failed.partition);
         if failed.pid == self.producer_id {
-            if let Some(next) = self.next_seq.get_mut(&key) {
+            if let Some(next) = self
+                .next_seq
+                .get_mut(usize::from(key.0))
+                .and_then(|t| t.get_mut(usize::from(key.1)))
+            {
                 *next = (*next).min(failed.seq);
             }
         }
