@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use common::mortard::Mortard;
 use mortarmq::client::{
-    partition_for_key, Consumer, DeadLetterOrigin, Durability, Error, ErrorCode, Message,
-    OriginReason, Producer, Rebalance, Record, Retry, SendHandle, StartPolicy,
+    Consumer, DeadLetterOrigin, Durability, Error, ErrorCode, Message, OriginReason, Producer,
+    Rebalance, Record, Retry, SendHandle, StartPolicy,
 };
 
 /// Short consume-plane timers; an ack-wait long enough that a loaded machine never
@@ -56,6 +56,12 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "waited {WAIT_MAX:?} for {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The partition `mortarctl pub` and the Python client pick for a key (man/mortarctl.1):
+/// CRC-32 of the key modulo the partition count.
+fn mortarctl_partition(key: &[u8], partitions: u16) -> u16 {
+    (crc32fast::hash(key) % u32::from(partitions)) as u16
 }
 
 /// (partition, sequence, attempt, key, value) of a message.
@@ -139,7 +145,7 @@ fn publish_and_consume_every_record_once_in_partition_order() {
     for i in 0..40u32 {
         let key = format!("key-{}", i % 7);
         let r = p.publish("rt", &key, format!("value-{i}"), None).unwrap();
-        assert_eq!(r.partition, partition_for_key(key.as_bytes(), 4));
+        assert_eq!(r.partition, mortarctl_partition(key.as_bytes(), 4));
         assert_eq!(r.durability, Durability::Fsynced, "the broker's default");
         assert!(!r.deduplicated);
     }
@@ -170,7 +176,7 @@ fn publish_and_consume_every_record_once_in_partition_order() {
     let mut by_partition: BTreeMap<u16, Vec<u64>> = BTreeMap::new();
     for (partition, sequence, attempt, key, _) in &got {
         assert_eq!(*attempt, 1);
-        assert_eq!(*partition, partition_for_key(key, 4));
+        assert_eq!(*partition, mortarctl_partition(key, 4));
         by_partition.entry(*partition).or_default().push(*sequence);
     }
     for seqs in by_partition.values() {
@@ -840,7 +846,7 @@ fn the_readme_rust_section_is_the_examples_and_they_run() {
         );
         stdout
     };
-    let customer = partition_for_key(b"customer-42", 4);
+    let customer = mortarctl_partition(b"customer-42", 4);
     assert_eq!(
         run("produce"),
         format!("partition {customer} sequence 1\nline 999: partition 0 sequence 1000\n")

@@ -17,6 +17,9 @@ use crate::wire::Op;
 use super::bytes::Bytes;
 use super::error::{Error, Result};
 
+/// How long connecting, and each answer a client waits for, may take unless its
+/// builder says otherwise.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes asked of the socket per read; the buffer grows for a larger frame.
 const READ_CHUNK_BYTES: usize = 256 * 1024;
 /// A read buffer grown past this for a large frame is given back once it empties.

@@ -25,8 +25,10 @@ mod raw;
 mod topics;
 
 pub use bytes::Bytes;
+pub use conn::DEFAULT_TIMEOUT;
 pub use consumer::{
     Consumer, ConsumerBuilder, ConsumerStats, DeadLetterOrigin, Message, Messages, Rebalance,
+    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_RECONNECT_TIMEOUT,
 };
 pub use error::{Error, Result};
 pub use producer::{
@@ -35,13 +37,6 @@ pub use producer::{
 };
 pub use raw::{Client, ClientError, Delivery, OwnedFrame, Push, Reply, Result as ClientResult};
 pub use topics::{partition_for_key, TopicInfo};
-
-/// The consumer's defaults ([`ConsumerBuilder`]).
-pub mod consumer_defaults {
-    pub use super::consumer::{
-        DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_RECONNECT_TIMEOUT, DEFAULT_TIMEOUT,
-    };
-}
 
 // The protocol values a caller names, so that `mortarmq::client::*` is enough.
 pub use crate::wire::errors::Retry;

@@ -9,6 +9,17 @@ use super::error::{Error, Result};
 
 /// What the broker knows of a topic: its id and partition count. For a `.dlq` twin,
 /// `source_id` is its source topic's id.
+///
+/// ```no_run
+/// use mortarmq::client::Producer;
+///
+/// let mut producer = Producer::builder("127.0.0.1:7411").declare(4).connect()?;
+/// let orders = producer.topic("orders")?;
+/// let twin = producer.topic("orders.dlq")?;
+/// assert_eq!((twin.id, twin.source_id), (orders.id + 1, Some(orders.id)));
+/// assert_eq!(twin.partitions, orders.partitions);
+/// # Ok::<(), mortarmq::client::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct TopicInfo {
     pub id: u16,

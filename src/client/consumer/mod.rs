@@ -1,21 +1,7 @@
-//! The consumer: a member of a consumer group (`man/mortarmq.7`, CONSUMER GROUPS).
-//!
-//! The broker hands partitions out with NOTICE ASSIGN and takes them back with NOTICE
-//! REVOKE; each is answered with a CONTROL_ACK echoing its id, kind and epochs, after
-//! the application's [`Rebalance`] callback ran, and MSGs of a partition flow only
-//! after its ASSIGN is acknowledged. Every MSG carries the ownership_epoch of its
-//! partition, echoed in its ACK or NACK, so a settle for a partition that has moved is
-//! fenced (OWNERSHIP_FENCED, which the consumer drops: the new owner gets the record).
-//! Credit is a window of unsettled deliveries: settling one lets the next flow, so ACKs
-//! are written in batches but never held back. In PULL mode the consumer asks with
-//! PULL (naming the ownership epochs it holds) instead of being pushed to.
-//!
-//! A member silent longer than the broker's session timeout is expelled, so a helper
-//! thread (`mortarmq-heartbeat`, one per consumer) sends HEARTBEAT while the
-//! application is busy between polls, and writes its queued ACKs. It only writes; the
-//! connection is read only by the thread that calls [`Consumer::poll`]. After a lost
-//! connection or an expulsion, `poll` connects and joins again: every partition is
-//! [`Rebalance::Lost`], and the broker delivers what was not settled again.
+//! The consumer: a member of a consumer group (`man/mortarmq.7`, CONSUMER GROUPS). Its
+//! public face ([`Consumer`], [`Message`], [`Rebalance`]) is here; the group protocol in
+//! `member.rs`, the connection's shared write half and the heartbeat thread in
+//! `link.rs`.
 
 mod link;
 mod member;
@@ -31,14 +17,12 @@ use crate::wire::ops::{Ack, CreditResult, DeliveryRef, Frame, Nack, Notice, SubR
 use crate::wire::{AckFlags, NackReason, OriginReason, StartPolicy};
 
 use super::bytes::Bytes;
-use super::conn::Conn;
+use super::conn::{Conn, DEFAULT_TIMEOUT};
 use super::error::{Error, Result};
 use super::producer::resolve_addrs;
 use super::topics::TopicInfo;
 use link::{Link, Owed};
 
-/// How long connecting, and each answer the consumer waits for, may take.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A HEARTBEAT goes after this much quiet: a tenth of the broker's default 30 s
 /// `--session-timeout`.
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(3);
@@ -47,6 +31,35 @@ pub const DEFAULT_RECONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A rebalance, as the consumer's callback sees it: before the broker is told, so the
 /// application can finish or commit its work for the partition first.
+///
+/// ```no_run
+/// use std::collections::BTreeMap;
+/// use std::sync::{Arc, Mutex};
+/// use mortarmq::client::{Consumer, Rebalance, StartPolicy};
+///
+/// // Work done per partition, to commit before a partition moves on.
+/// let done: Arc<Mutex<BTreeMap<u16, u64>>> = Arc::default();
+/// let on_rebalance = {
+///     let done = done.clone();
+///     move |r: Rebalance| match r {
+///         Rebalance::Assigned(p) => println!("partition {p} is ours"),
+///         Rebalance::Revoked(p) | Rebalance::Lost(p) => {
+///             let n = done.lock().unwrap().remove(&p).unwrap_or(0);
+///             println!("commit {n} records of partition {p}");
+///         }
+///     }
+/// };
+/// let mut consumer = Consumer::builder("127.0.0.1:7411")
+///     .on_rebalance(on_rebalance)
+///     .connect()?;
+/// consumer.subscribe("billing", "orders", StartPolicy::Earliest)?;
+/// for m in &mut consumer {
+///     let m = m?;
+///     *done.lock().unwrap().entry(m.partition).or_default() += 1;
+///     m.ack();
+/// }
+/// # Ok::<(), mortarmq::client::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Rebalance {
     /// This member now owns the partition; its messages follow.
@@ -61,6 +74,27 @@ pub enum Rebalance {
 
 /// Where a dead letter came from: the MSG's origin trailer, with the source topic's
 /// name when it is the consumer's (`orders` for a consumer of `orders.dlq`).
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use mortarmq::client::{Consumer, OriginReason, StartPolicy};
+///
+/// let mut dead = Consumer::connect("127.0.0.1:7411")?;
+/// dead.subscribe("replayer", "orders.dlq", StartPolicy::Earliest)?;
+/// while let Some(m) = dead.poll(Some(Duration::from_secs(1)))? {
+///     if let Some(o) = &m.origin {
+///         let why = match o.reason {
+///             Some(OriginReason::Rejected) => "rejected",
+///             Some(OriginReason::MaxAttempts) => "out of attempts",
+///             None => "for a reason this client does not know",
+///         };
+///         let (p, s, n) = (o.partition, o.sequence, o.attempts);
+///         println!("{:?} {p}/{s} dead {why} after {n} attempts", o.topic);
+///     }
+///     m.ack();
+/// }
+/// # Ok::<(), mortarmq::client::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetterOrigin {
     pub topic_id: u16,
@@ -162,6 +196,17 @@ impl std::fmt::Debug for Message {
 }
 
 /// Counters of what the consumer did behind the caller's back.
+///
+/// ```no_run
+/// use mortarmq::client::{Consumer, StartPolicy};
+///
+/// let mut consumer = Consumer::connect("127.0.0.1:7411")?;
+/// consumer.subscribe("billing", "orders", StartPolicy::Earliest)?;
+/// // … poll for a while …
+/// let stats = consumer.stats();
+/// println!("{} rejoins, {} stale answers dropped", stats.rejoins, stats.ignored_errors);
+/// # Ok::<(), mortarmq::client::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ConsumerStats {
     /// Joins after a lost connection or an expulsion.
@@ -294,8 +339,24 @@ struct Subscription {
 }
 
 /// A member of a consumer group: [`subscribe`](Self::subscribe), then
-/// [`poll`](Self::poll) or iterate. See the [module](self) for what it does on the
-/// wire, and for its heartbeat thread.
+/// [`poll`](Self::poll) or iterate ([`iter`](Self::iter), `for m in &mut consumer`).
+///
+/// The broker hands partitions out with NOTICE ASSIGN and takes them back with NOTICE
+/// REVOKE; each is answered with a CONTROL_ACK echoing its id, kind and epochs, after
+/// the application's [`Rebalance`] callback ran, and MSGs of a partition flow only
+/// after its ASSIGN is acknowledged. Every MSG carries the ownership_epoch of its
+/// partition, echoed in its ACK or NACK, so a settle for a partition that has moved is
+/// fenced (OWNERSHIP_FENCED, which the consumer drops: the new owner gets the record).
+/// Credit is a window of unsettled deliveries: settling one lets the next flow, so ACKs
+/// are written in batches but never held back. In PULL mode the consumer asks with
+/// PULL (naming the ownership epochs it holds) instead of being pushed to.
+///
+/// A member silent longer than the broker's session timeout is expelled, so a helper
+/// thread (`mortarmq-heartbeat`, one per consumer) sends HEARTBEAT while the
+/// application is busy between polls, and writes its queued ACKs. It only writes; the
+/// connection is read only by the thread that calls [`Consumer::poll`]. After a lost
+/// connection or an expulsion, `poll` connects and joins again: every partition is
+/// [`Rebalance::Lost`], and the broker delivers what was not settled again.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -522,6 +583,18 @@ impl std::fmt::Debug for Consumer {
 }
 
 /// [`Consumer::iter`]: `Result<Message>` until the first error.
+///
+/// ```no_run
+/// use mortarmq::client::{Consumer, StartPolicy};
+///
+/// let mut consumer = Consumer::connect("127.0.0.1:7411")?;
+/// consumer.subscribe("billing", "orders", StartPolicy::Earliest)?;
+/// for m in consumer.iter().take(10) {
+///     let m = m?; // the iterator ends after an error it yields
+///     m.ack();
+/// }
+/// # Ok::<(), mortarmq::client::Error>(())
+/// ```
 pub struct Messages<'a> {
     consumer: &'a mut Consumer,
     done: bool,

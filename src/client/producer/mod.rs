@@ -1,15 +1,6 @@
-//! The producer: publishes records, pipelined, idempotent by default, and carries them
-//! through retryable errors, lost connections and broker restarts without losing or
-//! doubling one.
-//!
-//! Idempotence (`man/mortarmq.7`, PUB): every record carries this producer's random
-//! producer_id and a producer_seq that is the partition's last + 1. The broker answers
-//! a resend of a (producer_id, producer_seq) it already appended with the original
-//! sequence (flag deduplicated), so a record whose outcome is unknown (connection lost,
-//! INTERNAL_ERROR) is simply resent with the same pair. A record refused for good
-//! leaves a hole in the partition's producer_seqs; the records behind it are then
-//! refused SEQUENCE_OUT_OF_ORDER without being appended, and are renumbered and resent
-//! in their order ([`pipeline`]).
+//! The producer: its public face ([`Producer`], [`SendHandle`], [`Receipt`]) is here;
+//! what happens to each record in `pipeline.rs`, the encoded records in flight in
+//! `outbox.rs`, a handle's outcome in `slot.rs`.
 
 mod outbox;
 mod pipeline;
@@ -25,12 +16,10 @@ use crate::wire::limits::{DEDUP_WINDOW_SEQS, MAX_KEY_LEN_BYTES, MAX_VALUE_LEN_BY
 use crate::wire::ops::{Frame, Message, Pub};
 use crate::wire::{Durability, PubFlags};
 
-use super::conn::Conn;
+use super::conn::{Conn, DEFAULT_TIMEOUT};
 use super::error::{Error, Result};
 use super::topics::{self, partition_for_key, TopicInfo};
 
-/// How long connecting, and each answer of the broker, may take.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a record is retried (and the broker looked for after a connection loss)
 /// before its handle fails.
 pub const DEFAULT_RETRY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -38,6 +27,18 @@ pub const DEFAULT_RETRY_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_IN_FLIGHT_RECORDS: usize = 256;
 
 /// What the broker answered a publish.
+///
+/// ```no_run
+/// use mortarmq::client::{Durability, Producer};
+///
+/// let mut producer = Producer::connect("127.0.0.1:7411")?;
+/// let r = producer.publish("orders", "k", "v", Durability::Fsynced)?;
+/// assert_eq!(r.durability, Durability::Fsynced);
+/// if r.deduplicated {
+///     println!("a resend: the broker already had it at {}", r.sequence);
+/// }
+/// # Ok::<(), mortarmq::client::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Receipt {
     pub partition: u16,
@@ -147,6 +148,16 @@ impl<'a> Record<'a> {
 }
 
 /// Counters of what the producer did for its records.
+///
+/// ```no_run
+/// use mortarmq::client::Producer;
+///
+/// let mut producer = Producer::connect("127.0.0.1:7411")?;
+/// producer.publish("orders", "", "v", None)?;
+/// let stats = producer.stats();
+/// println!("{} reconnects, {} records resent", stats.reconnects, stats.resent);
+/// # Ok::<(), mortarmq::client::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProducerStats {
     /// Connections replaced after a loss.
@@ -315,7 +326,19 @@ fn new_producer_id() -> u64 {
     (h.finish() >> 1).max(1)
 }
 
-/// Publishes records to a broker. See the [module](self) for what it guarantees.
+/// Publishes records to a broker: pipelined, idempotent by default, and carried
+/// through retryable errors, lost connections and broker restarts without losing or
+/// doubling one.
+///
+/// Idempotence (`man/mortarmq.7`, PUB): every record carries this producer's random
+/// producer_id and a producer_seq that is the partition's last + 1. The broker answers
+/// a resend of a (producer_id, producer_seq) it already appended with the original
+/// sequence ([`Receipt::deduplicated`]), so a record whose outcome is unknown (a lost
+/// connection, INTERNAL_ERROR) is simply resent with the same pair, after a reconnect if
+/// need be. What the error registry marks retryable is retried, backing off; a record
+/// refused for good leaves a hole in its partition's producer_seqs, so the records
+/// behind it (refused SEQUENCE_OUT_OF_ORDER, not appended) are renumbered and resent in
+/// their order. A record still unanswered after the retry timeout fails.
 ///
 /// Synchronous: every call runs on the caller's thread, and answers are read while
 /// the caller is in a `Producer` method. [`send`](Self::send) writes records in
