@@ -861,3 +861,86 @@ fn the_readme_rust_section_is_the_examples_and_they_run() {
         "UNKNOWN_TOPIC No - DECLARE the topic, or refresh the id\n"
     );
 }
+
+/// A loopback proxy in front of a broker that can lose an answer on purpose: once
+/// armed, the next bytes the broker sends are dropped and that connection is cut, as if
+/// it broke after the broker acted on a request.
+struct Proxy {
+    addr: std::net::SocketAddr,
+    armed: Arc<AtomicBool>,
+    dropped: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    fn new(target: std::net::SocketAddr) -> Proxy {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let armed = Arc::new(AtomicBool::new(false));
+        let dropped = Arc::new(AtomicBool::new(false));
+        let (a, d) = (armed.clone(), dropped.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let upstream = std::net::TcpStream::connect(target).unwrap();
+                let (c2, u2) = (client.try_clone().unwrap(), upstream.try_clone().unwrap());
+                std::thread::spawn(move || Proxy::pump(c2, u2, None));
+                let (a, d) = (a.clone(), d.clone());
+                std::thread::spawn(move || Proxy::pump(upstream, client, Some((a, d))));
+            }
+        });
+        Proxy {
+            addr,
+            armed,
+            dropped,
+        }
+    }
+
+    /// Copies `src` to `dst`; from the broker (`lose` given), drops what comes once armed.
+    fn pump(
+        mut src: std::net::TcpStream,
+        mut dst: std::net::TcpStream,
+        lose: Option<(Arc<AtomicBool>, Arc<AtomicBool>)>,
+    ) {
+        use std::io::{Read, Write};
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = src.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            if let Some((armed, dropped)) = &lose {
+                if armed.swap(false, Ordering::SeqCst) {
+                    dropped.store(true, Ordering::SeqCst);
+                    break;
+                }
+            }
+            if dst.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = src.shutdown(std::net::Shutdown::Both);
+        let _ = dst.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+#[test]
+fn a_lost_answer_is_resent_and_deduplicated() {
+    let b = broker(&[]);
+    let proxy = Proxy::new(b.addr);
+    let mut p = Producer::builder(proxy.addr).declare(1).connect().unwrap();
+    let first = p.publish("dedup", "", "one", None).unwrap();
+    // The broker appends "two"; its answer is lost with the connection: the producer
+    // reconnects and resends the same (producer_id, producer_seq).
+    proxy.armed.store(true, Ordering::SeqCst);
+    let again = p.publish("dedup", "", "two", None).unwrap();
+    assert!(proxy.dropped.load(Ordering::SeqCst), "an answer was lost");
+    assert!(again.deduplicated, "{again:?}");
+    assert_eq!(again.sequence, first.sequence + 1);
+    assert_eq!(p.stats().reconnects, 1);
+    assert_eq!(
+        p.publish("dedup", "", "three", None).unwrap().sequence,
+        first.sequence + 2
+    );
+    let mut c = subscribed(&b, "g", "dedup");
+    let values: Vec<Vec<u8>> = drain(&mut c, IDLE).into_iter().map(|m| m.4).collect();
+    assert_eq!(values, [&b"one"[..], b"two", b"three"]);
+}
