@@ -801,17 +801,40 @@ fn readme_rust_blocks() -> Vec<String> {
         .collect()
 }
 
-/// A built example program; `cargo test --all-targets` (tools/test.sh) builds them.
+/// The newest modification time under `dir`.
+fn newest(dir: &std::path::Path) -> std::time::SystemTime {
+    let mut t = std::time::UNIX_EPOCH;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let m = e.metadata().unwrap();
+        t = t.max(if m.is_dir() {
+            newest(&e.path())
+        } else {
+            m.modified().unwrap()
+        });
+    }
+    t
+}
+
+/// A built example program, newer than its source and the library's: tools/test.sh
+/// runs `cargo build --examples` first (`cargo test` builds them only as test
+/// harnesses, whose `main` does not run).
 fn example_binary(name: &str) -> std::path::PathBuf {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let test_exe = std::env::current_exe().unwrap();
-    let profile_dir = test_exe.parent().unwrap().parent().unwrap();
-    let exe = profile_dir.join("examples").join(name);
-    let source = format!("{}/examples/{name}.rs", env!("CARGO_MANIFEST_DIR"));
-    let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified());
-    match (modified(&exe), modified(source.as_ref())) {
-        (Ok(built), Ok(written)) if built >= written => exe,
+    let exe = test_exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join(name);
+    let source = std::fs::metadata(root.join(format!("examples/{name}.rs")));
+    let written = newest(&root.join("src")).max(source.unwrap().modified().unwrap());
+    match std::fs::metadata(&exe).and_then(|m| m.modified()) {
+        Ok(built) if built >= written => exe,
         _ => panic!(
-            "{} is missing or older than its source: `cargo build --examples`",
+            "{} is missing or older than its sources: `cargo build --examples`",
             exe.display()
         ),
     }
