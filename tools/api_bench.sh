@@ -7,12 +7,13 @@
 # directory, and runs each workload ROUNDS times, alternating the raw loop and --api
 # run by run so that both see the same machine. The machine is shared: read the
 # ratios, not the absolute figures. Per workload it prints one line
-#   NAME raw=X api=Y ratio=R raw_cpu_us=A api_cpu_us=B rounds=V/N
-# X and Y the median msgs/s, R the median of the per-round api/raw ratios, A and B the
-# median client CPU (user + system) per message in microseconds, over the V rounds of N
-# in which neither run had an error: a raw run counts BACKPRESSURE refusals as done
-# quickly (the library backs off and resends them), which is no comparison. One
-# partition:
+#   NAME raw=X api=Y ratio=R round_ratios=P25/P50/P75 raw_cpu_us=A api_cpu_us=B rounds=V/N
+# X and Y in msgs/s over all V rounds (every message of a side over all its seconds,
+# which weighs out the other tenants' bursts better than any single round), R = Y/X,
+# then the quartiles of the per-round ratios, and the client's CPU (user + system) per
+# message in microseconds; V counts the rounds of N in which neither run had an error
+# (a raw run counts BACKPRESSURE refusals as done, quickly; the library backs off and
+# resends them, which is no comparison). One partition:
 #   pub_written_idem  128-byte values, publish --durability written --pipeline 64, raw
 #                     --idempotent (producer_id + producer_seq, as the library sends)
 #                     vs --api; small values, so the client's cost per message shows
@@ -54,7 +55,7 @@ MORTAR=$(awk '/^listening /{print $2; exit}' "$WORK/mortard.out")
 [ -n "$MORTAR" ] || { echo "api_bench: mortard did not start" >&2; cat "$WORK/mortard.err"; exit 1; }
 echo "api_bench: mortard $MORTAR (pid $MORTAR_PID), $ROUNDS rounds" >&2
 
-# run ARGS...: one mortar-bench run; prints "msgs_per_sec client_cpu_us_per_msg errors".
+# run ARGS...: one mortar-bench run; prints "messages seconds client_cpu_seconds errors".
 run() {
   local out
   out=$("$BENCH" --broker "$MORTAR" --json "$@")
@@ -62,10 +63,8 @@ run() {
   python3 -c '
 import json, sys
 d = json.loads(sys.argv[1])
-rate = d.get("ops_per_sec", d.get("msgs_per_sec"))
-n = d.get("ops", d.get("msgs"))
-cpu_us = d["tool_cpu_pct"] / 100 * d["seconds"] / max(n, 1) * 1e6
-print(rate, cpu_us, d["errors"])' "$out"
+print(d.get("ops", d.get("msgs")), d["seconds"], d["tool_cpu_pct"] / 100 * d["seconds"],
+      d["errors"])' "$out"
 }
 
 # pair NAME RAW_ARGS -- API_ARGS: ROUNDS alternating runs, then the summary line.
@@ -83,14 +82,17 @@ pair() {
   python3 -c '
 import statistics as st, sys
 name, runs = sys.argv[1], [list(map(float, r.split())) for r in sys.argv[2:]]
-rows = [r for r in runs if r[2] == 0 and r[5] == 0]
+# each run: messages seconds cpu_seconds errors; raw first, then api
+rows = [r for r in runs if r[3] == 0 and r[7] == 0]
 if not rows:
     sys.exit("%s: every round had errors" % name)
-med = lambda i: st.median(r[i] for r in rows)
-ratio = st.median(r[3] / r[0] for r in rows)
-print("%s raw=%.0f api=%.0f ratio=%.3f raw_cpu_us=%.2f api_cpu_us=%.2f rounds=%d/%d"
-      % (name, med(0), med(3), ratio, med(1), med(4), len(rows), len(runs)))' \
-    "$name" "${results[@]}"
+total = lambda i: sum(r[i] for r in rows)
+raw, api = total(0) / total(1), total(4) / total(5)
+q = st.quantiles([(r[4] / r[5]) / (r[0] / r[1]) for r in rows], n=4) if len(rows) > 1 else [0] * 3
+print("%s raw=%.0f api=%.0f ratio=%.3f round_ratios=%.2f/%.2f/%.2f raw_cpu_us=%.2f "
+      "api_cpu_us=%.2f rounds=%d/%d"
+      % (name, raw, api, api / raw, q[0], q[1], q[2], total(2) / total(0) * 1e6,
+         total(6) / total(4) * 1e6, len(rows), len(runs)))' "$name" "${results[@]}"
 }
 
 PUB=(publish --topic pub --pipeline 64 --durability written --count $PUB_COUNT --value-size 128)
