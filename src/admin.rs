@@ -47,6 +47,8 @@ pub struct PartitionFigures {
     pub bytes: u64,
     pub segments: u32,
     pub poisoned: bool,
+    /// Idempotent producers it remembers (at most `--max-producers`).
+    pub producers: u64,
 }
 
 #[derive(Debug, Clone, Default)]

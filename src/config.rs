@@ -29,6 +29,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::broker::BrokerConfig;
+use crate::log::JOURNAL_FILE_BYTES_MAX;
+use crate::log::JOURNAL_FILE_BYTES_MIN;
 use crate::log::SEGMENT_BYTES_MAX;
 use crate::reactor::ReactorConfig;
 use crate::wire::limits::{FRAME_HEADER_BYTES, MAX_FRAME_LEN_BYTES};
@@ -306,6 +308,9 @@ const FLAGS: &[FlagSpec] = {
     row("segment-size", Storage, field!(Size, broker.log.segment_size_bytes),
         Within(SEGMENT_SIZE_BYTES_MIN, SEGMENT_SIZE_BYTES_MAX, ""),
         "start a new segment file at this size (4KiB..1GiB)"),
+    row("journal-file-size", Storage, field!(Size, broker.journal_file_bytes),
+        Within(JOURNAL_FILE_BYTES_MIN, JOURNAL_FILE_BYTES_MAX, ""),
+        "journal file size; a checkpoint each (64KiB..1GiB)"),
     row("retention-size", Storage, field!(Size, broker.log.retention_size_bytes), Any,
         "per partition, oldest deleted first; 0 = unlimited"),
     row("retention-age", Storage, field!(Dur, broker.log.retention_age_ms), Any,
@@ -321,12 +326,14 @@ const FLAGS: &[FlagSpec] = {
         "forget an idle producer's dedup state after this"),
     row("max-partitions", Publish, field!(Count(u16::MAX), broker.max_partitions),
         AtLeastOne, "largest partition count of a topic (1..65535)"),
+    row("max-producers", Publish, field!(Count(u32::MAX), broker.max_producers_per_partition),
+        AtLeastOne, "per partition: producers deduplicated; idlest evicted"),
     row("session-timeout", Consume, field!(Dur, broker.consume.session_timeout_ms),
         Positive("0 would expel every member at once"),
         "expel a group member silent for this long"),
     row("revoke-timeout", Consume, field!(Dur, broker.consume.revoke_timeout_ms),
         Positive("0 would move partitions before the old owner can stop"),
-        "move a revoked partition if no CONTROL_ACK by then"),
+        "take back a REVOKE or ASSIGN not CONTROL_ACKed then"),
     row("ack-wait", Consume, field!(Dur, broker.consume.ack_wait_ms),
         Positive("0 would redeliver every message as soon as it is sent"),
         "redeliver a delivery not ACKed or NACKed within this"),
@@ -343,6 +350,9 @@ const FLAGS: &[FlagSpec] = {
     row("commit-interval", Consume, field!(Dur, broker.commit_interval_ms),
         Positive("0 would rewrite the groups file on every ACK"),
         "persist group positions at least this often"),
+    row("group-ttl", Consume, field!(Dur, broker.consume.group_ttl_ms),
+        Positive("0 would remove a group as soon as its last member leaves"),
+        "remove a group without members, and its positions"),
     row("max-memory", Limits, field!(Size, reactor.max_memory_bytes), Any,
         "broker-wide buffer budget, then MEMORY_LIMIT"),
     row("max-output-size", Limits, field!(Size, reactor.max_output_bytes), Any,
@@ -901,6 +911,7 @@ mod tests {
         "connect-timeout",
         "data-dir",
         "segment-size",
+        "journal-file-size",
         "retention-size",
         "retention-age",
         "max-data-size",
@@ -908,6 +919,7 @@ mod tests {
         "durability",
         "producer-ttl",
         "max-partitions",
+        "max-producers",
         "session-timeout",
         "revoke-timeout",
         "ack-wait",
@@ -916,6 +928,7 @@ mod tests {
         "max-credit-count",
         "max-credit-size",
         "commit-interval",
+        "group-ttl",
         "max-memory",
         "max-output-size",
         "max-pending-requests",
@@ -1126,6 +1139,9 @@ mod tests {
         ("segment-size", "32MiB", |c| {
             c.broker.log.segment_size_bytes == 32 << 20
         }),
+        ("journal-file-size", "128MiB", |c| {
+            c.broker.journal_file_bytes == 128 << 20
+        }),
         ("retention-size", "1GiB", |c| {
             c.broker.log.retention_size_bytes == 1 << 30
         }),
@@ -1143,6 +1159,9 @@ mod tests {
             c.broker.producer_ttl_ms == 12 * 3_600_000
         }),
         ("max-partitions", "128", |c| c.broker.max_partitions == 128),
+        ("max-producers", "64", |c| {
+            c.broker.max_producers_per_partition == 64
+        }),
         ("session-timeout", "20s", |c| {
             c.broker.consume.session_timeout_ms == 20_000
         }),
@@ -1162,6 +1181,9 @@ mod tests {
         }),
         ("commit-interval", "5s", |c| {
             c.broker.commit_interval_ms == 5_000
+        }),
+        ("group-ttl", "1h", |c| {
+            c.broker.consume.group_ttl_ms == 3_600_000
         }),
         ("max-memory", "512MiB", |c| {
             c.reactor.max_memory_bytes == 512 << 20

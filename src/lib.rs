@@ -1,16 +1,17 @@
 //! MortarMQ: a persistent message broker for small hosts.
 //!
-//! Data flows one way: socket → frame splitter → session → broker state → log →
-//! fsync pool → back to the reactor (through its `mio::Waker`) → answer. Each room is
+//! Data flows one way: socket → frame splitter → session → broker state → log (the
+//! partition's segment and the node's journal) → fsync pool → back to the reactor
+//! (through its `mio::Waker`) → answer. Each room is
 //! small and its dependencies point down; `tools/tidy.sh` checks the rules below.
 //!
 //! | room | what it is for | may depend on |
 //! |---|---|---|
 //! | [`wire`] | frames, ops, requests, responses, every protocol value, limits, codes | nothing |
-//! | [`log`] | segments, index, recovery, retention, atomic metadata files | nothing (files only) |
+//! | [`log`] | segments, index, recovery, retention, journal, metadata files | nothing (files) |
 //! | [`fsync`] | the worker pool that runs durable I/O off the reactor thread | nothing |
 //! | [`consume`] | consumer groups, credit, delivery, redelivery: a pure state machine | `wire` |
-//! | [`broker`] | registry, publish path, consume driver; blocking I/O as jobs | those four |
+//! | [`broker`] | registry, publish, group commit, consume; blocking I/O as jobs | those four |
 //! | [`session`] | CONNECT, the one dispatch, response slots in order | `wire`, `broker` |
 //! | [`reactor`] | the mio loop: sockets, buffers, timers, backpressure | all above |
 //! | [`admin`] | HTTP listener threads rendering reactor snapshots | `broker`, `consume` |

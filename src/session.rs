@@ -8,14 +8,17 @@
 //! A client may pipeline; every request gets exactly one response, in request order. A
 //! response that is ready while nothing older waits is encoded straight into the output
 //! buffer; otherwise it takes a slot in [`Slots`] and goes out when every older slot has
-//! been answered. Pushes (MSG, NOTICE) never take a slot.
+//! been answered. A PULL's answer waits there as deliveries, not bytes, and is encoded
+//! from the log when its turn comes; what waits counts against the connection's output
+//! cap and the memory budget all the same ([`Slots::parked_bytes`]). Pushes (MSG,
+//! NOTICE) never take a slot.
 //!
 //! Depends on `wire` and on `broker` (the handlers the dispatch calls).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
-use crate::broker::{Broker, ConnRef, Handled, Now};
+use crate::broker::{Broker, ConnRef, Handled, Now, PullAnswer};
 use crate::wire::frame::{classify_op, OpClass};
 use crate::wire::limits::{MAX_FRAME_LEN_BYTES, PREAUTH_FRAME_LEN_MAX_BYTES, WIRE_VERSION};
 use crate::wire::ops::{Connect, ErrFrame};
@@ -220,6 +223,9 @@ pub struct Call<'b> {
     pub now: Now,
     /// CONNECT tokens (`--token-file`); `None`: every token is accepted.
     pub tokens: Option<&'b [Vec<u8>]>,
+    /// What the connection's output can still take before `--max-output-size`: a PULL
+    /// answered at once is cut to fit.
+    pub output_room_bytes: u64,
 }
 
 /// The one dispatch of client requests: each op to its handler.
@@ -234,6 +240,7 @@ pub fn dispatch(
         slot,
         now,
         tokens,
+        output_room_bytes,
     } = call;
     match r {
         Request::Connect(c) => Handled::Answer(session.connect(&c, tokens, conn)),
@@ -243,7 +250,7 @@ pub fn dispatch(
         Request::Sub(s) => broker.subscribe(conn, &s, now),
         Request::Ack(a) => broker.ack(conn, &a, now),
         Request::Nack(n) => broker.nack(conn, &n, now),
-        Request::Pull(p) => broker.pull(conn, slot, &p, now),
+        Request::Pull(p) => broker.pull(conn, slot, &p, now, &|_| output_room_bytes),
         Request::Heartbeat(h) => broker.heartbeat(conn, &h, now),
         Request::ControlAck(c) => broker.control_ack(conn, &c, now),
         Request::Credit(c) => broker.credit(conn, &c, now),
@@ -284,9 +291,30 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
+/// An answer ready in its slot: OK or ERR, or a PULL's answer that the broker encodes
+/// from the log when the slot reaches the head.
+#[derive(Debug)]
+pub enum Answer {
+    Response(Response),
+    Pull(PullAnswer),
+}
+
+impl Answer {
+    /// What it will add to the output (at most, for a PULL's answer).
+    fn bytes(&self) -> usize {
+        match self {
+            Answer::Response(r) => r.encoded_len(),
+            Answer::Pull(a) => a.bytes,
+        }
+    }
+}
+
+/// Encodes a PULL's answer into a connection's output (the broker reads the records).
+pub type EncodePull<'a> = &'a mut dyn FnMut(&PullAnswer, &mut Vec<u8>);
+
 enum Slot {
     Waiting,
-    Ready(Response),
+    Ready(Answer),
 }
 
 /// The response slots of one connection, oldest first. Slot ids count queued slots
@@ -295,6 +323,8 @@ enum Slot {
 pub struct Slots {
     head_id: u64,
     queue: VecDeque<Slot>,
+    /// Bytes of the answers ready behind a waiting slot.
+    parked_bytes: usize,
 }
 
 impl Slots {
@@ -312,13 +342,24 @@ impl Slots {
         self.queue.is_empty()
     }
 
+    /// Bytes of answers that are ready but wait behind an older unanswered request:
+    /// output the connection already owes, though not yet encoded.
+    pub fn parked_bytes(&self) -> usize {
+        self.parked_bytes
+    }
+
     /// Answers the newest request now: straight to `out` unless an older one waits.
     pub fn answer_now(&mut self, response: Response, out: &mut Vec<u8>) {
         if self.queue.is_empty() {
             response.encode(out);
         } else {
-            self.queue.push_back(Slot::Ready(response));
+            self.park(Answer::Response(response));
         }
+    }
+
+    fn park(&mut self, answer: Answer) {
+        self.parked_bytes += answer.bytes();
+        self.queue.push_back(Slot::Ready(answer));
     }
 
     /// Reserves the slot `next_id()` for an answer that comes later.
@@ -327,19 +368,34 @@ impl Slots {
         self.next_id() - 1
     }
 
-    /// Fills a waiting slot, then writes every answer that is now at the head.
-    /// Returns false if the slot is unknown (already answered: a broker bug).
-    pub fn fill(&mut self, id: u64, response: Response, out: &mut Vec<u8>) -> bool {
+    /// Fills a waiting slot, then writes every answer that is now at the head (a PULL's
+    /// through `encode_pull`). Returns false if the slot is unknown (already answered:
+    /// a broker bug).
+    pub fn fill(
+        &mut self,
+        id: u64,
+        answer: Answer,
+        out: &mut Vec<u8>,
+        encode_pull: EncodePull<'_>,
+    ) -> bool {
         let Some(index) = id.checked_sub(self.head_id) else {
             return false;
         };
         match self.queue.get_mut(index as usize) {
-            Some(slot @ Slot::Waiting) => *slot = Slot::Ready(response),
+            Some(slot @ Slot::Waiting) => {
+                self.parked_bytes += answer.bytes();
+                *slot = Slot::Ready(answer);
+            }
             _ => return false,
         }
         while let Some(Slot::Ready(_)) = self.queue.front() {
-            if let Some(Slot::Ready(response)) = self.queue.pop_front() {
-                response.encode(out);
+            let Some(Slot::Ready(answer)) = self.queue.pop_front() else {
+                break;
+            };
+            self.parked_bytes -= answer.bytes();
+            match answer {
+                Answer::Response(response) => response.encode(out),
+                Answer::Pull(pull) => encode_pull(&pull, out),
             }
             self.head_id += 1;
         }
@@ -349,18 +405,22 @@ impl Slots {
         true
     }
 
-    /// Answers every waiting slot with `response` (shutdown, close), in order.
-    pub fn fill_all(&mut self, response: &Response, out: &mut Vec<u8>) {
-        for id in self.head_id..self.next_id() {
-            self.fill(id, response.clone(), out);
-        }
-    }
-
-    /// Slots are answered in order: the oldest is never one already answered.
+    /// Slots are answered in order: the oldest is never one already answered, and
+    /// `parked_bytes` is what the ready ones hold.
     pub fn check_invariants(&self) {
         assert!(
             !matches!(self.queue.front(), Some(Slot::Ready(_))),
             "a ready response waits at the head of the slots"
+        );
+        let parked: usize = (self.queue.iter())
+            .map(|s| match s {
+                Slot::Ready(a) => a.bytes(),
+                Slot::Waiting => 0,
+            })
+            .sum();
+        assert_eq!(
+            parked, self.parked_bytes,
+            "parked bytes are the ready answers'"
         );
     }
 }
@@ -385,6 +445,10 @@ mod tests {
         out
     }
 
+    fn no_pulls(_: &PullAnswer, _: &mut Vec<u8>) {
+        unreachable!("no PULL answers here")
+    }
+
     #[test]
     fn answers_leave_in_request_order_even_when_filled_out_of_order() {
         let mut slots = Slots::default();
@@ -393,14 +457,49 @@ mod tests {
         slots.answer_now(ok(7), &mut out);
         let b = slots.wait();
         assert!(out.is_empty(), "nothing passes a waiting slot");
-        assert!(slots.fill(b, ok(3), &mut out));
+        assert!(slots.fill(b, Answer::Response(ok(3)), &mut out, &mut no_pulls));
         assert!(out.is_empty());
-        assert!(slots.fill(a, ok(2), &mut out));
+        assert_eq!(slots.parked_bytes(), 2 * ok(3).encoded_len());
+        slots.check_invariants();
+        assert!(slots.fill(a, Answer::Response(ok(2)), &mut out, &mut no_pulls));
         assert_eq!(out, encoded(&[ok(2), ok(7), ok(3)]));
         assert!(slots.is_empty());
-        assert!(!slots.fill(a, ok(2), &mut out), "a slot is answered once");
+        assert_eq!(slots.parked_bytes(), 0);
+        let again = slots.fill(a, Answer::Response(ok(2)), &mut out, &mut no_pulls);
+        assert!(!again, "a slot is answered once");
         slots.answer_now(ok(1), &mut out);
         assert_eq!(out, encoded(&[ok(2), ok(7), ok(3), ok(1)]));
+    }
+
+    #[test]
+    fn a_parked_pull_answer_counts_its_bytes_until_it_is_encoded_in_its_turn() {
+        let mut slots = Slots::default();
+        let mut out = Vec::new();
+        let head = slots.wait();
+        let pull = slots.wait();
+        let answer = PullAnswer {
+            deliveries: Vec::new(),
+            bytes: 1_000_000,
+        };
+        let mut encoded_pulls = 0;
+        let mut encode = |a: &PullAnswer, out: &mut Vec<u8>| {
+            encoded_pulls += 1;
+            out.extend_from_slice(&[0xAB; 3]);
+            assert_eq!(a.bytes, 1_000_000);
+        };
+        assert!(slots.fill(pull, Answer::Pull(answer), &mut out, &mut encode));
+        assert!(out.is_empty(), "the PULL waits behind the head");
+        assert_eq!(slots.parked_bytes(), 1_000_000);
+        slots.check_invariants();
+        assert!(slots.fill(head, Answer::Response(ok(7)), &mut out, &mut encode));
+        assert_eq!(encoded_pulls, 1);
+        assert_eq!(slots.parked_bytes(), 0);
+        let mut expected = encoded(&[ok(7)]);
+        expected.extend_from_slice(&[0xAB; 3]);
+        assert_eq!(
+            out, expected,
+            "encoded in its turn, straight into the output"
+        );
     }
 
     fn session() -> Session {

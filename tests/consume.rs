@@ -484,7 +484,12 @@ fn poll_until(timeout: Duration, what: &str, mut done: impl FnMut() -> bool) {
 
 #[test]
 fn msg_flows_only_after_control_ack_of_assign() {
-    let broker = Mortard::start(FAST);
+    // The ASSIGN stays unanswered for 600 ms below: within --revoke-timeout, or it is
+    // taken back.
+    let mut args = FAST.to_vec();
+    let at = args.iter().position(|a| *a == "--revoke-timeout").unwrap();
+    args[at + 1] = "5s";
+    let broker = Mortard::start(&args);
     let mut producer = broker.client();
     let topic = producer
         .declare("gate", 1, DeclareFlags::empty())

@@ -1,6 +1,8 @@
 //! Durability under a real kernel (issue 12): `mortard` runs under `strace`, which
-//! delays or fails the fdatasync calls on one segment file and records, with their times,
-//! every write to that file and every fdatasync of it. Clients publish with FSYNC from
+//! delays or fails the fdatasync calls on the journal's first file (`docs/STORAGE.md`:
+//! every record goes through the node's journal, and a journal fdatasync is what makes a
+//! FSYNC PUB durable) and records, with their times, every write to that file and every
+//! fdatasync of it. Clients publish with FSYNC from
 //! several connections at once and note when each answer arrived. The check: whenever an
 //! answer arrived, at least as many records as had been acknowledged by then were written
 //! before the start of an fdatasync of the file that had already returned with success.
@@ -22,9 +24,11 @@ use std::process::Command;
 use std::time::SystemTime;
 
 use common::mortard::Mortard;
-use mortarmq::broker::topics::partition_dir;
-use mortarmq::broker::TOPICS_DIR;
+use mortarmq::broker::JOURNAL_DIR;
 use mortarmq::client::ClientError;
+use mortarmq::log::journal::{
+    journal_file_path, JOURNAL_ENTRY_HEADER_BYTES, JOURNAL_FILE_HEADER_BYTES,
+};
 use mortarmq::log::RECORD_OVERHEAD_BYTES;
 use mortarmq::wire::ops::{Frame, Ping, Pub};
 use mortarmq::wire::{DeclareFlags, Durability, ErrorCode, Op, PubFlags};
@@ -36,22 +40,22 @@ const VALUE_BYTES: usize = 100;
 const RECORD_BYTES: u64 = (RECORD_OVERHEAD_BYTES + VALUE_BYTES) as u64;
 const CONNECTIONS: usize = 6;
 const PUBS_PER_CONNECTION: usize = 40;
-/// How long every fdatasync of the segment is held before it returns: far longer than an
+/// How long every fdatasync of the journal is held before it returns: far longer than an
 /// answer takes, so an answer sent before its fdatasync returned cannot hide.
 const FDATASYNC_DELAY_US: u64 = 30_000;
 
-/// The first segment file of partition 0 of `TOPIC` in `data_dir`.
-fn segment_file(data_dir: &Path) -> PathBuf {
-    partition_dir(&data_dir.join(TOPICS_DIR), TOPIC_ID, TOPIC, 0).join("00000000000000000001.log")
+/// The first journal file of `data_dir` (it holds every entry of these short tests).
+fn journal_file(data_dir: &Path) -> PathBuf {
+    journal_file_path(&data_dir.join(JOURNAL_DIR), 0)
 }
 
-/// `strace` tracing `pwrite64` and `fdatasync` on the segment file only, with `inject`
+/// `strace` tracing `pwrite64` and `fdatasync` on the journal file only, with `inject`
 /// applied to its fdatasyncs, into `trace`.
 fn strace(trace: &Path, inject: &str) -> impl FnOnce(&Path) -> Vec<String> {
     let trace = trace.to_path_buf();
     let inject = inject.to_string();
     move |data_dir| {
-        let segment = segment_file(data_dir);
+        let journal = journal_file(data_dir);
         let words = [
             "strace",
             "-f",
@@ -64,7 +68,7 @@ fn strace(trace: &Path, inject: &str) -> impl FnOnce(&Path) -> Vec<String> {
             "-e",
             &format!("inject=fdatasync:{inject}"),
             "-P",
-            segment.to_str().unwrap(),
+            journal.to_str().unwrap(),
             "-o",
             trace.to_str().unwrap(),
         ];
@@ -157,12 +161,25 @@ fn durable_records_at(calls: &[Call], t: f64) -> u64 {
         .filter(|c| c.end <= t && c.start < first_failure)
         .map(|c| c.start)
         .fold(f64::NEG_INFINITY, f64::max);
-    let bytes: u64 = calls
+    calls
         .iter()
         .filter(|c| c.name == "pwrite64" && c.end <= covered_until)
         .filter_map(|c| c.ret)
-        .sum();
-    bytes / RECORD_BYTES
+        .filter(|&bytes| bytes > JOURNAL_FILE_HEADER_BYTES as u64)
+        .map(records_in_write)
+        .sum()
+}
+
+/// Records in one journal write: one pass's entry for the one partition these tests
+/// publish to, an entry header then its records.
+fn records_in_write(bytes: u64) -> u64 {
+    let records = bytes - JOURNAL_ENTRY_HEADER_BYTES as u64;
+    assert_eq!(
+        records % RECORD_BYTES,
+        0,
+        "a write of {bytes} bytes is not one entry"
+    );
+    records / RECORD_BYTES
 }
 
 /// The answers to FSYNC PUBs from several connections at once: for each, when it
@@ -201,7 +218,7 @@ fn publish_from_many(broker: &Mortard) -> Vec<Answer> {
     answers
 }
 
-/// Runs the publishers against a broker whose segment fdatasyncs get `inject` (holding
+/// Runs the publishers against a broker whose journal fdatasyncs get `inject` (holding
 /// each for `delay_us`), then stops it with SIGTERM; returns the answers, the trace and
 /// the broker's exit status.
 fn run(inject: &str, delay_us: u64) -> (Vec<Answer>, Vec<Call>, Option<i32>) {
@@ -262,8 +279,7 @@ fn no_fsync_pub_is_answered_before_the_fdatasync_covering_it_returned() {
 
 #[test]
 fn an_fdatasync_eio_acknowledges_nothing_it_did_not_cover() {
-    // The first fdatasync of the segment is made when the topic is created; the 4th
-    // (the third group commit) fails.
+    // The 4th group commit's fdatasync of the journal fails, and every later one.
     let (answers, calls, exit) = run("error=EIO:when=4+", 0);
     // Records written since the failure may not be on disk: the exit status says so.
     assert_eq!(exit, Some(1));

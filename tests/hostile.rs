@@ -5,7 +5,9 @@
 //! `tests/session.rs` already covers 16 MiB pre-auth headers and a client that never
 //! reads its answers; these extend it. Issue 13 added the reconnect storm, EMFILE,
 //! announced-but-unsent frames, the CONNECT gate (timeout, failed tokens, ERR logging),
-//! descriptor limits, the admin listener and the token file.
+//! descriptor limits, the admin listener and the token file; and on the broker side
+//! PULL answers within the caps, answers parked behind a long PULL, an ASSIGN never
+//! acknowledged, groups without members and idempotent producers past their cap.
 //!
 //! Tests that load the machine (thousands of sockets, a flood of bytes, a fuzzer) take
 //! [`heavy`] first, so that on a 2-core machine they never measure each other.
@@ -21,7 +23,10 @@ use std::time::{Duration, Instant};
 use common::mortard::Mortard;
 use mortarmq::client::{Client, ClientError, Push};
 use mortarmq::wire::ops::*;
-use mortarmq::wire::{ControlResult, DeclareFlags, Durability, NoticeKind, PubFlags, SubFlags};
+use mortarmq::wire::{
+    AckFlags, ControlResult, DeclareFlags, Durability, NoticeKind, PubFlags, PubResultFlags,
+    SubFlags,
+};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -1188,4 +1193,479 @@ fn a_100_mb_admin_request_line_is_cut_off_without_being_buffered() {
     assert!(sent < LINE_BYTES, "the broker read the whole 100 MB line");
     assert!(peak < rss_before + 16 * MIB, "peak RSS {peak}");
     assert_eq!(broker.http("GET", "/healthz").0, 200);
+}
+
+// ---- issue 13, the broker side: PULL answers and state that only grows --------------
+
+/// SUBs `c` to `group` in PULL mode and CONTROL_ACKs its `partitions` ASSIGNs; returns
+/// the subscription and the assignment epoch its PULLs carry.
+fn pull_member(c: &mut Client, group: &str, topic_id: u16, partitions: usize) -> (SubResult, u32) {
+    let sub: SubResult = c
+        .request(&Frame::Sub(Sub {
+            group: group.as_bytes(),
+            topic_id,
+            partition: 0xFFFF,
+            flags: SubFlags::PULL_MODE,
+            ..Default::default()
+        }))
+        .unwrap()
+        .typed()
+        .unwrap();
+    let mut assignment_epoch = 0;
+    for _ in 0..partitions {
+        let Push::Notice(n) = c.next_push().unwrap() else {
+            panic!("a MSG before the ASSIGN");
+        };
+        let ack = ControlAck::answering(&n, ControlResult::Ok);
+        c.request(&Frame::ControlAck(ack)).unwrap();
+        assignment_epoch = n.assignment_epoch;
+    }
+    (sub, assignment_epoch)
+}
+
+fn pull_frame(
+    sub: &SubResult,
+    assignment_epoch: u32,
+    max_bytes: u32,
+    wait_ms: u16,
+) -> Frame<'static> {
+    Frame::Pull(Pull {
+        subscription_id: sub.subscription_id,
+        member_id: sub.member_id,
+        membership_epoch: sub.membership_epoch,
+        assignment_epoch,
+        ownership_epochs: vec![],
+        max_msgs: u16::MAX,
+        max_bytes,
+        wait_ms,
+        min_bytes: 0,
+    })
+}
+
+/// Publishes `n` records of `value` to partition 0 of `topic_id` (WRITTEN, 64 in flight).
+fn publish_n(c: &mut Client, topic_id: u16, value: &[u8], n: usize) {
+    for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
+        for _ in chunk {
+            c.queue(&Frame::Pub(Pub {
+                topic_id,
+                flags: PubFlags::requesting(Some(Durability::Written)),
+                value,
+                ..Pub::default()
+            }));
+        }
+        c.flush().unwrap();
+        for _ in chunk {
+            c.recv_reply().unwrap();
+        }
+    }
+}
+
+/// The MSGs a PULL's answer brought (kept by the client while it read up to the OK), and
+/// the bytes of that answer on the wire.
+fn pulled(c: &mut Client) -> (usize, u64) {
+    let mut msgs = 0;
+    let mut bytes = OK_EMPTY_FRAME_BYTES as u64;
+    for push in c.kept_pushes().drain(..) {
+        if let Push::Msg(m) = push {
+            msgs += 1;
+            let trailer = if m.origin.is_some() {
+                Origin::ENCODED_BYTES
+            } else {
+                0
+            };
+            bytes += (MSG_FRAME_FIXED_BYTES + m.key.len() + m.value.len() + trailer) as u64;
+        }
+    }
+    (msgs, bytes)
+}
+
+fn stats(broker: &Mortard) -> serde_json::Value {
+    let (status, body) = broker.http("GET", "/stats");
+    assert_eq!(status, 200);
+    serde_json::from_str(&body).unwrap()
+}
+
+#[test]
+fn a_pull_for_everything_is_cut_to_the_caps_and_its_reader_stays_connected() {
+    let _heavy = heavy();
+    const RECORDS: usize = 24;
+    let broker = Mortard::start(&["--max-output-size", "17MiB", "--max-memory", "64MiB"]);
+    let mut p = broker.client();
+    let topic = p
+        .declare("everything", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
+    publish_n(&mut p, topic, &vec![7u8; MIB as usize], RECORDS);
+    let mut c = broker.client();
+    let (sub, epoch) = pull_member(&mut c, "all", topic, 1);
+    let rss_before = broker.rss_bytes();
+    let running = Arc::new(AtomicBool::new(true));
+    let sampler = rss_sampler(broker.pid(), Arc::clone(&running));
+    // max_msgs 65,535 and max_bytes 4 GiB: "everything", read as it comes.
+    let mut answers = Vec::new();
+    let mut got = 0;
+    while got < RECORDS && answers.len() < RECORDS {
+        let answer = c.request(&pull_frame(&sub, epoch, u32::MAX, 0));
+        let (msgs, bytes) = pulled(&mut c);
+        if let Err(e) = answer {
+            let overflow = stats(&broker)["connections"]["closed"]["output_overflow"].clone();
+            panic!(
+                "PULL {} failed after {got} records: {e}; output_overflow {overflow}",
+                answers.len() + 1
+            );
+        }
+        answers.push((msgs, bytes));
+        got += msgs;
+    }
+    running.store(false, Ordering::Relaxed);
+    let peak = sampler.join().unwrap();
+    let overflows = stats(&broker)["connections"]["closed"]["output_overflow"]
+        .as_u64()
+        .unwrap_or(0);
+    println!(
+        "a PULL for everything (max_msgs 65535, max_bytes 4 GiB) over {RECORDS} x 1 MiB with \
+         --max-output-size 17MiB: answers (records, bytes) {answers:?}; \
+         {overflows} connections closed for output; broker RSS before {:.1} MiB, peak {:.1} MiB",
+        rss_before as f64 / MIB as f64,
+        peak as f64 / MIB as f64
+    );
+    assert_eq!(got, RECORDS);
+    for &(msgs, bytes) in &answers {
+        assert!(msgs >= 1, "an answer without a record while records wait");
+        assert!(bytes <= 17 * MIB, "an answer of {bytes} bytes");
+    }
+    assert!(
+        answers[0].1 <= 16 * MIB + 4096,
+        "--max-credit-size caps max_bytes"
+    );
+    assert_eq!(overflows, 0);
+    c.ping().unwrap();
+}
+
+#[test]
+fn pull_answers_parked_behind_a_waiting_pull_count_against_the_caps() {
+    let _heavy = heavy();
+    const HOGS: usize = 2;
+    const QUIET_WAIT_MS: u16 = 3_000;
+    let broker = Mortard::start(&["--max-output-size", "17MiB", "--max-memory", "17MiB"]);
+    let mut p = broker.client();
+    let big = p.declare("big", 1, DeclareFlags::empty()).unwrap().topic_id;
+    let quiet = p
+        .declare("quiet", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
+    publish_n(&mut p, big, &vec![3u8; MIB as usize], 24);
+    let rss_before = broker.rss_bytes();
+    let running = Arc::new(AtomicBool::new(true));
+    let sampler = rss_sampler(broker.pid(), Arc::clone(&running));
+    // Each hog parks two answers for "everything" behind a long PULL on a quiet topic.
+    let mut hogs = Vec::new();
+    let mut buffered_max = 0;
+    for i in 0..HOGS {
+        let mut h = broker.client();
+        let (q, q_epoch) = pull_member(&mut h, &format!("quiet-{i}"), quiet, 1);
+        let (b, b_epoch) = pull_member(&mut h, &format!("big-{i}"), big, 1);
+        h.queue(&pull_frame(&q, q_epoch, 0, QUIET_WAIT_MS));
+        h.queue(&pull_frame(&b, b_epoch, 16 * MIB as u32, 0));
+        h.queue(&pull_frame(&b, b_epoch, 16 * MIB as u32, 0));
+        h.flush().unwrap();
+        hogs.push(h);
+        let want = 16 * MIB * (i as u64 + 1);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let buffered = stats(&broker)["connections"]["buffered_bytes"]
+                .as_u64()
+                .unwrap();
+            buffered_max = buffered_max.max(buffered);
+            if buffered >= want || Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    // With the parked answers counted, a bystander's PUB meets the memory budget.
+    let mut bystander = broker.client();
+    let bystander_pub = bystander.publish_value(quiet, 0, b"x", Some(Durability::Written));
+    // The long PULLs end; each hog reads its answers in order and stays connected.
+    let mut read = Vec::new();
+    for h in &mut hogs {
+        let mut per_hog = Vec::new();
+        for _ in 0..3 {
+            let answer = h.recv_reply();
+            let (msgs, bytes) = pulled(h);
+            per_hog.push(answer.map(|_| (msgs, bytes)).map_err(|e| e.to_string()));
+        }
+        read.push(per_hog);
+    }
+    running.store(false, Ordering::Relaxed);
+    let peak = sampler.join().unwrap();
+    let overflows = stats(&broker)["connections"]["closed"]["output_overflow"]
+        .as_u64()
+        .unwrap_or(0);
+    println!(
+        "{HOGS} clients each park two PULLs for 16 MiB behind a {QUIET_WAIT_MS} ms PULL \
+         (--max-output-size 17MiB, --max-memory 17MiB): buffers counted up to {buffered_max} \
+         bytes; bystander PUB -> {:?}; answers (records, bytes) {read:?}; {overflows} closed \
+         for output; broker RSS before {:.1} MiB, peak {:.1} MiB",
+        bystander_pub.as_ref().map(|_| "OK").map_err(|e| e.code()),
+        rss_before as f64 / MIB as f64,
+        peak as f64 / MIB as f64
+    );
+    assert!(
+        buffered_max >= 16 * MIB * HOGS as u64,
+        "parked answers not counted"
+    );
+    assert_eq!(err_code(bystander_pub), 0x4004, "MEMORY_LIMIT");
+    assert_eq!(
+        overflows, 0,
+        "a client whose answers wait behind its own long PULL"
+    );
+    for per_hog in &read {
+        let (msgs, bytes) = per_hog[1].clone().unwrap();
+        assert_eq!(msgs, 16, "the first parked answer: --max-credit-size");
+        assert!(bytes <= 17 * MIB);
+        assert_eq!(
+            per_hog[2],
+            Ok((0, OK_EMPTY_FRAME_BYTES as u64)),
+            "no room left for it"
+        );
+    }
+    bystander
+        .publish_value(quiet, 0, b"x", Some(Durability::Written))
+        .unwrap();
+}
+
+#[test]
+fn an_assign_left_unanswered_is_taken_back_from_a_member_that_only_heartbeats() {
+    const PER_PARTITION: usize = 10;
+    let broker = Mortard::start(&["--revoke-timeout", "1s"]);
+    let mut p = broker.client();
+    let topic = p
+        .declare("stuck", 2, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
+    for partition in 0..2 {
+        for _ in 0..PER_PARTITION {
+            p.publish_value(topic, partition, b"r", Some(Durability::Written))
+                .unwrap();
+        }
+    }
+    // The squatter takes both ASSIGNs, heartbeats, and never answers a notice.
+    let mut squatter = broker.client();
+    let sq = sub(&mut squatter, "g", topic).unwrap();
+    let start = Instant::now();
+    let mut worker = broker.client();
+    sub(&mut worker, "g", topic).unwrap();
+    worker
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let mut consumed = std::collections::BTreeSet::new();
+    let heartbeat = Frame::Heartbeat(Heartbeat {
+        subscription_id: sq.subscription_id,
+        member_id: sq.member_id,
+        membership_epoch: sq.membership_epoch,
+        assignment_epoch: 0,
+        state: 0,
+    });
+    let mut last_heartbeat = Instant::now();
+    let deadline = start + Duration::from_secs(10);
+    while consumed.len() < 2 * PER_PARTITION && Instant::now() < deadline {
+        if last_heartbeat.elapsed() > Duration::from_millis(200) {
+            squatter.request(&heartbeat).unwrap();
+            last_heartbeat = Instant::now();
+        }
+        match worker.next_push() {
+            Ok(Push::Notice(n)) => {
+                let ack = ControlAck::answering(&n, ControlResult::Ok);
+                worker.request(&Frame::ControlAck(ack)).unwrap();
+            }
+            Ok(Push::Msg(m)) => {
+                worker
+                    .request(&Frame::Ack(m.ack(AckFlags::empty())))
+                    .unwrap();
+                consumed.insert((m.partition, m.sequence));
+            }
+            Err(ClientError::Io(e))
+                if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) => panic!("worker: {e}"),
+        }
+    }
+    let took = start.elapsed();
+    // One more heartbeat reads what the broker pushed to the squatter meanwhile.
+    squatter.request(&heartbeat).unwrap();
+    let squatter_notices: Vec<(u8, u16)> = squatter
+        .kept_pushes()
+        .drain(..)
+        .filter_map(|push| match push {
+            Push::Notice(n) => Some((n.kind, n.partition)),
+            Push::Msg(_) => None,
+        })
+        .collect();
+    let taken_back = metric(&broker, "mortar_assigns_taken_back_total");
+    println!(
+        "a member that heartbeats but never CONTROL_ACKs its ASSIGNs (--revoke-timeout 1s): \
+         the other member consumed {} of {} records in {took:?}; the squatter's notices \
+         (kind, partition) {squatter_notices:?}; ASSIGNs taken back {taken_back}",
+        consumed.len(),
+        2 * PER_PARTITION
+    );
+    assert_eq!(
+        consumed.len(),
+        2 * PER_PARTITION,
+        "a partition stayed with the squatter"
+    );
+    let revoke = NoticeKind::Revoke.as_code();
+    assert!(
+        squatter_notices.contains(&(revoke, 0)),
+        "no REVOKE for what was taken back"
+    );
+    assert_eq!(taken_back, 1);
+}
+
+#[test]
+fn groups_without_members_are_removed_after_the_group_ttl() {
+    let broker = Mortard::start(&["--max-groups", "2", "--group-ttl", "1s"]);
+    let mut p = broker.client();
+    let topic = p.declare("ttl", 1, DeclareFlags::empty()).unwrap().topic_id;
+    for _ in 0..3 {
+        p.publish_value(topic, 0, b"r", Some(Durability::Written))
+            .unwrap();
+    }
+    // g1 consumes and commits all three, then its connection goes; g2 leaves.
+    let mut c1 = broker.client();
+    sub(&mut c1, "g1", topic).unwrap();
+    let mut acked = 0;
+    while acked < 3 {
+        match c1.next_push().unwrap() {
+            Push::Notice(n) => {
+                let ack = ControlAck::answering(&n, ControlResult::Ok);
+                c1.request(&Frame::ControlAck(ack)).unwrap();
+            }
+            Push::Msg(m) => {
+                c1.request(&Frame::Ack(m.ack(AckFlags::empty()))).unwrap();
+                acked += 1;
+            }
+        }
+    }
+    drop(c1);
+    let mut c2 = broker.client();
+    let s2 = sub(&mut c2, "g2", topic).unwrap();
+    c2.request(&Frame::Heartbeat(Heartbeat {
+        subscription_id: s2.subscription_id,
+        member_id: s2.member_id,
+        membership_epoch: s2.membership_epoch,
+        assignment_epoch: 0,
+        state: 1,
+    }))
+    .unwrap();
+    let left = Instant::now();
+    let mut newcomer = broker.client();
+    let first = err_code(sub(&mut newcomer, "g3", topic));
+    let mut refused = 1;
+    let deadline = left + Duration::from_secs(10);
+    while sub(&mut newcomer, "g3", topic).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "g3 still refused after {refused} tries"
+        );
+        refused += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let admitted_after = left.elapsed();
+    // g1 is gone with its committed position: joining it again starts a new group, which
+    // reads from the start (EARLIEST).
+    let mut again = broker.client();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let first_seq = loop {
+        match sub(&mut again, "g1", topic) {
+            Ok(_) => {
+                break loop {
+                    match again.next_push().unwrap() {
+                        Push::Notice(n) => {
+                            let ack = ControlAck::answering(&n, ControlResult::Ok);
+                            again.request(&Frame::ControlAck(ack)).unwrap();
+                        }
+                        Push::Msg(m) => break m.sequence,
+                    }
+                }
+            }
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("g1 never had room again: {e}"),
+        }
+    };
+    let expired = metric(&broker, "mortar_groups_expired_total");
+    println!(
+        "--max-groups 2 --group-ttl 1s: a 3rd group -> 0x{first:04X} while the 2 others are \
+         empty, admitted {admitted_after:?} after the last member left ({refused} refusals); \
+         groups expired {expired}; g1 joined again starts at seq {first_seq} (its position \
+         went with it)"
+    );
+    assert_eq!(first, 0x2005);
+    assert!(
+        admitted_after < Duration::from_secs(5),
+        "{admitted_after:?}"
+    );
+    assert_eq!(first_seq, 1);
+    assert!(expired >= 2, "{expired}");
+}
+
+#[test]
+fn idempotent_producers_past_the_cap_evict_the_idlest() {
+    let _heavy = heavy();
+    const PRODUCERS: u64 = 50_000;
+    const CAP: u64 = 100;
+    let broker = Mortard::start(&["--max-producers", "100"]);
+    let mut c = broker.client();
+    let topic = c.declare("ids", 1, DeclareFlags::empty()).unwrap().topic_id;
+    let rss_before = broker.rss_bytes();
+    let publish = |producer_id: u64| Pub {
+        topic_id: topic,
+        producer_id,
+        producer_seq: 1,
+        flags: PubFlags::requesting(Some(Durability::Written)),
+        value: b"v",
+        ..Pub::default()
+    };
+    let start = Instant::now();
+    for batch in (1..=PRODUCERS).collect::<Vec<_>>().chunks(1000) {
+        for &id in batch {
+            c.queue(&Frame::Pub(publish(id)));
+        }
+        c.flush().unwrap();
+        for _ in batch {
+            c.recv_reply().unwrap();
+        }
+    }
+    let took = start.elapsed();
+    let rss_after = broker.rss_bytes();
+    let st = stats(&broker);
+    let kept = st["topics"][0]["partitions"][0]["producers"]
+        .as_u64()
+        .unwrap();
+    let evicted = st["publish"]["producers_evicted"].as_u64().unwrap();
+    // The newest producer's resend is still a duplicate; the first one's is not (it was
+    // evicted, so it is a producer the partition does not know: stored again).
+    let newest: PubResult = c.publish(&publish(PRODUCERS)).unwrap();
+    let oldest: PubResult = c.publish(&publish(1)).unwrap();
+    println!(
+        "{PRODUCERS} idempotent producers, one PUB each, in {took:?} (--max-producers {CAP}): \
+         {kept} kept, {evicted} evicted; broker RSS before {:.1} MiB, after {:.1} MiB; \
+         resend of the newest -> seq {} deduplicated {}, of the first -> seq {} deduplicated {}",
+        rss_before as f64 / MIB as f64,
+        rss_after as f64 / MIB as f64,
+        newest.sequence,
+        newest.result_flags.contains(PubResultFlags::DEDUPLICATED),
+        oldest.sequence,
+        oldest.result_flags.contains(PubResultFlags::DEDUPLICATED),
+    );
+    assert_eq!(kept, CAP);
+    assert_eq!(evicted, PRODUCERS - CAP);
+    assert_eq!(newest.sequence, PRODUCERS);
+    assert!(newest.result_flags.contains(PubResultFlags::DEDUPLICATED));
+    assert_eq!(oldest.sequence, PRODUCERS + 1);
+    assert!(!oldest.result_flags.contains(PubResultFlags::DEDUPLICATED));
+    assert!(
+        rss_after < rss_before + 8 * MIB,
+        "RSS grew from {rss_before} to {rss_after}"
+    );
 }

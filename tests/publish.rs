@@ -1310,7 +1310,7 @@ fn retention_deletes_old_segments_while_sequences_continue() {
 }
 
 #[test]
-fn a_torn_last_record_is_truncated_at_restart() {
+fn a_torn_last_record_is_cut_at_restart_and_given_back_by_the_journal() {
     const N: u64 = 25;
     let mut broker = Mortard::start(&[]);
     let mut c = broker.client();
@@ -1342,7 +1342,8 @@ fn a_torn_last_record_is_truncated_at_restart() {
     drop(file);
     broker.restart();
     let mut c = broker.client();
-    // Record N is gone, so its producer seq is not a duplicate: it is appended again.
+    // The journal made record N durable: the segment's torn tail is cut, and the record
+    // comes back from the journal, so its producer seq is a duplicate.
     let r = pub_idem(
         &mut c,
         t,
@@ -1355,11 +1356,9 @@ fn a_torn_last_record_is_truncated_at_restart() {
     .unwrap();
     assert_eq!(
         (r.sequence, r.result_flags.bits()),
-        (N, 0),
-        "record {N} was torn off"
+        (N, 1),
+        "record {N} given back by the journal"
     );
-    let dup = pub_idem(&mut c, t, 0, 9, N - 1, Some(Durability::Fsynced), b"?").unwrap();
-    assert_eq!((dup.sequence, dup.result_flags.bits()), (N - 1, 1));
     // The torn record was 48 + 200 bytes; 5 were cut, so 243 remained to truncate.
     let log = broker.log_text();
     assert!(
@@ -1368,6 +1367,7 @@ fn a_torn_last_record_is_truncated_at_restart() {
         )),
         "the truncation is logged:\n{log}"
     );
+    assert!(log.contains("1 records given back"), "{log}");
     drop(c);
     assert!(broker.terminate().success());
     let records = read_partition(&dir, 64 * 1024 * 1024);
@@ -1379,8 +1379,6 @@ fn a_torn_last_record_is_truncated_at_restart() {
     }
 }
 
-/// Publishes `n` idempotent FSYNC records of 200-byte values (248 bytes each on disk)
-/// as producer 9, then SIGKILLs the broker.
 fn publish_then_kill(broker: &mut Mortard, n: u64) -> u16 {
     let mut c = broker.client();
     let t = c.declare("bad", 1, DeclareFlags::empty()).unwrap().topic_id;
@@ -1402,7 +1400,7 @@ fn publish_then_kill(broker: &mut Mortard, n: u64) -> u16 {
 }
 
 #[test]
-fn a_crc_failure_in_the_unindexed_tail_truncates_from_that_record() {
+fn a_crc_failure_in_the_unindexed_tail_is_cut_and_given_back_by_the_journal() {
     const N: u64 = 30;
     const BAD: u64 = 28;
     let mut broker = Mortard::start(&[]);
@@ -1411,8 +1409,8 @@ fn a_crc_failure_in_the_unindexed_tail_truncates_from_that_record() {
     let seg = segment_files(&dir).pop().unwrap();
     let mut bytes = std::fs::read(&seg).unwrap();
     assert_eq!(bytes.len() as u64, 16 + N * 248);
-    // A damaged record in the tail the index does not cover yet (the index is written
-    // after the records and never synced, so it lags after a crash).
+    // A damaged record past the recovery point, where the index does not reach yet
+    // (the index is written after the records, and synced only at checkpoints).
     bytes[(16 + (BAD - 1) * 248 + 100) as usize] ^= 0x40;
     std::fs::write(&seg, &bytes).unwrap();
     let idx = seg.with_extension("idx");
@@ -1421,29 +1419,30 @@ fn a_crc_failure_in_the_unindexed_tail_truncates_from_that_record() {
     drop(f);
     broker.restart();
     let mut c = broker.client();
-    let dup = pub_idem(&mut c, t, 0, 9, BAD - 1, Some(Durability::Fsynced), b"?").unwrap();
-    assert_eq!((dup.sequence, dup.result_flags.bits()), (BAD - 1, 1));
-    let r = pub_idem(
-        &mut c,
-        t,
-        0,
-        9,
-        BAD,
-        Some(Durability::Fsynced),
-        &value_of(BAD, 200),
-    )
-    .unwrap();
-    assert_eq!(
-        (r.sequence, r.result_flags.bits()),
-        (BAD, 0),
-        "records {BAD}.. were cut"
-    );
+    for seq in [BAD - 1, BAD, N] {
+        let dup = pub_idem(&mut c, t, 0, 9, seq, Some(Durability::Fsynced), b"?").unwrap();
+        assert_eq!((dup.sequence, dup.result_flags.bits()), (seq, 1), "{seq}");
+    }
     let cut = (N - BAD + 1) * 248;
+    let log = broker.log_text();
     assert!(
-        broker.log_text().contains(&format!(
+        log.contains(&format!(
             "recovery truncated {cut} bytes of topic {t} partition 0"
         )),
         "the truncation is logged"
+    );
+    assert!(
+        log.contains(&format!("{} records given back", N - BAD + 1)),
+        "{log}"
+    );
+    drop(c);
+    assert!(broker.terminate().success());
+    let records = read_partition(&dir, 64 * 1024 * 1024);
+    assert_eq!(records.len() as u64, N);
+    assert_eq!(
+        records[BAD as usize - 1].3,
+        value_of(BAD, 200),
+        "intact again"
     );
 }
 
@@ -1459,6 +1458,10 @@ fn a_flipped_byte_in_an_old_record_does_not_stop_the_broker() {
         .topic_id;
     drop(c);
     let t = publish_then_kill(&mut broker, N);
+    // A start syncs every segment, checkpoints the journal and puts the recovery point
+    // in the last segment: the closed ones are durable data now, not a torn tail.
+    broker.restart_after_kill9();
+    broker.kill9();
     let seg = segment_files(&topic_dir(&broker, t, "bad").join("0")).remove(0);
     let mut bytes = std::fs::read(&seg).unwrap();
     bytes[(16 + 4 * 248 + 100) as usize] ^= 0x40; // record 5 of 30
@@ -1466,7 +1469,7 @@ fn a_flipped_byte_in_an_old_record_does_not_stop_the_broker() {
     // STORAGE.md: "A flipped byte in the middle of a closed segment is not seen at open;
     // it is reported on read". One damaged record must not take every topic down, nor
     // the records after it.
-    broker.restart();
+    broker.restart_after_kill9();
     let mut c = broker.client();
     let r = c
         .publish_value(other, 0, b"fine", Some(Durability::Fsynced))

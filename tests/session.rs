@@ -13,7 +13,7 @@ use common::mortard::Mortard;
 use mortarmq::client::{Client, ClientError};
 use mortarmq::wire::limits::MAX_FRAME_LEN_BYTES;
 use mortarmq::wire::ops::{Frame, Op, Ping};
-use mortarmq::wire::{ControlResult, DeclareFlags, Durability, ErrorCode, PubFlags, SubFlags};
+use mortarmq::wire::{ControlResult, DeclareFlags, Durability, ErrorCode, PubFlags};
 
 /// Reads one whole frame (header + body) from a raw socket.
 fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
@@ -535,40 +535,28 @@ fn a_reader_whose_output_passes_the_hard_cap_is_closed_and_counted() {
             .publish_value(topic, 0, &value, Some(Durability::Written))
             .unwrap();
     }
-    // A PULL-mode member that asks for everything and never reads its socket.
+    // A connection with two subscriptions, each granted 16 MiB of credit, that never
+    // reads its socket: each window alone fits the cap, both together do not. (A PULL
+    // answer is cut to what the output can still take, so it never passes the cap.)
     let mut hog = broker.client();
-    let sub: mortarmq::wire::ops::SubResult = hog
-        .request(&Frame::Sub(mortarmq::wire::ops::Sub {
-            group: b"hog",
+    for group in [&b"hog-a"[..], b"hog-b"] {
+        hog.request(&Frame::Sub(mortarmq::wire::ops::Sub {
+            group,
             topic_id: topic,
             partition: 0xFFFF,
-            flags: SubFlags::PULL_MODE,
+            credit_bytes: 16 * 1024 * 1024,
             ..Default::default()
         }))
-        .unwrap()
-        .typed()
         .unwrap();
-    // Accept the ASSIGN so PULL may serve the partition.
-    let notice = match hog.next_push().unwrap() {
-        mortarmq::client::Push::Notice(n) => n,
-        other => panic!("{other:?}"),
-    };
-    hog.request(&Frame::ControlAck(
-        mortarmq::wire::ops::ControlAck::answering(&notice, ControlResult::Ok),
-    ))
-    .unwrap();
-    for _ in 0..6 {
-        hog.queue(&Frame::Pull(mortarmq::wire::ops::Pull {
-            subscription_id: sub.subscription_id,
-            member_id: sub.member_id,
-            membership_epoch: sub.membership_epoch,
-            assignment_epoch: notice.assignment_epoch,
-            ownership_epochs: vec![],
-            max_msgs: 100,
-            max_bytes: 4 * 1024 * 1024,
-            wait_ms: 0,
-            min_bytes: 0,
-        }));
+    }
+    // Accept both ASSIGNs so MSGs flow, and read nothing more.
+    for _ in 0..2 {
+        let mortarmq::client::Push::Notice(notice) = hog.next_push().unwrap() else {
+            panic!("a MSG before its ASSIGN was accepted");
+        };
+        hog.queue(&Frame::ControlAck(
+            mortarmq::wire::ops::ControlAck::answering(&notice, ControlResult::Ok),
+        ));
     }
     hog.flush().unwrap();
     // The broker closes it once more than 17 MiB wait unsent; others are unaffected.

@@ -22,7 +22,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mortarmq::broker::dlq::{dlq_producer_id, split_dead_letter};
-use mortarmq::broker::{Broker, BrokerConfig, ConnRef, DurableJob, Effect, Handled, JobSink, Now};
+use mortarmq::broker::{
+    unlimited_room, Broker, BrokerConfig, ConnRef, DurableJob, Effect, Handled, JobSink, Now,
+};
 use mortarmq::consume::{ConsumeConfig, Delivery};
 use mortarmq::fsync::{Completion, Job};
 use mortarmq::log::simdisk::{FaultRates, SimDisk, SimRng};
@@ -46,6 +48,8 @@ const PRODUCERS: usize = 3;
 const CONSUMERS: usize = 2;
 /// Small segments so that rolls (and syncs straddling them) happen often.
 const SEGMENT_BYTES: u64 = 4 * 1024;
+/// Small journal files: new files, checkpoints and removals happen often too.
+const JOURNAL_FILE_BYTES: u64 = 16 * 1024;
 const VALUE_BYTES_MAX: u64 = 600;
 const DATA_DIR: &str = "/sim/data";
 const GROUP: &[u8] = b"sim-group";
@@ -184,6 +188,7 @@ fn config() -> BrokerConfig {
         },
         max_partitions: PARTITIONS_MAX,
         producer_ttl_ms: 7 * 24 * 3_600_000,
+        max_producers_per_partition: BrokerConfig::default().max_producers_per_partition,
         max_data_bytes: 0,
         consume: ConsumeConfig {
             ack_wait_ms: 2_000,
@@ -193,6 +198,7 @@ fn config() -> BrokerConfig {
             ..ConsumeConfig::default()
         },
         commit_interval_ms: 200,
+        journal_file_bytes: JOURNAL_FILE_BYTES,
     }
 }
 
@@ -534,7 +540,9 @@ impl Sim {
                 self.check_msg(&out);
                 self.consumers[client].held.push(delivery);
             }
-            Effect::Answer { .. } => unreachable!("answers are taken before pushes"),
+            Effect::Answer { .. } | Effect::PullAnswer { .. } => {
+                unreachable!("answers are taken before pushes")
+            }
         }
     }
 
@@ -565,6 +573,7 @@ impl Sim {
                 Effect::Notice { conn, .. } | Effect::Deliver { conn, .. } => {
                     self.push(conn, effect)
                 }
+                Effect::PullAnswer { .. } => self.fail("a PULL answered though none was sent"),
             }
         }
     }
@@ -602,7 +611,7 @@ impl Sim {
         self.wall_ms += self.rng.below(20);
         let now = self.now();
         let broker = self.broker();
-        broker.end_pass(now);
+        broker.end_pass(now, &unlimited_room);
         if now.mono_ms % 1_000 < 20 {
             broker.housekeeping(now);
         }

@@ -22,7 +22,18 @@ QUICK=0
 q() { if [ "$QUICK" = 1 ]; then echo "$1"; else echo "$2"; fi; }
 
 IDLE_CONNS=5000
-ulimit -n 20000 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+# Preconditions, checked and reported rather than assumed: descriptors for the idle
+# phase (both servers and the client tool share this limit) and the tools it runs.
+ulimit -n 20000 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+NOFILE=$(ulimit -n)
+if [ "$NOFILE" -lt $((IDLE_CONNS + 200)) ]; then
+  IDLE_CONNS=$((NOFILE - 200))
+  echo "compare: ulimit -n is $NOFILE (hard $(ulimit -Hn)): idle phase uses $IDLE_CONNS" \
+    "connections" >&2
+fi
+for tool in python3 awk timeout; do
+  command -v "$tool" >/dev/null || { echo "compare: needs $tool" >&2; exit 1; }
+done
 
 if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/null; then
   echo "compare: installing redis-server" >&2
@@ -91,7 +102,7 @@ text = urllib.request.urlopen(f"http://{sys.argv[1]}/metrics", timeout=5).read()
 print(next((l.split()[-1] for l in text.splitlines() if l.split(" ")[0] == sys.argv[2]), 0))
 PY
 }
-# mortar_pub CONNS DEPTH DURABILITY COUNT TOPIC -> the bench JSON; also records the
+# mortar_pub CONNS DEPTH DURABILITY COUNT TOPIC [PARTITIONS] -> the bench JSON; also records the
 # run's fsyncs/s and mean records per fsync (group commit) from /metrics, as
 # FSYNC_INFO[TOPIC]="fsyncs_per_sec batch".
 declare -A FSYNC_INFO
@@ -100,19 +111,22 @@ mortar_pub() {
   f0=$(metric mortar_fsyncs_total) r0=$(metric mortar_fsync_batch_records_sum)
   t0=$(date +%s.%N)
   out=$(timeout 300 "$BENCH" --broker "$MORTAR" --json publish --connections "$1" \
-    --pipeline "$2" --durability "$3" --count "$4" --topic "$5")
+    --pipeline "$2" --durability "$3" --count "$4" --topic "$5" --partitions "${6:-1}")
   t1=$(date +%s.%N)
   f1=$(metric mortar_fsyncs_total) r1=$(metric mortar_fsync_batch_records_sum)
   FSYNC_INFO[$5]=$(awk -v f="$((f1 - f0))" -v r="$r1" -v r0="$r0" -v t="$t1" -v t0="$t0" \
     'BEGIN{ printf "%.0f %.1f", f/(t-t0), (f > 0 ? (r-r0)/f : 0) }')
   echo "$out"
 }
-# redis_pub CONNS DEPTH APPENDFSYNC COUNT -> "rps p50_ms p99_ms"
+# redis_pub CONNS DEPTH APPENDFSYNC COUNT [KEYS] -> "rps p50_ms p99_ms"; with KEYS,
+# each XADD goes to one of that many stream keys (redis-benchmark -r).
 redis_pub() {
+  local keys=${5:-0} key=bench spread=()
   rcli config set appendfsync "$3" >/dev/null
   rcli del bench >/dev/null
-  timeout 300 redis-benchmark -p "$RPORT" -c "$1" -P "$2" -n "$4" --csv \
-    XADD bench '*' f "$VALUE" | python3 -c '
+  if [ "$keys" -gt 0 ]; then key=bench:__rand_int__ spread=(-r "$keys"); fi
+  timeout 300 redis-benchmark -p "$RPORT" -c "$1" -P "$2" -n "$4" "${spread[@]}" --csv \
+    XADD "$key" '*' f "$VALUE" | python3 -c '
 import csv, sys
 rows = list(csv.reader(sys.stdin))
 r = dict(zip(rows[0], rows[-1]))
@@ -146,8 +160,13 @@ echo "compare: $IDLE_CONNS idle connections" >&2
   >"$WORK/idle.out" 2>&1 &
 IDLE_PID=$!
 BG_PIDS+=("$IDLE_PID")
-for _ in $(seq 300); do grep -q '^ready' "$WORK/idle.out" && break; sleep 0.1; done
-grep -q '^ready' "$WORK/idle.out" || { echo "compare: idle clients failed" >&2; exit 1; }
+# Wait for the tool itself: ready, or gone (then its output says why).
+while kill -0 "$IDLE_PID" 2>/dev/null && ! grep -q '^ready' "$WORK/idle.out"; do sleep 0.1; done
+grep -q '^ready' "$WORK/idle.out" || {
+  echo "compare: idle clients failed:" >&2
+  cat "$WORK/idle.out" >&2
+  exit 1
+}
 sleep 1
 M_CONN=$(( ($(rss_kib "$MORTAR_PID") - M_IDLE) * 1024 / IDLE_CONNS ))
 kill "$IDLE_PID"; wait "$IDLE_PID" 2>/dev/null || true
@@ -198,6 +217,18 @@ M_FSYNC_16=$LAST_MORTAR_OPS
 pub_pair pub_written_1x1 1 1 written everysec "$(q 6000 30000)" ""
 pub_pair pub_written_1x16 1 16 written everysec "$(q 100000 400000)" ""
 pub_pair pub_written_16x16 16 16 written everysec "$(q 250000 1000000)" ">=1.5x"
+# Many partitions (issue 14): MortarMQ topics of 8 and 64 partitions against Redis on as
+# many stream keys, and against MortarMQ's own 1-partition figure.
+for parts in 8 64; do
+  name=pub_fsync_16x16_p$parts
+  echo "compare: $name" >&2
+  js=$(mortar_pub 16 16 fsync "$(q 150000 600000)" "$name" "$parts")
+  rs=$(redis_pub 16 16 always "$(q 150000 600000)" "$parts")
+  echo "  mortar: $js" >&2
+  echo "  redis:  $rs" >&2
+  put "${name}_ops" ops/s "$(jget "$js" ops_per_sec)" "$(echo "$rs" | awk '{print $1}')" ">=2x"
+  put "${name}_vs_p1_ops" ops/s "$(jget "$js" ops_per_sec)" "$M_FSYNC_16" ">=0.8x (R: mortar p1)"
+done
 # FSYNC 16x16 against everysec: the second half of that issue-7 target.
 ES_16=$(redis_pub 16 16 everysec "$(q 250000 1000000)" | awk '{print $1}')
 put pub_fsync_16x16_vs_everysec_ops ops/s "$M_FSYNC_16" "$ES_16" ">=1x"

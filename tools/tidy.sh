@@ -54,7 +54,7 @@ deny src/broker 'use crate::(reactor|session|admin|config|client)|mio::|TcpStrea
 deny src/config.rs 'use crate::(session|fsync|admin|client)|mio::'
 # config fills the layers' config structs, so it may name those types (and the limits its
 # bounds come from), never the code that runs.
-config_allowed='wire::Durability|wire::limits::|log::(LogConfig|SEGMENT_[A-Z_]+)'
+config_allowed='wire::Durability|wire::limits::|log::(LogConfig|SEGMENT_[A-Z_]+|JOURNAL_[A-Z_]+)'
 config_allowed+='|consume::ConsumeConfig|broker::BrokerConfig|reactor::ReactorConfig'
 config_paths=$(grep -noE 'crate::[A-Za-z_:]+' src/config.rs \
   | grep -vE ":crate::($config_allowed)\$" || true)

@@ -41,6 +41,7 @@ fn partition(partition: u16, first: u64, last: u64, bytes: u64) -> PartitionFigu
         bytes,
         segments: u32::from(partition) + 1,
         poisoned: false,
+        producers: u64::from(partition) * 2,
     }
 }
 
@@ -92,6 +93,7 @@ fn busy() -> Snapshot {
         recovery_truncations: 1,
         recovery_truncated_bytes: 77,
         producers_expired: 2,
+        producers_evicted: 5,
         dead_letters_appended: 4,
         corrupt_records_found: 2,
         ..BrokerCounters::default()
@@ -190,6 +192,8 @@ fn busy() -> Snapshot {
                 skipped_records: 8,
                 read_retries: 4,
                 notices: 6,
+                groups_expired: 3,
+                assigns_taken_back: 1,
             },
         },
     }

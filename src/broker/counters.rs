@@ -34,7 +34,15 @@ pub struct BrokerCounters {
     pub recovery_truncations: u64,
     pub recovery_truncated_bytes: u64,
     pub producers_expired: u64,
+    /// Idempotent producers forgotten past `--max-producers`.
+    pub producers_evicted: u64,
     pub dead_letters_appended: u64,
     /// Corrupt records met (start-up scans and reads).
     pub corrupt_records_found: u64,
+    /// Records the journal gave back to partitions that lost them (start-up).
+    pub journal_records_replayed: u64,
+    /// Journal entries that could not be replayed: their partition ends before them.
+    pub journal_replay_gaps: u64,
+    /// Checkpoints completed: every segment synced, old journal files let go.
+    pub checkpoints: u64,
 }

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::consume::{self, Coordinator, RecordBytes, Records};
+use crate::consume::{self, Coordinator, OutputRoom, RecordBytes, Records};
 use crate::log::{RecordView, StorageError};
 use crate::wire::ops::{
     begin_frame, encode_ok_empty, end_frame, Ack, ControlAck, Credit, Heartbeat, Message, Msg,
@@ -19,7 +19,7 @@ use super::positions::Positions;
 use super::publish::Partitions;
 use super::registry::TopicRegistry;
 use super::topics::{pair_of, Registry, TopicPair};
-use super::{Broker, ConnRef, Effect, Handled, Now, PartitionKey};
+use super::{Broker, ConnRef, Effect, Handled, Now, PartitionKey, PullAnswer};
 
 /// What reading the record a dead letter copies found.
 enum SourceRead {
@@ -160,6 +160,11 @@ impl ConsumeDriver {
             .map(|&serial| ConnRef { id, serial })
     }
 
+    /// The PULL answers handed to the reactor are in their connections now.
+    pub(super) fn outputs_caught_up(&mut self) {
+        self.coordinator.outputs_caught_up();
+    }
+
     pub(super) fn connection_closed(&mut self, conn: ConnRef, now: Now) {
         if self.conn_serials.get(&conn.id) == Some(&conn.serial) {
             self.conn_serials.remove(&conn.id);
@@ -180,7 +185,7 @@ impl ConsumeDriver {
         self.dead_letters.retain(|d| {
             let durable = partitions
                 .get(d.twin)
-                .is_none_or(|p| p.log.synced_sequence() >= d.twin_sequence);
+                .is_none_or(|p| p.log.durable_sequence() >= d.twin_sequence);
             if durable {
                 let o = &d.origin;
                 coordinator.dead_lettered(
@@ -231,6 +236,7 @@ impl ConsumeDriver {
         registry: &Registry,
         partitions: &mut Partitions,
         counters: &mut BrokerCounters,
+        now: Now,
     ) -> Result<usize, String> {
         let positions = self.positions.read()?.to_vec();
         // (group, topic) -> committed position per partition.
@@ -239,8 +245,12 @@ impl ConsumeDriver {
             .iter()
             .filter(|p| registry.by_topic_id(p.topic_id).is_some())
         {
-            self.coordinator
-                .restore_position(&p.group, p.topic_id, p.partition, p.committed);
+            self.coordinator.restore_position(
+                (&p.group, p.topic_id),
+                p.partition,
+                p.committed,
+                now.mono_ms,
+            );
             known
                 .entry((p.group.clone(), p.topic_id))
                 .or_default()
@@ -262,10 +272,10 @@ impl ConsumeDriver {
                     .unwrap_or(0);
                 if origin.origin_sequence > committed {
                     self.coordinator.restore_dead_lettered(
-                        &group,
-                        origin.origin_topic_id,
+                        (&group, origin.origin_topic_id),
                         origin.origin_partition,
                         origin.origin_sequence,
+                        now.mono_ms,
                     );
                 }
             }
@@ -350,11 +360,19 @@ impl Broker {
         self.consumed(Handled::Answer(response), now)
     }
 
-    /// PULL: answered by an [`Effect::Answer`] in its slot, perhaps within this pass.
-    pub fn pull(&mut self, conn: ConnRef, slot: u64, p: &Pull, now: Now) -> Handled {
+    /// PULL: answered by an [`Effect::PullAnswer`] in its slot, perhaps within this pass,
+    /// cut to what `room` says the connection's output can take.
+    pub fn pull(
+        &mut self,
+        conn: ConnRef,
+        slot: u64,
+        p: &Pull,
+        now: Now,
+        room: &dyn OutputRoom,
+    ) -> Handled {
         self.consume.note_conn(conn);
         let (coordinator, mut records) = self.coordinated();
-        let handled = match coordinator.pull(conn.id, slot, p, now.mono_ms, &mut records) {
+        let handled = match coordinator.pull(conn.id, slot, p, now.mono_ms, &mut records, room) {
             Ok(()) => Handled::Wait,
             Err(code) => Handled::Answer(Response::err_advice(code, Op::Pull)),
         };
@@ -362,9 +380,9 @@ impl Broker {
     }
 
     /// Runs the coordinator's timers and deliveries, then carries out its effects.
-    pub(super) fn pump_consume(&mut self, now: Now) {
+    pub(super) fn pump_consume(&mut self, now: Now, room: &dyn OutputRoom) {
         let (coordinator, mut records) = self.coordinated();
-        coordinator.pump(now.mono_ms, &mut records);
+        coordinator.pump(now.mono_ms, &mut records, room);
         self.collect_consume_effects(now);
     }
 
@@ -393,19 +411,18 @@ impl Broker {
                 conn,
                 pull_id,
                 deliveries,
+                bytes,
             } => {
                 let Some(conn) = self.consume.conn_ref(conn) else {
                     return;
                 };
-                let mut bytes = Vec::new();
-                for d in &deliveries {
-                    self.encode_delivery(d, &mut bytes);
-                }
-                encode_ok_empty(&mut bytes, Op::Pull as u8);
-                self.effects.push(Effect::Answer {
+                self.effects.push(Effect::PullAnswer {
                     conn,
                     slot: pull_id,
-                    response: Response::Frames(bytes),
+                    answer: PullAnswer {
+                        deliveries,
+                        bytes: usize::try_from(bytes).unwrap_or(usize::MAX),
+                    },
                 });
             }
             consume::Effect::DeadLetter {
@@ -426,6 +443,19 @@ impl Broker {
                 self.dead_letter(group_id, origin, now);
             }
         }
+    }
+
+    /// Appends a PULL's answer to `out`: MSG for each delivery, read from the log, then
+    /// OK. Called when the answer's slot is at the head, into the connection's output,
+    /// so no copy of the whole answer is ever made.
+    pub fn encode_pull_answer(&mut self, answer: &PullAnswer, out: &mut Vec<u8>) {
+        // Room for the whole answer at once: grown MSG by MSG, the buffer would double
+        // past twice the answer's size.
+        out.reserve(answer.bytes);
+        for d in &answer.deliveries {
+            self.encode_delivery(d, out);
+        }
+        encode_ok_empty(out, Op::Pull as u8);
     }
 
     /// Appends MSG for `d` to `out`, reading the record from the log (its mapping: the

@@ -6,6 +6,7 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::log::journal::{CheckpointWrite, JournalSync, SpareWrite};
 use crate::log::{meta, LogConfig, PartitionLog, Storage, SyncJob};
 
 use super::topics::{write_topic_files, TopicPair};
@@ -30,6 +31,14 @@ impl std::fmt::Debug for OpenedLogs {
     }
 }
 
+/// One partition's segment fdatasync inside a [`Work::Checkpoint`], and how it went.
+#[derive(Debug)]
+pub struct SegmentSync {
+    pub key: PartitionKey,
+    pub sync: SyncJob,
+    pub result: Option<io::Result<()>>,
+}
+
 /// What a [`DurableJob`] does.
 #[derive(Debug)]
 pub enum Work {
@@ -42,14 +51,29 @@ pub enum Work {
         config: LogConfig,
         opened: OpenedLogs,
     },
-    /// fdatasync of what a partition wrote before the job was taken (group commit).
-    SyncPartition {
-        key: PartitionKey,
-        sync: SyncJob,
+    /// fdatasync of what the journal wrote before the job was taken: group commit for
+    /// every partition at once.
+    SyncJournal {
+        sync: JournalSync,
+        /// Segments whose failed write was undone (cut back), synced first: a later
+        /// record at the same sequence must not be acknowledged while a power cut could
+        /// still bring the undone one back.
+        undone: Vec<SegmentSync>,
         /// Records and bytes this job covers beyond the jobs taken before it.
         records: u64,
         bytes: u64,
     },
+    /// fdatasync of every segment written since the previous checkpoint, then the
+    /// checkpoint (`log/journal.rs`). Each sync's outcome comes back beside it; the
+    /// checkpoint is written only when all of them succeeded.
+    Checkpoint {
+        syncs: Vec<SegmentSync>,
+        write: CheckpointWrite,
+    },
+    /// Journal files wholly below a durable checkpoint.
+    RemoveFiles { paths: Vec<PathBuf> },
+    /// The journal's next file, made ahead: recycled or filled with zeros.
+    MakeSpare { write: SpareWrite },
     /// The topic registry, replaced atomically; answers DECLAREs up to `version`.
     WriteRegistry {
         version: u64,
@@ -89,10 +113,38 @@ impl crate::fsync::Job for DurableJob {
             }
             return Ok(());
         }
+        if let Work::Checkpoint { syncs, write } = &mut self.work {
+            let mut failed = None;
+            for s in syncs.iter_mut() {
+                let result = s.sync.run();
+                if let Err(e) = &result {
+                    failed.get_or_insert_with(|| io::Error::new(e.kind(), e.to_string()));
+                }
+                s.result = Some(result);
+            }
+            return match failed {
+                Some(e) => Err(e),
+                None => write.run(),
+            };
+        }
+        if let Work::SyncJournal { sync, undone, .. } = &mut self.work {
+            for s in undone.iter_mut() {
+                s.result = Some(s.sync.run());
+            }
+            return sync.run();
+        }
         let storage = &*self.storage;
         match &self.work {
-            Work::CreateTopic { .. } => Ok(()),
-            Work::SyncPartition { sync, .. } => sync.run(),
+            Work::CreateTopic { .. } | Work::Checkpoint { .. } | Work::SyncJournal { .. } => Ok(()),
+            Work::MakeSpare { write } => write.run(),
+            Work::RemoveFiles { paths } => {
+                for path in paths {
+                    if let Err(e) = storage.remove_file(path) {
+                        log::warn!("cannot remove {}: {e}", path.display());
+                    }
+                }
+                Ok(())
+            }
             Work::WriteRegistry { path, bytes, .. }
             | Work::WritePositions { path, bytes }
             | Work::WriteProducerSnapshot { path, bytes, .. } => {

@@ -10,11 +10,14 @@
 //! Blocking I/O leaves as [`DurableJob`]s for a [`JobSink`] (the reactor's fsync pool)
 //! and comes back whole through [`Broker::job_done`]. A request is answered now
 //! ([`Handled::Answer`]) or later ([`Handled::Wait`]): the response then arrives as
-//! [`Effect::Answer`] naming the connection and the slot the reactor reserved for it.
+//! [`Effect::Answer`] (or [`Effect::PullAnswer`]) naming the connection and the slot the
+//! reactor reserved for it. What a connection's output can still take comes in as an
+//! [`OutputRoom`]: PULL answers are cut to fit it.
 //!
 //! Depends on `wire` (types and codes), `log` (partition storage), `consume` (the group
 //! coordinator) and `fsync` (only its `Job` trait and `Completion`).
 
+mod commit;
 mod config;
 mod counters;
 pub mod deliver;
@@ -36,6 +39,7 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 
+pub use crate::consume::{unlimited_room, OutputRoom};
 use crate::log::{meta, Storage};
 use crate::wire::ops::{Notice, Pub};
 use crate::wire::{Durability, ErrorCode, Op, Response};
@@ -54,6 +58,8 @@ const EPOCH_FILE: &str = "epoch";
 pub const LOCK_FILE: &str = "lock";
 /// Where the topic directories live, under the data directory.
 pub const TOPICS_DIR: &str = "topics";
+/// Where the journal lives, under the data directory (`log/journal.rs`).
+pub const JOURNAL_DIR: &str = "journal";
 
 /// A partition: (topic id, partition index).
 pub type PartitionKey = (u16, u16);
@@ -93,6 +99,22 @@ pub enum Effect {
         conn: ConnRef,
         delivery: crate::consume::Delivery,
     },
+    /// Fill a PULL's slot: the reactor calls [`Broker::encode_pull_answer`] into the
+    /// connection's output when the slot reaches the head (until then `answer.bytes`
+    /// counts against the connection's output cap and the memory budget).
+    PullAnswer {
+        conn: ConnRef,
+        slot: u64,
+        answer: PullAnswer,
+    },
+}
+
+/// A PULL's answer before it is bytes: MSG for each delivery, then OK.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullAnswer {
+    pub deliveries: Vec<crate::consume::Delivery>,
+    /// The encoded answer is at most this long.
+    pub bytes: usize,
 }
 
 /// A record read back from a partition, owning its bytes.
@@ -114,6 +136,7 @@ pub struct StartupReport {
     pub topics: usize,
     pub partitions: usize,
     pub truncations: u64,
+    pub journal_records_replayed: u64,
     pub orphan_dirs_removed: usize,
     pub group_positions: usize,
 }
@@ -251,13 +274,22 @@ impl Broker {
         };
         let pairs: Vec<topics::TopicPair> = broker.topics.registry().pairs().cloned().collect();
         for pair in &pairs {
-            report.partitions += broker.open_pair(pair, now)?;
+            report.partitions += broker.open_pair(pair)?;
         }
+        broker
+            .partitions
+            .recover(now, &mut broker.counters)
+            .map_err(|e| format!("journal: {e}"))?;
+        // The journal's first file preallocated too, when this start has none.
+        broker.partitions.take_sync_jobs(&mut broker.jobs);
+        broker.submit_jobs();
         report.truncations = broker.counters.recovery_truncations;
+        report.journal_records_replayed = broker.counters.journal_records_replayed;
         report.group_positions = broker.consume.restore(
             broker.topics.registry(),
             &mut broker.partitions,
             &mut broker.counters,
+            now,
         )?;
         // Only a registry read from disk tells a deleted topic's directory from a live one.
         if registry_read {
@@ -267,11 +299,11 @@ impl Broker {
     }
 
     /// Opens the partitions of a registered pair at start; returns how many.
-    fn open_pair(&mut self, pair: &topics::TopicPair, now: Now) -> Result<usize, String> {
+    fn open_pair(&mut self, pair: &topics::TopicPair) -> Result<usize, String> {
         for (topic_id, name) in pair.topics() {
             for index in 0..pair.partition_count {
                 self.partitions
-                    .open((topic_id, index), &name, now, &mut self.counters)
+                    .open((topic_id, index), &name, &mut self.counters)
                     .map_err(|e| e.to_string())?;
             }
         }
@@ -357,9 +389,11 @@ impl Broker {
         self.consume.coordinator()
     }
 
-    /// Moves pending effects into `out` (the reactor reuses one Vec).
+    /// Moves pending effects into `out` (the reactor reuses one Vec). The caller puts
+    /// every PULL answer among them into its connection before it reports room again.
     pub fn drain_effects(&mut self, out: &mut Vec<Effect>) {
         out.append(&mut self.effects);
+        self.consume.outputs_caught_up();
     }
 
     fn submit_jobs(&mut self) {
@@ -401,8 +435,8 @@ impl Broker {
     /// Called once per reactor pass after all readable sockets were handled: writes
     /// each dirty partition with one write, answers what needed only WRITTEN, and starts
     /// fdatasyncs and registry writes (group commit: every PUB written before a sync
-    /// starts rides it).
-    pub fn end_pass(&mut self, now: Now) {
+    /// starts rides it). PULLs answered here fit `room`.
+    pub fn end_pass(&mut self, now: Now, room: &dyn OutputRoom) {
         let consume = &mut self.consume;
         let flushed = |key: PartitionKey, written: Result<(), u64>| match written {
             Ok(()) => consume.records_available(key.0, key.1),
@@ -413,7 +447,7 @@ impl Broker {
         self.partitions.take_sync_jobs(&mut self.jobs);
         self.jobs.extend(self.topics.take_write_job(now.mono_ms));
         self.consume.settle_dead_letters(&self.partitions);
-        self.pump_consume(now);
+        self.pump_consume(now, room);
         self.jobs.extend(self.consume.positions_job(now, false));
         self.submit_jobs();
         // Dead letters appended by the pump are flushed on the next pass.
@@ -427,24 +461,37 @@ impl Broker {
             elapsed,
         } = done;
         match job.work {
-            Work::SyncPartition {
-                key,
+            Work::SyncJournal {
                 sync,
+                undone,
                 records,
-                bytes,
+                ..
             } => {
                 let done = SyncDone {
-                    key,
-                    upto: sync.upto_sequence,
+                    upto_lsn: sync.upto_lsn,
+                    undone,
                     records,
-                    bytes,
                     result: &result,
                     elapsed,
                 };
-                self.partitions
-                    .sync_done(done, &mut self.effects, &mut self.counters);
+                self.partitions.sync_done(
+                    done,
+                    &mut self.effects,
+                    &mut self.counters,
+                    &mut self.jobs,
+                );
                 self.consume.settle_dead_letters(&self.partitions);
+                self.submit_jobs();
             }
+            Work::Checkpoint { syncs, write } => {
+                let done = (&mut self.jobs, &mut self.counters, &mut self.effects);
+                self.partitions
+                    .checkpoint_done(syncs, write.lsn, &result, done);
+                self.topics.checkpointed(write.lsn);
+                self.submit_jobs();
+            }
+            Work::RemoveFiles { .. } => {}
+            Work::MakeSpare { .. } => self.partitions.spare_made(&result),
             Work::CreateTopic { opened, .. } => self.topic_created(opened, &result, now),
             Work::WriteRegistry { version, .. } => {
                 let removal =
@@ -487,7 +534,8 @@ impl Broker {
     /// buffered on the calling thread, and persists what must survive a restart.
     pub fn shutdown_sync(&mut self, now: Now) -> Result<(), String> {
         let mut failed = Vec::new();
-        self.partitions.shutdown_sync(now, &mut failed);
+        self.partitions
+            .shutdown_sync(now, &mut failed, &mut self.counters);
         if let Err(e) = self.consume.persist_positions_now() {
             failed.push(format!("group positions: {e}"));
         }

@@ -1,5 +1,5 @@
 //! One partition as the publish path sees it: its log, its producers, the PUBs waiting for
-//! the durability they asked for, and its group-commit bookkeeping.
+//! the durability they asked for, and its share of the journal's group commit.
 
 use crate::log::PartitionLog;
 use crate::wire::ops::PubResult;
@@ -24,36 +24,33 @@ pub struct Partition {
     pub log: PartitionLog,
     pub producers: Producers,
     pub waiters: Vec<Waiter>,
-    /// fdatasync jobs running now (at most SYNCS_IN_FLIGHT_PER_PARTITION_MAX).
-    pub syncs_in_flight: u8,
-    /// The `upto_sequence` of the latest sync job started.
-    pub sync_taken_sequence: u64,
     /// Last sequence the producer snapshot on disk covers; one write at a time.
     pub producers_snapshot_covered: u64,
     pub producers_snapshot_in_flight: bool,
-    /// Bytes flushed to the segment since start, and of those covered by a completed
-    /// sync; the difference is what BACKPRESSURE watches.
+    /// Bytes flushed to the segment since start, and of those made durable by the
+    /// journal; the difference is what BACKPRESSURE watches.
     pub flushed_bytes: u64,
     pub synced_bytes: u64,
     /// Queued in the broker's flush list this pass.
     pub dirty: bool,
+    /// Written since the last checkpoint took its segment syncs.
+    pub segment_dirty: bool,
 }
 
 impl Partition {
     pub fn new(topic_id: u16, index: u16, log: PartitionLog) -> Partition {
         Partition {
-            sync_taken_sequence: log.synced_sequence(),
             topic_id,
             index,
             log,
             producers: Producers::default(),
             waiters: Vec::new(),
-            syncs_in_flight: 0,
             producers_snapshot_covered: 0,
             producers_snapshot_in_flight: false,
             flushed_bytes: 0,
             synced_bytes: 0,
             dirty: false,
+            segment_dirty: false,
         }
     }
 
@@ -70,14 +67,14 @@ impl Partition {
     fn reached_sequence(&self, level: Durability) -> u64 {
         match level {
             Durability::Written => self.log.written_sequence(),
-            Durability::Fsynced => self.log.synced_sequence(),
+            Durability::Fsynced => self.log.durable_sequence(),
             Durability::Replicated => 0,
         }
     }
 
     /// The level a record at `sequence` has reached now (for the PUB result).
     pub fn level_of(&self, sequence: u64) -> Durability {
-        if sequence <= self.log.synced_sequence() {
+        if sequence <= self.log.durable_sequence() {
             Durability::Fsynced
         } else {
             Durability::Written
@@ -106,7 +103,7 @@ impl Partition {
             sequence: w.sequence,
             durability: self.level_of(w.sequence).as_code(),
             leader_epoch,
-            commit_seq: self.log.synced_sequence(),
+            commit_seq: self.log.durable_sequence(),
             result_flags: if w.deduplicated {
                 PubResultFlags::DEDUPLICATED
             } else {
@@ -115,16 +112,13 @@ impl Partition {
         })
     }
 
-    /// The bookkeeping agrees with the log: nothing synced beyond what was written, sync
-    /// jobs within their cap, and no waiter left whose level was already reached (it
-    /// would never be answered).
-    pub fn check_invariants(&self, syncs_in_flight_max: u8) {
+    /// The bookkeeping agrees with the log: nothing durable beyond what was written, and
+    /// no waiter left whose level was already reached (it would never be answered).
+    pub fn check_invariants(&self) {
         self.log.check_invariants();
-        let (written, synced) = (self.log.written_sequence(), self.log.synced_sequence());
-        assert!(synced <= written, "synced {synced} > written {written}");
+        let (written, durable) = (self.log.written_sequence(), self.log.durable_sequence());
+        assert!(durable <= written, "durable {durable} > written {written}");
         assert!(written < self.log.next_sequence());
-        assert!(self.sync_taken_sequence <= written);
-        assert!(self.syncs_in_flight <= syncs_in_flight_max);
         assert!(self.synced_bytes <= self.flushed_bytes);
         for w in &self.waiters {
             assert!(

@@ -2,33 +2,29 @@
 //! asks for, and group commit.
 //!
 //! A PUB is appended to its partition's write buffer at once; at the end of the reactor
-//! pass each dirty partition is written with one write ([`Partitions::flush_dirty`]) and
-//! gets an fdatasync job ([`Partitions::take_sync_jobs`]) when fewer than
-//! [`SYNCS_IN_FLIGHT_PER_PARTITION_MAX`] run. Every PUB written before a sync job was
-//! taken is covered by it, so many records share one fdatasync. A PUB is answered when
-//! its record reached what it asked for (`docs/STORAGE.md`, `man/mortarmq.7` PUB).
+//! pass each dirty partition is written with one write ([`Partitions::flush_dirty`]),
+//! the same records go to the node's journal, and a journal sync job covers every
+//! partition written before it was taken (group commit, `commit.rs`). A PUB is answered
+//! when its record reached what it asked for (`docs/STORAGE.md`, `man/mortarmq.7` PUB).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::log::journal::Journal;
 use crate::log::{meta, LogConfig, PartitionLog, RecordView, Storage, StorageError};
 use crate::wire::limits::{MAX_KEY_LEN_BYTES, MAX_VALUE_LEN_BYTES};
 use crate::wire::ops::Pub;
 use crate::wire::{Durability, ErrorCode, Op, Response};
 
+use super::commit::GroupCommit;
 use super::counters::{bucket_of, BrokerCounters, FSYNC_BATCH_BUCKETS, FSYNC_LATENCY_BUCKETS_US};
 use super::idhash::IdMap;
 use super::jobs::{DurableJob, OpenedLogs, Work};
 use super::partition::{Partition, Waiter};
 use super::producers::{self, Idempotence, Producers};
 use super::topics::{partition_dir, TopicPair};
-use super::{ConnRef, Effect, Handled, Now, PartitionKey};
+use super::{ConnRef, Effect, Handled, Now, PartitionKey, JOURNAL_DIR};
 
-/// fdatasyncs one partition may have running at once. Two, so that records arriving
-/// while one sync runs start their own at once instead of waiting for it (a pipelining
-/// client's burst often straddles two reactor passes). A sync covers everything written
-/// before it started, whichever finishes first, so completions may come in any order.
-pub const SYNCS_IN_FLIGHT_PER_PARTITION_MAX: u8 = 2;
 /// A partition with more written-but-unsynced bytes than this refuses PUBs with
 /// BACKPRESSURE until the disk catches up: a producer faster than the disk must not
 /// fill the page cache (and block the reactor in `write`).
@@ -46,12 +42,11 @@ fn fail(code: ErrorCode, message: String) -> Handled {
     Handled::Answer(Response::err(code, Op::Pub as u8, message))
 }
 
-/// A finished [`Work::SyncPartition`], as the publish path needs it.
+/// A finished [`Work::SyncJournal`], as the publish path needs it.
 pub(super) struct SyncDone<'a> {
-    pub key: PartitionKey,
-    pub upto: u64,
+    pub upto_lsn: u64,
+    pub undone: Vec<super::jobs::SegmentSync>,
     pub records: u64,
-    pub bytes: u64,
     pub result: &'a std::io::Result<()>,
     pub elapsed: std::time::Duration,
 }
@@ -60,14 +55,17 @@ pub(super) struct SyncDone<'a> {
 pub struct Partitions {
     storage: Arc<dyn Storage>,
     map: IdMap<PartitionKey, Partition>,
-    /// Partitions with buffered records this pass, and partitions owed a sync job.
+    /// Partitions with buffered records this pass.
     flush_list: Vec<PartitionKey>,
-    sync_list: Vec<PartitionKey>,
+    /// The journal, its syncs and checkpoints.
+    commit: GroupCommit,
     /// Bytes of every segment (kept current by flushes, recounted in housekeeping).
     data_bytes: u64,
     topics_dir: PathBuf,
     log_config: LogConfig,
     producer_ttl_ms: u64,
+    /// `--max-producers`.
+    max_producers: usize,
     /// `--max-data-size` (0 = none).
     max_data_bytes: u64,
     leader_epoch: u64,
@@ -83,15 +81,18 @@ impl Partitions {
         config: &super::BrokerConfig,
         epoch: u64,
     ) -> Self {
+        let journal_dir = config.data_dir.join(JOURNAL_DIR);
+        let journal = Journal::new(&storage, &journal_dir, config.journal_file_bytes, epoch);
         Partitions {
+            commit: GroupCommit::new(&storage, journal, config.journal_file_bytes),
             storage,
             map: IdMap::default(),
             flush_list: Vec::new(),
-            sync_list: Vec::new(),
             data_bytes: 0,
             topics_dir,
             log_config: config.log,
             producer_ttl_ms: config.producer_ttl_ms,
+            max_producers: config.max_producers_per_partition,
             max_data_bytes: config.max_data_bytes,
             leader_epoch: epoch,
             next_producer_snapshot_ms: producers::PRODUCER_SNAPSHOT_INTERVAL_MS,
@@ -115,17 +116,16 @@ impl Partitions {
         self.map.keys().copied()
     }
 
-    /// Opens (creating if needed) one partition's directory, recovers its log and
-    /// rebuilds its producers: from the snapshot, then the records after it.
+    /// Opens (creating if needed) one partition's directory and recovers its log. Its
+    /// producers are rebuilt by [`recover`](Self::recover), after the journal replay.
     pub(super) fn open(
         &mut self,
         key: PartitionKey,
         name: &str,
-        now: Now,
         counters: &mut BrokerCounters,
     ) -> Result<(), StorageError> {
         let dir = partition_dir(&self.topics_dir, key.0, name, key.1);
-        let (mut log, recovery) = PartitionLog::open(&self.storage, &dir, self.log_config)?;
+        let (log, recovery) = PartitionLog::open(&self.storage, &dir, self.log_config)?;
         if recovery.truncated_bytes > 0 {
             log::warn!(
                 "recovery truncated {} bytes of topic {} partition {} at {:?}",
@@ -137,12 +137,42 @@ impl Partitions {
             counters.recovery_truncations += 1;
             counters.recovery_truncated_bytes += recovery.truncated_bytes;
         }
-        let (producers, covered) = self.rebuild_producers(key, &dir, &mut log, now, counters);
         self.data_bytes += log.stats().bytes;
-        let mut partition = Partition::new(key.0, key.1, log);
-        partition.producers = producers;
-        partition.producers_snapshot_covered = covered;
-        self.map.insert(key, partition);
+        self.map.insert(key, Partition::new(key.0, key.1, log));
+        Ok(())
+    }
+
+    /// Start-up, once every partition is open: replays the journal into the partitions
+    /// that lost records (`commit.rs`), then rebuilds each one's producers from its
+    /// snapshot and the records after it.
+    pub(super) fn recover(
+        &mut self,
+        now: Now,
+        counters: &mut BrokerCounters,
+    ) -> Result<(), StorageError> {
+        let report = self.commit.recover(&mut self.map, counters)?;
+        log::info!(
+            "journal: {} entries from lsn {} to {} replayed; {} records given back to \
+             partitions that had lost them",
+            report.entries_replayed,
+            report.checkpoint_lsn,
+            report.end_lsn,
+            counters.journal_records_replayed
+        );
+        if let Some(why) = &report.ended_by {
+            log::info!("journal: ends at {why}");
+        }
+        let keys: Vec<PartitionKey> = self.map.keys().copied().collect();
+        for key in keys {
+            let mut part = self.map.remove(&key).expect("listed");
+            let dir = part.log.dir().to_path_buf();
+            let (producers, covered) =
+                self.rebuild_producers(key, &dir, &mut part.log, now, counters);
+            part.producers = producers;
+            part.producers_snapshot_covered = covered;
+            self.map.insert(key, part);
+        }
+        self.data_bytes = self.map.values().map(|p| p.log.stats().bytes).sum();
         Ok(())
     }
 
@@ -156,13 +186,13 @@ impl Partitions {
         now: Now,
         counters: &mut BrokerCounters,
     ) -> (Producers, u64) {
-        let ttl_ms = self.producer_ttl_ms;
+        let (ttl_ms, max_producers) = (self.producer_ttl_ms, self.max_producers);
         let written = log.written_sequence();
         let snapshot = meta::read_checked(&*self.storage, &dir.join(producers::PRODUCERS_FILE))
             .ok()
             .flatten()
             .and_then(|bytes| {
-                Producers::decode(&bytes, now.mono_ms, now.wall_ms, ttl_ms)
+                Producers::decode(&bytes, (now.mono_ms, now.wall_ms), ttl_ms, max_producers)
                     .map_err(|e| log::warn!("{}: producer snapshot ignored: {e}", dir.display()))
                     .ok()
             });
@@ -178,7 +208,9 @@ impl Partitions {
         let scanned = log.scan_headers(first, |sequence, timestamp_ms, producer_id, seq| {
             if producer_id != 0 && now.wall_ms.saturating_sub(timestamp_ms) <= ttl_ms {
                 // Idleness is measured on the monotonic clock from start-up on.
-                producers.record(producer_id, seq, sequence, now.mono_ms);
+                let evicted =
+                    producers.record(producer_id, seq, sequence, now.mono_ms, max_producers);
+                counters.producers_evicted += evicted as u64;
             }
         });
         match scanned {
@@ -256,7 +288,6 @@ impl Partitions {
         }
         let gone = |&(t, _): &PartitionKey| t != pair.source_id() && t != pair.twin_id();
         self.flush_list.retain(gone);
-        self.sync_list.retain(gone);
     }
 
     /// PUB to a partition that exists (the caller checked the topic and the index):
@@ -284,6 +315,12 @@ impl Partitions {
                 ErrorCode::InternalError,
                 "a previous fsync of this partition failed; it refuses writes until a restart"
                     .into(),
+            );
+        }
+        if let Some(why) = self.commit.poisoned() {
+            return fail(
+                ErrorCode::InternalError,
+                format!("{why}; the broker refuses writes until a restart"),
             );
         }
         counters.pubs += 1;
@@ -316,8 +353,9 @@ impl Partitions {
         };
         let part = self.map.get_mut(&key).expect("appended above");
         if p.producer_id != 0 {
-            part.producers
-                .record(p.producer_id, p.producer_seq, sequence, now.mono_ms);
+            let (id, seq, max) = (p.producer_id, p.producer_seq, self.max_producers);
+            let evicted = part.producers.record(id, seq, sequence, now.mono_ms, max);
+            counters.producers_evicted += evicted as u64;
         }
         part.waiters.push(Waiter { sequence, ..waiter });
         Handled::Wait
@@ -341,10 +379,11 @@ impl Partitions {
         Ok(sequence)
     }
 
-    /// Writes each dirty partition's buffered records with one write and answers the
-    /// PUBs that needed only WRITTEN. Calls `flushed` for every partition flushed, so the
-    /// caller can wake its consumers: with `Ok`, or with `Err(written)` when the write
-    /// failed and every record above `written` is gone.
+    /// Writes each dirty partition's buffered records with one write, queues them in the
+    /// journal, writes the journal, and answers the PUBs that needed only WRITTEN. Calls
+    /// `flushed` for every partition flushed, so the caller can wake its consumers: with
+    /// `Ok`, or with `Err(written)` when the write failed and every record above
+    /// `written` is gone.
     pub(super) fn flush_dirty(
         &mut self,
         effects: &mut Vec<Effect>,
@@ -357,20 +396,12 @@ impl Partitions {
                 continue;
             };
             part.dirty = false;
-            let before = part.log.written_sequence();
-            let pending = part.log.pending_bytes() as u64;
-            let outcome = match part.log.flush() {
-                Ok(()) => {
-                    counters.records_appended += part.log.written_sequence() - before;
-                    self.data_bytes += pending;
-                    part.flushed_bytes += pending;
-                    if part.syncs_in_flight < SYNCS_IN_FLIGHT_PER_PARTITION_MAX {
-                        self.sync_list.push(key);
-                    }
-                    Ok(())
-                }
+            let outcome = match self.flush_one(key, counters) {
+                Ok(()) => Ok(()),
                 Err(e) => {
+                    let part = self.map.get_mut(&key).expect("flushed above");
                     fail_unwritten(part, &e, effects);
+                    self.commit.flush_undone(key, part);
                     Err(part.log.written_sequence())
                 }
             };
@@ -378,74 +409,117 @@ impl Partitions {
             flushed(key, outcome);
         }
         self.flush_list = flush_list;
-    }
-
-    /// Group commit: one fdatasync job for each partition owed one, unless it already
-    /// has [`SYNCS_IN_FLIGHT_PER_PARTITION_MAX`] running.
-    pub(super) fn take_sync_jobs(&mut self, out: &mut Vec<DurableJob>) {
-        for key in self.sync_list.drain(..) {
-            let Some(part) = self.map.get_mut(&key) else {
-                continue;
-            };
-            if part.syncs_in_flight >= SYNCS_IN_FLIGHT_PER_PARTITION_MAX {
-                continue;
-            }
-            let Some(sync) = part.log.take_sync_job() else {
-                continue;
-            };
-            part.syncs_in_flight += 1;
-            // Records and bytes this job adds to what the jobs before it cover.
-            let records = sync.upto_sequence.saturating_sub(part.sync_taken_sequence);
-            part.sync_taken_sequence = sync.upto_sequence;
-            out.push(DurableJob {
-                storage: Arc::clone(&self.storage),
-                work: Work::SyncPartition {
-                    key,
-                    sync,
-                    records,
-                    bytes: part.flushed_bytes,
-                },
-            });
+        if let Err((why, keys)) = self.commit.write() {
+            counters.fsync_failures += 1;
+            self.fail_waiting(&keys, &why, effects);
         }
     }
 
-    /// A partition's sync job finished on a worker.
+    /// Writes one partition's buffered records to its segment and queues them in the
+    /// journal.
+    fn flush_one(
+        &mut self,
+        key: PartitionKey,
+        counters: &mut BrokerCounters,
+    ) -> Result<(), StorageError> {
+        let part = self
+            .map
+            .get_mut(&key)
+            .expect("the caller found the partition");
+        let before = part.log.written_sequence();
+        let pending = part.log.pending_bytes() as u64;
+        let journal = self.commit.journal();
+        part.log
+            .flush_with(|first, count, bytes| journal.append(key.0, key.1, first, count, bytes))?;
+        let records = part.log.written_sequence() - before;
+        counters.records_appended += records;
+        self.data_bytes += pending;
+        part.flushed_bytes += pending;
+        if records > 0 {
+            self.commit.flushed(key, part, records, pending);
+        }
+        Ok(())
+    }
+
+    /// Group commit: a journal sync job for what this pass wrote (unless enough run),
+    /// and a checkpoint when the journal has grown enough since the last one.
+    pub(super) fn take_sync_jobs(&mut self, out: &mut Vec<DurableJob>) {
+        self.commit.take_sync_job(out);
+        let force = std::mem::take(&mut self.commit.checkpoint_requested);
+        self.commit.take_checkpoint(&mut self.map, force, out);
+        self.commit.take_spare_if_due(out);
+    }
+
+    /// A journal sync job finished on a worker.
     pub(super) fn sync_done(
         &mut self,
         done: SyncDone<'_>,
         effects: &mut Vec<Effect>,
         counters: &mut BrokerCounters,
+        jobs: &mut Vec<DurableJob>,
     ) {
-        let SyncDone {
-            key,
-            upto,
-            records,
-            bytes,
-            result,
-            elapsed,
-        } = done;
-        let Some(part) = self.map.get_mut(&key) else {
-            return;
-        };
-        part.syncs_in_flight -= 1;
-        match result {
-            // An earlier sync failed: this one's success may hide lost pages (the kernel
-            // reports a writeback error once), so it acknowledges nothing.
-            Ok(()) if part.log.is_poisoned() => {}
-            Ok(()) => {
-                part.log.sync_done(upto);
-                part.synced_bytes = part.synced_bytes.max(bytes);
-                count_sync(counters, records, elapsed);
-                if part.log.written_sequence() > upto {
-                    self.sync_list.push(key);
-                }
-                self.answer_ready(key, effects);
-            }
-            Err(e) => {
+        let synced =
+            self.commit
+                .sync_done((done.upto_lsn, done.undone), done.result, &mut self.map);
+        for (key, why) in &synced.poisoned {
+            self.fail_waiting(&[*key], &format!("syncing an undone write: {why}"), effects);
+        }
+        match synced.failed {
+            Some(why) => {
                 counters.fsync_failures += 1;
-                fail_unsynced(part, e, self.leader_epoch, effects);
+                self.fail_waiting(&synced.keys, &why, effects);
+            }
+            None => {
+                count_sync(counters, done.records, done.elapsed);
+                for key in synced.keys {
+                    self.answer_ready(key, effects);
+                }
             }
         }
+        // Records written while the job ran get theirs now.
+        self.take_sync_jobs(jobs);
+    }
+
+    /// A checkpoint job finished on a worker.
+    pub(super) fn checkpoint_done(
+        &mut self,
+        syncs: Vec<super::jobs::SegmentSync>,
+        lsn: u64,
+        result: &std::io::Result<()>,
+        (jobs, counters, effects): (&mut Vec<DurableJob>, &mut BrokerCounters, &mut Vec<Effect>),
+    ) {
+        let synced =
+            self.commit
+                .checkpoint_done(syncs, lsn, result, &mut self.map, (jobs, counters));
+        // Records a segment sync covered that the journal had not yet.
+        for key in synced {
+            self.answer_ready(key, effects);
+        }
+    }
+
+    /// The journal failed: the waiters of `keys` can no longer be made durable.
+    fn fail_waiting(&mut self, keys: &[PartitionKey], why: &str, effects: &mut Vec<Effect>) {
+        let error = std::io::Error::other(why.to_string());
+        for key in keys {
+            if let Some(part) = self.map.get_mut(key) {
+                fail_unsynced(part, &error, self.leader_epoch, effects);
+            }
+        }
+    }
+
+    /// A job making the journal's spare file finished.
+    pub(super) fn spare_made(&mut self, result: &std::io::Result<()>) {
+        self.commit.spare_made(result);
+    }
+
+    /// Where the journal's next entry goes.
+    pub(super) fn journal_written_lsn(&mut self) -> u64 {
+        self.commit.journal().written_lsn() + self.commit.journal().pending_bytes() as u64
+    }
+
+    /// Takes a checkpoint at the end of this pass, however little the journal grew.
+    pub(super) fn request_checkpoint(&mut self) {
+        self.commit.checkpoint_requested = true;
     }
 
     fn answer_ready(&mut self, key: PartitionKey, effects: &mut Vec<Effect>) {
@@ -519,18 +593,22 @@ impl Partitions {
 
     /// At shutdown, after the worker pool stopped: writes and syncs everything still
     /// buffered on the calling thread and saves every producer snapshot.
-    pub(super) fn shutdown_sync(&mut self, now: Now, failed: &mut Vec<String>) {
-        for part in self.map.values_mut() {
-            if let Err(e) = part.log.flush() {
+    pub(super) fn shutdown_sync(
+        &mut self,
+        now: Now,
+        failed: &mut Vec<String>,
+        counters: &mut BrokerCounters,
+    ) {
+        let keys: Vec<PartitionKey> = self.map.keys().copied().collect();
+        for key in keys {
+            if let Err(e) = self.flush_one(key, counters) {
                 failed.push(e.to_string());
-                continue;
             }
-            if let Some(job) = part.log.take_sync_job() {
-                match job.run() {
-                    Ok(()) => part.log.sync_done(job.upto_sequence),
-                    Err(e) => failed.push(e.to_string()),
-                }
-            }
+        }
+        if let Err(e) = self.commit.shutdown(&mut self.map, counters) {
+            failed.push(e);
+        }
+        for part in self.map.values_mut() {
             let covered = part.log.written_sequence();
             let bytes = part.producers.encode(covered, now.mono_ms, now.wall_ms);
             let path = part.log.dir().join(producers::PRODUCERS_FILE);
@@ -542,8 +620,10 @@ impl Partitions {
 
     pub(super) fn check_invariants(&self) {
         for part in self.map.values() {
-            part.check_invariants(SYNCS_IN_FLIGHT_PER_PARTITION_MAX);
+            part.check_invariants();
+            part.producers.check_len(self.max_producers);
         }
+        self.commit.check_invariants();
         for key in &self.flush_list {
             assert!(self.map[key].dirty, "flush list holds a clean partition");
         }

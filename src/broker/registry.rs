@@ -68,6 +68,9 @@ pub struct TopicRegistry {
     unwritten: BTreeMap<u16, u64>,
     /// No registry write before this (after a failure: the disk may be full).
     retry_after_ms: u64,
+    /// Pairs deleted at a journal LSN no checkpoint has passed yet: a restart would
+    /// replay their old records, so they are not reused until one has.
+    freed_uncheckpointed: BTreeMap<u16, u64>,
 }
 
 /// After a failed registry write the next one waits this long, so a full disk is not
@@ -148,8 +151,15 @@ impl TopicRegistry {
             queued: VecDeque::new(),
             unwritten: BTreeMap::new(),
             retry_after_ms: 0,
+            freed_uncheckpointed: BTreeMap::new(),
         };
         Ok((topics, read))
+    }
+
+    /// A checkpoint at `lsn` is durable: pairs deleted below it may be reused.
+    pub(super) fn checkpointed(&mut self, lsn: u64) {
+        self.freed_uncheckpointed
+            .retain(|_, deleted_at| *deleted_at > lsn);
     }
 
     pub fn registry(&self) -> &Registry {
@@ -395,7 +405,12 @@ impl Broker {
                 format!("data directory cap of {cap} bytes reached"),
             );
         }
-        let pair = match self.topics.registry.create(name, partition_count) {
+        let topics = &mut self.topics;
+        let avoid = &topics.freed_uncheckpointed;
+        let pair = match topics
+            .registry
+            .create_avoiding(name, partition_count, avoid)
+        {
             Ok(pair) => pair,
             Err(code) => return declare_err(code, "all 32767 topic pairs are in use".into()),
         };
@@ -491,6 +506,10 @@ impl Broker {
         self.partitions.remove_pair(pair, &mut self.effects);
         let topics = &mut self.topics;
         topics.registry.delete(pair.pair);
+        topics
+            .freed_uncheckpointed
+            .insert(pair.pair, self.partitions.journal_written_lsn());
+        self.partitions.request_checkpoint();
         topics.unwritten.remove(&pair.pair);
         topics.version += 1;
         for (topic_id, name) in pair.topics() {

@@ -108,7 +108,7 @@ fn declare(broker: &mut Broker, jobs: &HeldJobs, name: &str, partitions: u16) ->
 /// Passes and job runs until no job is left (a creation, then its registry write).
 fn settle(broker: &mut Broker, jobs: &HeldJobs) {
     loop {
-        broker.end_pass(Now::default());
+        broker.end_pass(Now::default(), &unlimited_room);
         if jobs.len() == 0 {
             return;
         }
@@ -153,7 +153,7 @@ fn fsync_answers_wait_for_the_sync_and_group_commit_batches_them() {
             Handled::Wait
         ));
     }
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     assert_eq!(jobs.len(), 1, "one fdatasync for the three");
     assert!(
         answers(&mut broker).is_empty(),
@@ -163,11 +163,11 @@ fn fsync_answers_wait_for_the_sync_and_group_commit_batches_them() {
     for slot in 3..5 {
         publish(&mut broker, slot, topic, 0, (0, 0));
     }
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     assert_eq!(jobs.len(), 2, "a second sync may run beside the first");
-    // ...but a third batch waits: at most SYNCS_IN_FLIGHT_PER_PARTITION_MAX run.
+    // ...but a third batch waits: at most JOURNAL_SYNCS_IN_FLIGHT_MAX run.
     publish(&mut broker, 5, topic, 0, (0, 0));
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     assert_eq!(jobs.len(), 2);
     jobs.run(&mut broker, |_| false);
     let done = answers(&mut broker);
@@ -177,7 +177,7 @@ fn fsync_answers_wait_for_the_sync_and_group_commit_batches_them() {
     );
     assert!(done.iter().all(|(_, a)| pub_result(a).durability == 2));
     assert_eq!(pub_result(&done[4].1).commit_seq, 5);
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     assert_eq!(
         jobs.len(),
         1,
@@ -204,9 +204,9 @@ fn a_sync_finishing_first_covers_what_was_written_before_it_started() {
     let (mut broker, jobs) = open(dir.path());
     let topic = declare(&mut broker, &jobs, "t", 1);
     publish(&mut broker, 0, topic, 0, (0, 0));
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     publish(&mut broker, 1, topic, 0, (0, 0));
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     // Complete the second job first: both records are durable.
     let mut held: Vec<_> = jobs.0.borrow_mut().drain(..).collect();
     held.reverse();
@@ -218,45 +218,79 @@ fn a_sync_finishing_first_covers_what_was_written_before_it_started() {
 }
 
 #[test]
-fn a_failed_fdatasync_poisons_only_its_partition_and_acknowledges_nothing_unsynced() {
+fn a_failed_journal_fdatasync_acknowledges_nothing_it_covered_and_refuses_writes() {
     let dir = tempfile::tempdir().unwrap();
     let (mut broker, jobs) = open(dir.path());
     let topic = declare(&mut broker, &jobs, "t", 2);
     publish(&mut broker, 0, topic, 0, (0, 0));
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     jobs.run(&mut broker, |_| false);
     assert_eq!(pub_result(&answers(&mut broker)[0].1).sequence, 1);
 
     publish(&mut broker, 1, topic, 0, (0, 0));
     publish(&mut broker, 2, topic, 1, (0, 0));
-    broker.end_pass(Now::default());
-    assert_eq!(jobs.len(), 2);
-    jobs.run(&mut broker, |i| i == 0); // partition 0's sync fails
-    let mut got = answers(&mut broker);
-    got.sort_by_key(|(s, _)| *s);
-    assert_eq!(
-        got[0].1.error_code(),
-        Some(ErrorCode::InternalError),
-        "never acknowledged"
+    broker.end_pass(Now::default(), &unlimited_room);
+    assert_eq!(jobs.len(), 1, "one journal sync for both partitions");
+    jobs.run(&mut broker, |_| true);
+    let got = answers(&mut broker);
+    assert_eq!(got.len(), 2);
+    assert!(
+        got.iter()
+            .all(|(_, a)| a.error_code() == Some(ErrorCode::InternalError)),
+        "never acknowledged: {got:?}"
     );
-    assert_eq!(
-        pub_result(&got[1].1).sequence,
-        1,
-        "partition 1 is unaffected"
-    );
-    // No retry-and-pretend: the partition refuses writes from now on.
-    match publish(&mut broker, 3, topic, 0, (0, 0)) {
+    // No retry-and-pretend: the kernel may have dropped the journal's dirty pages, so
+    // nothing written from now on could be made durable.
+    for (slot, partition) in [(3, 0), (4, 1)] {
+        match publish(&mut broker, slot, topic, partition, (0, 0)) {
+            Handled::Answer(a) => assert_eq!(a.error_code(), Some(ErrorCode::InternalError)),
+            Handled::Wait => panic!("a write was taken after the journal failed"),
+        }
+    }
+    assert_eq!(broker.counters.fsync_failures, 1);
+    // Reads of what was durable still work.
+    let part = broker.partitions.get_mut((topic, 0)).unwrap();
+    assert_eq!(part.log.read_one(1).unwrap().unwrap().value, b"v");
+}
+
+#[test]
+fn a_failed_segment_sync_at_a_checkpoint_poisons_only_its_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut broker, jobs) = open(dir.path());
+    let topic = declare(&mut broker, &jobs, "t", 2);
+    publish(&mut broker, 0, topic, 0, (0, 0));
+    publish(&mut broker, 1, topic, 1, (0, 0));
+    broker.end_pass(Now::default(), &unlimited_room);
+    jobs.run(&mut broker, |_| false);
+    assert_eq!(answers(&mut broker).len(), 2);
+    broker.partitions.request_checkpoint();
+    broker.end_pass(Now::default(), &unlimited_room);
+    let mut job = jobs.0.borrow_mut().pop().expect("a checkpoint");
+    crate::fsync::Job::run(&mut job).unwrap();
+    let Work::Checkpoint { syncs, .. } = &mut job.work else {
+        panic!("expected a checkpoint, got {job:?}");
+    };
+    let failing = syncs.iter_mut().find(|s| s.key == (topic, 0)).unwrap();
+    failing.result = Some(Err(io::Error::other("injected EIO")));
+    let done = Completion {
+        job,
+        result: Err(io::Error::other("injected EIO")),
+        elapsed: Duration::from_micros(50),
+    };
+    broker.job_done(done, Now::default());
+    broker.check_invariants();
+    match publish(&mut broker, 2, topic, 0, (0, 0)) {
         Handled::Answer(a) => assert_eq!(a.error_code(), Some(ErrorCode::InternalError)),
         Handled::Wait => panic!("a poisoned partition accepted a write"),
     }
-    assert_eq!(broker.counters.fsync_failures, 1);
-    // Reads of what was synced still work.
-    let part = broker.partitions.get_mut((topic, 0)).unwrap();
-    assert_eq!(part.log.read_one(1).unwrap().unwrap().value, b"v");
     assert!(matches!(
-        publish(&mut broker, 4, topic, 1, (0, 0)),
+        publish(&mut broker, 3, topic, 1, (0, 0)),
         Handled::Wait
     ));
+    assert_eq!(
+        broker.counters.checkpoints, 0,
+        "not written after a failure"
+    );
 }
 
 #[test]
@@ -271,7 +305,7 @@ fn a_duplicate_waits_for_its_original_to_be_durable() {
         publish(&mut broker, 1, topic, 0, (9, 1)),
         Handled::Wait
     ));
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     assert!(answers(&mut broker).is_empty());
     jobs.run(&mut broker, |_| false);
     let got = answers(&mut broker);
@@ -302,9 +336,9 @@ fn a_failed_registry_write_fails_the_declare_and_is_retried_by_the_next_one() {
         flags: DeclareFlags::empty(),
     };
     broker.declare(CONN, 0, &d, Now::default());
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     jobs.run(&mut broker, |_| false); // the topic's files
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     jobs.run(&mut broker, |_| true); // the registry write fails
     assert_eq!(
         answers(&mut broker)[0].1.error_code(),
@@ -322,13 +356,13 @@ fn a_failed_registry_write_fails_the_declare_and_is_retried_by_the_next_one() {
         flags: DeclareFlags::empty(),
     };
     broker.declare(CONN, 2, &d2, Now::default());
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     jobs.run(&mut broker, |_| false); // b's files
     let later = Now {
         mono_ms: registry::REGISTRY_RETRY_MS,
         wall_ms: 0,
     };
-    broker.end_pass(later);
+    broker.end_pass(later, &unlimited_room);
     jobs.run(&mut broker, |_| false); // the write that names both
     assert!(matches!(answers(&mut broker)[0].1, Response::Declare(_)));
     let on_disk = meta::read_checked(
@@ -407,7 +441,7 @@ fn join(broker: &mut Broker, topic: u16) -> crate::wire::ops::SubResult {
     else {
         panic!("SUB refused");
     };
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     for e in effects(broker) {
         if let Effect::Notice { notice, .. } = e {
             let ca = ControlAck::answering(&notice, crate::wire::ControlResult::Ok);
@@ -429,7 +463,7 @@ fn a_dead_letter_whose_twin_flush_failed_is_appended_again() {
     }
     settle(&mut broker, &jobs);
     join(&mut broker, topic);
-    broker.end_pass(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
     let deliveries: Vec<_> = effects(&mut broker)
         .into_iter()
         .filter_map(|e| match e {
@@ -447,7 +481,7 @@ fn a_dead_letter_whose_twin_flush_failed_is_appended_again() {
         write_eio: 1_000_000,
         ..FaultRates::default()
     });
-    broker.end_pass(Now::default()); // the twin's flush fails
+    broker.end_pass(Now::default(), &unlimited_room); // the twin's flush fails
     disk.set_faults(FaultRates::default());
     reject(&mut broker, &deliveries[1]); // would take twin sequence 1 again
     settle(&mut broker, &jobs);
@@ -455,7 +489,7 @@ fn a_dead_letter_whose_twin_flush_failed_is_appended_again() {
     settle(&mut broker, &jobs);
     let twin = broker.partition(topic + 1, 0).unwrap();
     assert_eq!(
-        twin.log.synced_sequence(),
+        twin.log.durable_sequence(),
         2,
         "both dead letters in the twin"
     );
@@ -481,7 +515,7 @@ fn a_failed_final_sync_is_an_error_for_the_exit_status() {
         value: b"v",
         ..Pub::default()
     };
-    let synced = |broker: &Broker| broker.partition(topic, 0).unwrap().log.synced_sequence();
+    let synced = |broker: &Broker| broker.partition(topic, 0).unwrap().log.durable_sequence();
     // Appended in the last pass before the signal: the final sync writes and syncs it.
     broker.publish(CONN, 1, &p, Now::default());
     assert!(broker.shutdown_sync(Now::default()).is_ok());

@@ -155,11 +155,24 @@ impl Registry {
 
     /// Registers a new pair; the caller has checked the name is free and valid.
     pub fn create(&mut self, name: &str, partition_count: u16) -> Result<TopicPair, ErrorCode> {
+        self.create_avoiding(name, partition_count, &BTreeMap::<u16, ()>::new())
+    }
+
+    /// [`create`](Self::create), never reusing a freed pair in `avoid`.
+    pub fn create_avoiding<T>(
+        &mut self,
+        name: &str,
+        partition_count: u16,
+        avoid: &BTreeMap<u16, T>,
+    ) -> Result<TopicPair, ErrorCode> {
         let pair = if self.next_unused_pair < TOPIC_PAIRS_MAX {
             self.next_unused_pair += 1;
             self.next_unused_pair - 1
         } else {
-            self.freed.pop_first().ok_or(ErrorCode::TopicRegistryFull)?
+            let reusable = self.freed.iter().find(|p| !avoid.contains_key(p));
+            let pair = *reusable.ok_or(ErrorCode::TopicRegistryFull)?;
+            self.freed.remove(&pair);
+            pair
         };
         let topic = TopicPair {
             pair,

@@ -19,14 +19,28 @@
 //! Ownership of a partition moves `Unowned → Assigning → Owned → Revoking → Unowned`.
 //! Only `Owned` partitions deliver: MSGs flow after CONTROL_ACK(OK) of the ASSIGN and
 //! stop once REVOKE is sent (the old owner may still ACK what it holds until release).
+//! `Assigning` and `Revoking` both end at `--revoke-timeout`: a REVOKE not answered by
+//! then releases the partition; an ASSIGN not answered by then is taken back (the member
+//! gets a REVOKE for it) and the member is *stalled*: it keeps what it owns but is given
+//! nothing new until it answers a notice, so a member that heartbeats but ignores its
+//! notices cannot hold partitions it never consumes.
+//!
+//! A PULL is answered with what fits three bounds: its own `max_msgs` and `max_bytes`
+//! (the latter 0 = the member's credit bytes), both capped by `--max-credit-count` and
+//! `--max-credit-size`; and the room the connection's output has left before
+//! `--max-output-size` ([`OutputRoom`](super::OutputRoom)). The first record is allowed
+//! past the first two (so a record larger than `max_bytes` still flows) but never past
+//! the room: a PULL whose connection cannot take its next record waits for its
+//! deadline, then is answered with what fits, possibly nothing.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::{
     ConnId, CreditResult, Delivery, DeliveryRef, Effect, ErrorCode, GroupSnapshot, MemberSnapshot,
-    Notice, NoticeKind, OriginReason, OwnershipState, PartitionSnapshot, PendingNotice,
-    RecordBytes, Records, Restored, Shared, StartPolicy, Timer, READ_RETRY_MS,
+    Notice, NoticeKind, OriginReason, OutputRoom, OwnershipState, PartitionSnapshot, PendingNotice,
+    RecordBytes, Records, Restored, Shared, StartPolicy, Timer, MSG_FRAME_FIXED_BYTES,
+    OK_EMPTY_FRAME_BYTES, READ_RETRY_MS,
 };
 
 fn ack_timer(group_id: u16, p: usize, seq: u64) -> Timer {
@@ -45,6 +59,39 @@ fn retry_timer(group_id: u16, p: usize, seq: u64) -> Timer {
     }
 }
 
+fn assign_timer(group_id: u16, p: usize) -> Timer {
+    Timer::Assign {
+        group_id,
+        partition: p as u16,
+    }
+}
+
+fn revoke_timer(group_id: u16, p: usize) -> Timer {
+    Timer::Revoke {
+        group_id,
+        partition: p as u16,
+    }
+}
+
+/// Queues a PULL's answer and counts its bytes against the connection's room until the
+/// caller's outputs catch up.
+pub(super) fn answer_pull(
+    sh: &mut Shared,
+    conn: ConnId,
+    pull_id: u64,
+    deliveries: Vec<Delivery>,
+    msg_bytes: u64,
+) {
+    let bytes = msg_bytes + OK_EMPTY_FRAME_BYTES as u64;
+    *sh.answered_bytes.entry(conn).or_default() += bytes;
+    sh.effects.push(Effect::PullAnswer {
+        conn,
+        pull_id,
+        deliveries,
+        bytes,
+    });
+}
+
 fn pull_timer(group_id: u16, member_id: u64, pull_id: u64) -> Timer {
     Timer::Pull {
         group_id,
@@ -59,6 +106,7 @@ pub(super) enum Ownership {
     Assigning {
         member_id: u64,
         notice_id: u64,
+        deadline_ms: u64,
     },
     Owned {
         member_id: u64,
@@ -123,7 +171,10 @@ pub(super) struct Partition {
 
 pub(super) struct PendingPull {
     pub(super) pull_id: u64,
-    pub(super) ownership_epochs: Vec<u64>,
+    /// The partitions (with their ownership epochs then) the PULL's `ownership_epochs`
+    /// named among those the member held when it arrived; `None`: all it owns.
+    pub(super) only: Option<Vec<(u16, u64)>>,
+    /// Already capped by `--max-credit-count` and `--max-credit-size`.
     pub(super) max_msgs: u16,
     pub(super) max_bytes: u32,
     pub(super) min_bytes: u32,
@@ -149,6 +200,9 @@ pub(super) struct Member {
     pub(super) pulls: VecDeque<PendingPull>,
     /// Where the next delivery pass starts among the member's partitions (fairness).
     rotation: usize,
+    /// Left an ASSIGN unanswered past `--revoke-timeout`: given no partition until it
+    /// CONTROL_ACKs a notice.
+    stalled: bool,
 }
 
 impl Member {
@@ -178,6 +232,7 @@ impl Member {
             outstanding_bytes: 0,
             pulls: VecDeque::new(),
             rotation: 0,
+            stalled: false,
         }
     }
 
@@ -202,21 +257,50 @@ impl Member {
 }
 
 /// How much a delivery pass may hand out. The first record is always allowed when
-/// `have_count` is 0, so a record larger than the byte window still flows.
+/// `have_count` is 0, so a record larger than the byte window still flows; the room for
+/// MSG frames is never passed, not even by the first.
 #[derive(Debug, Clone, Copy)]
 struct Window {
     have_count: u32,
     have_bytes: u64,
     max_count: u32,
     max_bytes: u64,
+    /// Encoded MSG bytes so far, and how many the connection's output can take.
+    have_frame_bytes: u64,
+    frame_room: u64,
 }
 
 impl Window {
-    fn admits(&self, bytes: u32) -> bool {
-        self.have_count == 0
-            || (self.have_count < self.max_count
-                && self.have_bytes + u64::from(bytes) <= self.max_bytes)
+    fn credit(have_count: u32, have_bytes: u64, max_count: u32, max_bytes: u64) -> Window {
+        Window {
+            have_count,
+            have_bytes,
+            max_count,
+            max_bytes,
+            have_frame_bytes: 0,
+            frame_room: u64::MAX,
+        }
     }
+
+    fn admits(&self, bytes: u32) -> bool {
+        let frame = msg_frame_bytes(bytes);
+        self.have_frame_bytes.saturating_add(frame) <= self.frame_room
+            && (self.have_count == 0
+                || (self.have_count < self.max_count
+                    && self.have_bytes + u64::from(bytes) <= self.max_bytes))
+    }
+
+    fn take(&mut self, bytes: u32) {
+        self.have_count += 1;
+        self.have_bytes += u64::from(bytes);
+        self.have_frame_bytes += msg_frame_bytes(bytes);
+    }
+}
+
+/// At most the MSG frame of a record of `bytes` key and value bytes: a dead letter's
+/// stored value holds its trailer and more, so it only shrinks on the wire.
+fn msg_frame_bytes(bytes: u32) -> u64 {
+    MSG_FRAME_FIXED_BYTES as u64 + u64::from(bytes)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -231,6 +315,8 @@ struct Candidate {
 struct Gathered {
     candidates: Vec<Candidate>,
     bytes: u64,
+    /// Encoded MSG frames of the candidates, at most.
+    frame_bytes: u64,
     /// Stopped by the window rather than by running out of records.
     full: bool,
 }
@@ -273,6 +359,8 @@ pub(super) struct Group {
     pub(super) topic_id: u16,
     pub(super) members: BTreeMap<u64, Member>,
     pub(super) partitions: Vec<Partition>,
+    /// Without members since `--group-ttl` before this: removed then.
+    pub(super) expires_at_ms: Option<u64>,
 }
 
 impl Group {
@@ -316,6 +404,7 @@ impl Group {
             topic_id,
             members: BTreeMap::new(),
             partitions,
+            expires_at_ms: None,
         }
     }
 
@@ -342,18 +431,26 @@ impl Group {
     /// most (ties: lower member id). Members over their share get REVOKEs (highest
     /// partitions first); free partitions go to members under their share (lowest
     /// member id first). Partitions being revoked are reassigned once released.
+    /// Stalled members take no part: they keep what they own, outside the count.
     pub(super) fn rebalance(&mut self, sh: &mut Shared, now_ms: u64) {
-        if self.members.is_empty() {
+        let mut held: BTreeMap<u64, Vec<usize>> = (self.members.iter())
+            .filter(|(_, m)| !m.stalled)
+            .map(|(&id, _)| (id, Vec::new()))
+            .collect();
+        if held.is_empty() {
             return;
         }
-        let mut held: BTreeMap<u64, Vec<usize>> =
-            self.members.keys().map(|&id| (id, Vec::new())).collect();
+        let mut n = 0;
         for (p, part) in self.partitions.iter().enumerate() {
             if let Some(m) = part.ownership.held_by() {
-                held.get_mut(&m).expect("owner is a member").push(p);
+                let Some(parts) = held.get_mut(&m) else {
+                    continue;
+                };
+                parts.push(p);
             }
+            n += 1;
         }
-        let (n, m) = (self.partitions.len(), self.members.len());
+        let m = held.len();
         let (base, extra) = (n / m, n % m);
         let mut ranked: Vec<u64> = held.keys().copied().collect();
         ranked.sort_by_key(|id| (Reverse(held[id].len()), *id));
@@ -377,7 +474,7 @@ impl Group {
             .iter()
             .map(|(&id, ps)| (id, ps.len().min(share[&id])))
             .collect();
-        for p in 0..n {
+        for p in 0..self.partitions.len() {
             if self.partitions[p].ownership != Ownership::Unowned {
                 continue;
             }
@@ -385,7 +482,7 @@ impl Group {
                 break;
             };
             *c += 1;
-            self.assign(sh, p, id);
+            self.assign(sh, p, id, now_ms);
         }
     }
 
@@ -426,19 +523,23 @@ impl Group {
         notice_id
     }
 
-    fn assign(&mut self, sh: &mut Shared, p: usize, member_id: u64) {
+    fn assign(&mut self, sh: &mut Shared, p: usize, member_id: u64, now_ms: u64) {
         self.partitions[p].ownership_epoch += 1;
         let notice_id = self.notice(sh, p, member_id, NoticeKind::Assign);
+        let deadline_ms = now_ms.saturating_add(sh.config.revoke_timeout_ms);
         self.partitions[p].ownership = Ownership::Assigning {
             member_id,
             notice_id,
+            deadline_ms,
         };
+        sh.timer_set(deadline_ms, assign_timer(self.id, p));
     }
 
     fn revoke(&mut self, sh: &mut Shared, p: usize, now_ms: u64) {
         let Some(member_id) = self.partitions[p].ownership.held_by() else {
             return;
         };
+        self.clear_phase_timer(sh, p);
         let notice_id = self.notice(sh, p, member_id, NoticeKind::Revoke);
         let deadline_ms = now_ms.saturating_add(sh.config.revoke_timeout_ms);
         self.partitions[p].ownership = Ownership::Revoking {
@@ -446,28 +547,28 @@ impl Group {
             notice_id,
             deadline_ms,
         };
-        sh.timer_set(
-            deadline_ms,
-            Timer::Revoke {
-                group_id: self.id,
-                partition: p as u16,
-            },
-        );
+        sh.timer_set(deadline_ms, revoke_timer(self.id, p));
+    }
+
+    /// Removes the timer of the partition's phase (ASSIGN or REVOKE waiting for its
+    /// CONTROL_ACK) before the phase ends, so no timer outlives what it waits for.
+    fn clear_phase_timer(&self, sh: &mut Shared, p: usize) {
+        match self.partitions[p].ownership {
+            Ownership::Assigning { deadline_ms, .. } => {
+                sh.timer_clear(deadline_ms, assign_timer(self.id, p))
+            }
+            Ownership::Revoking { deadline_ms, .. } => {
+                sh.timer_clear(deadline_ms, revoke_timer(self.id, p))
+            }
+            Ownership::Unowned | Ownership::Owned { .. } => {}
+        }
     }
 
     /// Frees the partition: its outstanding deliveries return their credit and become
     /// redeliverable at once (a release is not a failure: no dead-letter check).
     pub(super) fn release(&mut self, sh: &mut Shared, p: usize, now_ms: u64) {
+        self.clear_phase_timer(sh, p);
         let part = &mut self.partitions[p];
-        if let Ownership::Revoking { deadline_ms, .. } = part.ownership {
-            sh.timer_clear(
-                deadline_ms,
-                Timer::Revoke {
-                    group_id: self.id,
-                    partition: p as u16,
-                },
-            );
-        }
         part.ownership = Ownership::Unowned;
         for (seq, o) in std::mem::take(&mut part.outstanding) {
             sh.timer_clear(o.deadline_ms, ack_timer(self.id, p, seq));
@@ -483,6 +584,44 @@ impl Group {
             );
         }
         sh.dirty.insert(self.id);
+    }
+
+    /// The REVOKE of `p` was not CONTROL_ACKed within `--revoke-timeout`: released as if
+    /// it had been.
+    pub(super) fn revoke_timed_out(&mut self, sh: &mut Shared, p: usize, now_ms: u64) {
+        let phase = self.partitions.get(p).map(|part| part.ownership);
+        if let Some(Ownership::Revoking { deadline_ms, .. }) = phase {
+            if deadline_ms <= now_ms {
+                self.release(sh, p, now_ms);
+                self.rebalance(sh, now_ms);
+            }
+        }
+    }
+
+    /// The ASSIGN of `p` was not CONTROL_ACKed within `--revoke-timeout`: the member
+    /// gets a REVOKE for it (its view then matches the group's), is stalled, and the
+    /// partition is offered to the others. Nothing was delivered from it (MSGs flow only
+    /// after the CONTROL_ACK), so nothing is released. The ASSIGN is forgotten: its late
+    /// CONTROL_ACK gets UNKNOWN_NOTICE, which clients ignore.
+    pub(super) fn assign_timed_out(&mut self, sh: &mut Shared, p: usize, now_ms: u64) {
+        let Some(Ownership::Assigning {
+            member_id,
+            notice_id,
+            deadline_ms,
+        }) = self.partitions.get(p).map(|part| part.ownership)
+        else {
+            return;
+        };
+        if deadline_ms > now_ms {
+            return;
+        }
+        self.clear_phase_timer(sh, p);
+        sh.notices.remove(&notice_id);
+        self.partitions[p].ownership = Ownership::Unowned;
+        self.notice(sh, p, member_id, NoticeKind::Revoke);
+        self.members.get_mut(&member_id).expect("owner").stalled = true;
+        sh.stats.assigns_taken_back += 1;
+        self.rebalance(sh, now_ms);
     }
 
     /// Removes a member, freeing its partitions. Waiting PULLs are answered empty
@@ -517,56 +656,59 @@ impl Group {
                 pull_timer(self.id, member_id, pull.pull_id),
             );
             if conn_open {
-                sh.effects.push(Effect::PullAnswer {
-                    conn: member.conn,
-                    pull_id: pull.pull_id,
-                    deliveries: Vec::new(),
-                });
+                answer_pull(sh, member.conn, pull.pull_id, Vec::new(), 0);
             }
         }
         Some(member)
     }
 
-    /// CONTROL_ACK of a notice of this group. A notice that no longer describes the
-    /// partition's phase (an ASSIGN overtaken by a REVOKE, a REVOKE after its
-    /// timeout) is simply consumed.
+    /// CONTROL_ACK of a notice of this group from `member_id`. A notice that no longer
+    /// describes the partition's phase (an ASSIGN overtaken by a REVOKE, a REVOKE after
+    /// its timeout) is simply consumed; either way a stalled member that answers is
+    /// given partitions again.
     pub(super) fn control_ack(
         &mut self,
         sh: &mut Shared,
-        notice_id: u64,
-        kind: NoticeKind,
-        partition: u16,
+        (notice_id, kind, partition): (u64, NoticeKind, u16),
+        member_id: u64,
         ok: bool,
         now_ms: u64,
     ) {
-        let p = usize::from(partition);
-        let Some(part) = self.partitions.get_mut(p) else {
-            return;
+        let unstalled = match self.members.get_mut(&member_id) {
+            Some(m) if m.stalled => {
+                m.stalled = false;
+                true
+            }
+            _ => false,
         };
-        match (kind, part.ownership) {
-            (NoticeKind::Revoke, Ownership::Revoking { notice_id: n, .. }) if n == notice_id => {
+        let p = usize::from(partition);
+        let phase = self.partitions.get(p).map(|part| part.ownership);
+        match (kind, phase) {
+            (NoticeKind::Revoke, Some(Ownership::Revoking { notice_id: n, .. }))
+                if n == notice_id =>
+            {
                 // Any result releases: STALE/ERROR on a REVOKE means "not mine anyway".
                 self.release(sh, p, now_ms);
-                self.rebalance(sh, now_ms);
             }
-            (
-                NoticeKind::Assign,
-                Ownership::Assigning {
-                    notice_id: n,
-                    member_id,
-                },
-            ) if n == notice_id => {
+            (NoticeKind::Assign, Some(Ownership::Assigning { notice_id: n, .. }))
+                if n == notice_id =>
+            {
+                self.clear_phase_timer(sh, p);
                 if ok {
-                    part.ownership = Ownership::Owned { member_id };
+                    self.partitions[p].ownership = Ownership::Owned { member_id };
                     sh.dirty.insert(self.id);
+                    if !unstalled {
+                        return;
+                    }
                 } else {
                     // Refused: offer it to the group again.
-                    part.ownership = Ownership::Unowned;
-                    self.rebalance(sh, now_ms);
+                    self.partitions[p].ownership = Ownership::Unowned;
                 }
             }
+            _ if !unstalled => return,
             _ => {}
         }
+        self.rebalance(sh, now_ms);
     }
 
     /// DELETE of the topic: REVOKE to every owner not already being revoked, and
@@ -577,13 +719,26 @@ impl Group {
                 self.notice(sh, p, member_id, NoticeKind::Revoke);
             }
         }
-        for m in self.members.values() {
-            for pull in &m.pulls {
-                sh.effects.push(Effect::PullAnswer {
-                    conn: m.conn,
-                    pull_id: pull.pull_id,
-                    deliveries: Vec::new(),
-                });
+        let answers: Vec<(ConnId, u64)> = (self.members.values())
+            .flat_map(|m| m.pulls.iter().map(|pull| (m.conn, pull.pull_id)))
+            .collect();
+        for (conn, pull_id) in answers {
+            answer_pull(sh, conn, pull_id, Vec::new(), 0);
+        }
+    }
+
+    /// Whether a dead letter of this group waits for its append to be durable.
+    pub(super) fn dead_letters_pending(&self) -> bool {
+        self.partitions.iter().any(|p| !p.dead_pending.is_empty())
+    }
+
+    /// Clears the timers a group without members still has (its redeliveries), before
+    /// it is removed. Its read-retry timer, if any, fires within [`READ_RETRY_MS`] and
+    /// finds no group.
+    pub(super) fn clear_timers(&self, sh: &mut Shared) {
+        for (p, part) in self.partitions.iter().enumerate() {
+            for (&seq, r) in &part.retries {
+                sh.timer_clear(r.ready_at_ms, retry_timer(self.id, p, seq));
             }
         }
     }
@@ -716,10 +871,16 @@ impl Group {
     // ---- delivery -------------------------------------------------------------------
 
     /// One delivery pass: each member's waiting PULLs, then pushes within credit.
-    pub(super) fn deliver(&mut self, sh: &mut Shared, now_ms: u64, recs: &mut dyn Records) {
+    pub(super) fn deliver(
+        &mut self,
+        sh: &mut Shared,
+        now_ms: u64,
+        recs: &mut dyn Records,
+        room: &dyn OutputRoom,
+    ) {
         let ids: Vec<u64> = self.members.keys().copied().collect();
         for id in ids {
-            self.serve_pulls(sh, id, now_ms, recs);
+            self.serve_pulls(sh, id, now_ms, recs, room);
             self.push(sh, id, now_ms, recs);
         }
     }
@@ -729,14 +890,15 @@ impl Group {
         if member.pull_mode {
             return;
         }
-        let window = Window {
-            have_count: member.outstanding_count,
-            have_bytes: member.outstanding_bytes,
-            max_count: u32::from(member.credit_count),
-            max_bytes: u64::from(member.credit_bytes),
-        };
+        let window = Window::credit(
+            member.outstanding_count,
+            member.outstanding_bytes,
+            u32::from(member.credit_count),
+            u64::from(member.credit_bytes),
+        );
         let conn = member.conn;
-        let gathered = self.gather(sh, member_id, &[], window, now_ms, recs);
+        let eligible = self.eligible(member_id, None);
+        let gathered = self.gather(sh, member_id, &eligible, window, now_ms, recs);
         for delivery in self.commit(sh, member_id, &gathered.candidates, now_ms) {
             sh.effects.push(Effect::Deliver { conn, delivery });
         }
@@ -750,6 +912,7 @@ impl Group {
         member_id: u64,
         now_ms: u64,
         recs: &mut dyn Records,
+        room: &dyn OutputRoom,
     ) {
         loop {
             let Some(member) = self.members.get(&member_id) else {
@@ -758,15 +921,16 @@ impl Group {
             let Some(pull) = member.pulls.front() else {
                 return;
             };
+            let conn = member.conn;
             let window = Window {
-                have_count: 0,
-                have_bytes: 0,
-                max_count: u32::from(pull.max_msgs),
-                max_bytes: u64::from(pull.max_bytes),
+                frame_room: sh
+                    .room_left(room, conn)
+                    .saturating_sub(OK_EMPTY_FRAME_BYTES as u64),
+                ..Window::credit(0, 0, u32::from(pull.max_msgs), u64::from(pull.max_bytes))
             };
-            let epochs = pull.ownership_epochs.clone();
+            let eligible = self.eligible(member_id, pull.only.as_deref());
             let (min_bytes, deadline_ms) = (pull.min_bytes, pull.deadline_ms);
-            let gathered = self.gather(sh, member_id, &epochs, window, now_ms, recs);
+            let gathered = self.gather(sh, member_id, &eligible, window, now_ms, recs);
             let satisfied = !gathered.candidates.is_empty()
                 && (min_bytes == 0
                     || gathered.bytes >= u64::from(min_bytes)
@@ -777,17 +941,50 @@ impl Group {
             }
             let member = self.members.get_mut(&member_id).expect("checked");
             let pull = member.pulls.pop_front().expect("checked");
-            let conn = member.conn;
             sh.timer_clear(
                 pull.deadline_ms,
                 pull_timer(self.id, member_id, pull.pull_id),
             );
             let deliveries = self.commit(sh, member_id, &gathered.candidates, now_ms);
-            sh.effects.push(Effect::PullAnswer {
-                conn,
-                pull_id: pull.pull_id,
-                deliveries,
-            });
+            answer_pull(sh, conn, pull.pull_id, deliveries, gathered.frame_bytes);
+        }
+    }
+
+    /// The partitions a PULL's `ownership_epochs` name among those `member_id` holds
+    /// (assigned or owned), with their ownership epochs; `None` for an empty list (all it
+    /// owns). Matched once when the PULL arrives, in one pass over the list, so a waiting
+    /// PULL keeps neither the list (up to 65,535 epochs) nor a rescan of it per serve.
+    pub(super) fn pull_only(&self, member_id: u64, epochs: &[u64]) -> Option<Vec<(u16, u64)>> {
+        if epochs.is_empty() {
+            return None;
+        }
+        let mut held: BTreeMap<u64, Vec<u16>> = BTreeMap::new();
+        for (p, part) in self.partitions.iter().enumerate() {
+            if part.ownership.held_by() == Some(member_id) {
+                held.entry(part.ownership_epoch).or_default().push(p as u16);
+            }
+        }
+        let mut only = Vec::new();
+        for epoch in epochs {
+            if let Some(parts) = held.remove(epoch) {
+                only.extend(parts.into_iter().map(|p| (p, *epoch)));
+            }
+        }
+        only.sort_unstable();
+        Some(only)
+    }
+
+    /// The partitions `member_id` owns now, in index order; with `only`, those of them
+    /// still at the ownership epoch listed.
+    fn eligible(&self, member_id: u64, only: Option<&[(u16, u64)]>) -> Vec<usize> {
+        let owned = |p: usize| self.partitions[p].ownership == Ownership::Owned { member_id };
+        match only {
+            None => (0..self.partitions.len()).filter(|&p| owned(p)).collect(),
+            Some(only) => (only.iter())
+                .map(|&(p, epoch)| (usize::from(p), epoch))
+                .filter(|&(p, epoch)| owned(p) && self.partitions[p].ownership_epoch == epoch)
+                .map(|(p, _)| p)
+                .collect(),
         }
     }
 
@@ -838,25 +1035,18 @@ impl Group {
         }
     }
 
-    /// Picks records for `member_id` within `window`, round-robin over its Owned
-    /// partitions (those whose ownership epoch is in `epochs`, or all when empty);
-    /// redeliveries before new records within a partition. Changes no delivery state.
+    /// Picks records for `member_id` within `window`, round-robin over the `eligible`
+    /// partitions; redeliveries before new records within a partition. Changes no
+    /// delivery state.
     fn gather(
         &mut self,
         sh: &mut Shared,
         member_id: u64,
-        epochs: &[u64],
+        eligible: &[usize],
         mut window: Window,
         now_ms: u64,
         recs: &mut dyn Records,
     ) -> Gathered {
-        let eligible: Vec<usize> = (0..self.partitions.len())
-            .filter(|&p| {
-                let part = &self.partitions[p];
-                part.ownership == Ownership::Owned { member_id }
-                    && (epochs.is_empty() || epochs.contains(&part.ownership_epoch))
-            })
-            .collect();
         let mut out = Gathered::default();
         if eligible.is_empty() {
             return out;
@@ -893,9 +1083,9 @@ impl Group {
                     out.full = true;
                     return out;
                 }
-                window.have_count += 1;
-                window.have_bytes += u64::from(bytes);
+                window.take(bytes);
                 out.bytes += u64::from(bytes);
+                out.frame_bytes += msg_frame_bytes(bytes);
                 out.candidates.push(Candidate {
                     partition: c.partition,
                     seq,

@@ -16,13 +16,19 @@
 //! - call [`Coordinator::pump`] once per reactor pass (after the batch of inputs):
 //!   it runs due timers and pushes deliveries that became possible (handlers without a
 //!   `Records` argument only mark groups dirty);
-//! - poll no longer than [`Coordinator::next_deadline_ms`].
+//! - poll no longer than [`Coordinator::next_deadline_ms`];
+//! - tell it through [`OutputRoom`] how much each connection's output can still take (a
+//!   PULL answer is cut to fit), and call [`Coordinator::outputs_caught_up`] once the
+//!   answers it emitted are in those outputs.
 //!
 //! Memory is bounded by what is in flight, never by the log: per partition the
 //! coordinator keeps the next sequence to deliver, the outstanding deliveries, the
 //! pending redeliveries and the dead letters awaiting durability. Settled records are
 //! not tracked: the committed position is derived as "one below the lowest unsettled
-//! sequence" (see `group.rs`).
+//! sequence" (see `group.rs`). Nothing else only grows: a group without members is
+//! removed after `--group-ttl` (so are positions read back at start that no SUB claims),
+//! group ids are reused once all 65,535 were handed out, and a member that leaves an
+//! ASSIGN unanswered for `--revoke-timeout` loses it (see `group.rs`).
 //!
 //! Groups, members and partitions are kept in ordered maps so that assignment and
 //! timer firing are deterministic for a given input sequence.
@@ -37,7 +43,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::wire::limits::{MAX_GROUP_LEN_BYTES, SUB_PARTITION_ANY};
 use crate::wire::ops::{
     Ack, ControlAck, Credit, CreditResult, DeliveryRef, Heartbeat, Nack, Notice, Pull, Sub,
-    SubResult,
+    SubResult, MSG_FRAME_FIXED_BYTES, OK_EMPTY_FRAME_BYTES,
 };
 use crate::wire::{
     AckFlags, ControlResult, CreditMode, ErrorCode, HeartbeatState, NackReason, NoticeKind,
@@ -45,7 +51,7 @@ use crate::wire::{
 };
 
 pub use config::ConsumeConfig;
-use group::{Group, Member, Ownership, PendingPull};
+use group::{Group, Member, PendingPull};
 
 /// The reactor's connection id.
 pub type ConnId = u32;
@@ -80,6 +86,32 @@ pub enum RecordBytes {
 
 /// A partition whose next record could not be read is tried again after this long.
 pub const READ_RETRY_MS: u64 = 100;
+/// A group due for removal while one of its dead letters is not yet durable is looked at
+/// again after this long (the append settles it; removing the group first would let the
+/// completion land on a group that reused its id).
+pub const GROUP_EXPIRY_RETRY_MS: u64 = 1_000;
+/// Group ids are u16 (NOTICE `group_id`); this many can be handed out before freed ones
+/// are reused.
+pub const GROUP_IDS_MAX: u32 = u16::MAX as u32;
+
+/// How many more bytes a connection's output may take before `--max-output-size` closes
+/// it (what waits unsent and what waits behind an earlier answer both count). A PULL
+/// answer is cut to fit (`man/mortarmq.7`, PULL), so a client that reads what it asked
+/// for is never closed for the size of the answer.
+pub trait OutputRoom {
+    fn room_bytes(&self, conn: ConnId) -> u64;
+}
+
+impl<F: Fn(ConnId) -> u64> OutputRoom for F {
+    fn room_bytes(&self, conn: ConnId) -> u64 {
+        self(conn)
+    }
+}
+
+/// For callers without connections (tests, tools): no answer is ever cut for room.
+pub fn unlimited_room(_conn: ConnId) -> u64 {
+    u64::MAX
+}
 
 /// One send of one record to one member (`man/mortarmq.7`, CONSUMER GROUPS): what the
 /// MSG names, and which attempt it is.
@@ -98,10 +130,13 @@ pub enum Effect {
     /// Push MSG for this record to this connection; the broker reads the record.
     Deliver { conn: ConnId, delivery: Delivery },
     /// Answer a pending PULL: MSG×N (in order) then OK, in that PULL's response slot.
+    /// `bytes` bounds the encoded answer (each MSG frame at most
+    /// [`MSG_FRAME_FIXED_BYTES`] + the record's key and value, then the OK).
     PullAnswer {
         conn: ConnId,
         pull_id: u64,
         deliveries: Vec<Delivery>,
+        bytes: u64,
     },
     /// Append this record to the source topic's `.dlq` twin with the origin trailer;
     /// when the append is durable the broker calls [`Coordinator::dead_lettered`].
@@ -142,6 +177,10 @@ pub struct ConsumeStats {
     pub read_retries: u64,
     /// NOTICEs sent.
     pub notices: u64,
+    /// Groups removed after `--group-ttl` without members.
+    pub groups_expired: u64,
+    /// ASSIGNs not CONTROL_ACKed within `--revoke-timeout`, taken back.
+    pub assigns_taken_back: u64,
 }
 
 /// A partition's ownership phase, for `/stats`.
@@ -214,6 +253,11 @@ enum Timer {
         group_id: u16,
         partition: u16,
     },
+    /// An ASSIGN not CONTROL_ACKed by its deadline is taken back.
+    Assign {
+        group_id: u16,
+        partition: u16,
+    },
     AckWait {
         group_id: u16,
         partition: u16,
@@ -233,17 +277,26 @@ enum Timer {
     ReadRetry {
         group_id: u16,
     },
+    /// The group has had no member since `--group-ttl` ago: remove it.
+    GroupExpiry {
+        group_id: u16,
+    },
+    /// Positions read at start that no SUB claimed within `--group-ttl`: forget them.
+    RestoredExpiry,
 }
 
 impl Timer {
-    fn group_id(self) -> u16 {
+    fn group_id(self) -> Option<u16> {
         match self {
             Timer::Session { group_id, .. }
             | Timer::Revoke { group_id, .. }
+            | Timer::Assign { group_id, .. }
             | Timer::AckWait { group_id, .. }
             | Timer::Retry { group_id, .. }
             | Timer::Pull { group_id, .. }
-            | Timer::ReadRetry { group_id } => group_id,
+            | Timer::ReadRetry { group_id }
+            | Timer::GroupExpiry { group_id } => Some(group_id),
+            Timer::RestoredExpiry => None,
         }
     }
 }
@@ -271,6 +324,9 @@ struct Shared {
     next_notice_id: u64,
     next_delivery_id: u64,
     stats: ConsumeStats,
+    /// Bytes of PULL answers emitted per connection since the caller last said its
+    /// outputs caught up: the room it reports does not show them yet.
+    answered_bytes: HashMap<ConnId, u64>,
 }
 
 impl Shared {
@@ -280,6 +336,13 @@ impl Shared {
 
     fn timer_clear(&mut self, at_ms: u64, timer: Timer) {
         self.timers.remove(&(at_ms, timer));
+    }
+
+    /// What a connection's output can still take, PULL answers emitted since the
+    /// caller's last look included.
+    fn room_left(&self, room: &dyn OutputRoom, conn: ConnId) -> u64 {
+        let answered = self.answered_bytes.get(&conn).copied().unwrap_or(0);
+        room.room_bytes(conn).saturating_sub(answered)
     }
 }
 
@@ -322,8 +385,10 @@ pub struct Coordinator {
     group_ids: HashMap<(Vec<u8>, u16), u16>,
     conns: HashMap<ConnId, ConnSubs>,
     restored: BTreeMap<(Vec<u8>, u16), Restored>,
-    /// u32 so that exhaustion of the u16 group id space is visible (→ 0x2005).
+    /// u32 so that exhaustion of the u16 group id space is visible.
     next_group_id: u32,
+    /// Ids of removed groups, reused (lowest first) once `next_group_id` ran out.
+    free_group_ids: BTreeSet<u16>,
     next_member_id: u64,
     next_membership_epoch: u32,
 }
@@ -349,12 +414,14 @@ impl Coordinator {
                 next_notice_id: 1,
                 next_delivery_id: 1,
                 stats: ConsumeStats::default(),
+                answered_bytes: HashMap::new(),
             },
             groups: BTreeMap::new(),
             group_ids: HashMap::new(),
             conns: HashMap::new(),
             restored: BTreeMap::new(),
             next_group_id: 1,
+            free_group_ids: BTreeSet::new(),
             next_member_id: 1,
             next_membership_epoch: 1,
         }
@@ -398,10 +465,7 @@ impl Coordinator {
                 id
             }
             None => {
-                if self.groups.len() >= self.sh.config.max_groups
-                    || self.next_group_id > u32::from(u16::MAX)
-                    || self.sh.config.max_members_per_group == 0
-                {
+                if !self.room_for_group(&key) {
                     return Err(ErrorCode::GroupLimitReached);
                 }
                 self.create_group(key, partition_count, start_policy, recs)
@@ -410,6 +474,16 @@ impl Coordinator {
         // Accepted: nothing below can fail.
         let pull_mode = sub.flags.contains(SubFlags::PULL_MODE);
         Ok(self.add_member(conn, group_id, pull_mode, credit, now_ms))
+    }
+
+    /// Whether the group `key` may be created: `--max-groups` counts live groups and the
+    /// positions read at start that no SUB has claimed yet (they are groups without
+    /// members), and a group id must be free.
+    fn room_for_group(&self, key: &(Vec<u8>, u16)) -> bool {
+        let claims_restored = usize::from(self.restored.contains_key(key));
+        let held = self.groups.len() + self.restored.len() - claims_restored;
+        let id_left = self.next_group_id <= GROUP_IDS_MAX || !self.free_group_ids.is_empty();
+        held < self.sh.config.max_groups && id_left && self.sh.config.max_members_per_group > 0
     }
 
     /// The SUB's credit window: 0 means the default, above the cap is CREDIT_LIMIT.
@@ -478,6 +552,9 @@ impl Coordinator {
         };
         self.sh.timer_set(session_deadline_ms, timer);
         let group = self.groups.get_mut(&group_id).expect("group exists");
+        if let Some(at_ms) = group.expires_at_ms.take() {
+            self.sh.timer_clear(at_ms, Timer::GroupExpiry { group_id });
+        }
         let member = Member::new(
             member_id,
             membership_epoch,
@@ -595,9 +672,8 @@ impl Coordinator {
         };
         group.control_ack(
             &mut self.sh,
-            ca.notice_id,
-            notice.kind,
-            notice.partition,
+            (ca.notice_id, notice.kind, notice.partition),
+            notice.member_id,
             result == ControlResult::Ok,
             now_ms,
         );
@@ -659,7 +735,8 @@ impl Coordinator {
     }
 
     /// PULL: answered through [`Effect::PullAnswer`], at once when satisfied or when
-    /// `wait_ms` is 0, else when satisfied later or when `wait_ms` passes.
+    /// `wait_ms` is 0, else when satisfied later or when `wait_ms` passes. The answer
+    /// fits what `room` says the connection's output can take (`group.rs`).
     pub fn pull(
         &mut self,
         conn: ConnId,
@@ -667,6 +744,7 @@ impl Coordinator {
         p: &Pull,
         now_ms: u64,
         recs: &mut dyn Records,
+        room: &dyn OutputRoom,
     ) -> Result<(), ErrorCode> {
         if p.max_msgs == 0 {
             return Err(ErrorCode::InvalidArgument);
@@ -679,38 +757,35 @@ impl Coordinator {
             return Err(ErrorCode::StaleEpoch);
         }
         self.touch(entry, now_ms);
-        let group = self
-            .groups
-            .get_mut(&entry.group_id)
-            .expect("live member's group");
+        let config = &self.sh.config;
+        let group = (self.groups.get_mut(&entry.group_id)).expect("live member's group");
+        let only = group.pull_only(entry.member_id, &p.ownership_epochs);
         let member = group
             .members
             .get_mut(&entry.member_id)
             .expect("live member");
+        let max_bytes = match p.max_bytes {
+            0 => member.credit_bytes,
+            n => n,
+        };
         let deadline_ms = now_ms.saturating_add(u64::from(p.wait_ms));
         member.pulls.push_back(PendingPull {
             pull_id,
-            ownership_epochs: p.ownership_epochs.clone(),
-            max_msgs: p.max_msgs,
-            max_bytes: if p.max_bytes == 0 {
-                member.credit_bytes
-            } else {
-                p.max_bytes
-            },
+            only,
+            max_msgs: p.max_msgs.min(config.max_credit_count),
+            max_bytes: max_bytes.min(config.max_credit_bytes),
             min_bytes: p.min_bytes,
             deadline_ms,
         });
         if deadline_ms > now_ms {
-            self.sh.timer_set(
-                deadline_ms,
-                Timer::Pull {
-                    group_id: entry.group_id,
-                    member_id: entry.member_id,
-                    pull_id,
-                },
-            );
+            let timer = Timer::Pull {
+                group_id: entry.group_id,
+                member_id: entry.member_id,
+                pull_id,
+            };
+            self.sh.timer_set(deadline_ms, timer);
         }
-        group.serve_pulls(&mut self.sh, entry.member_id, now_ms, recs);
+        group.serve_pulls(&mut self.sh, entry.member_id, now_ms, recs, room);
         Ok(())
     }
 
@@ -751,8 +826,9 @@ impl Coordinator {
             let mut group = self.groups.remove(&gid).expect("listed");
             group.revoke_all_for_delete(&mut self.sh);
             self.group_ids.remove(&(group.name.clone(), topic_id));
-            self.sh.timers.retain(|(_, t)| t.group_id() != gid);
+            self.sh.timers.retain(|(_, t)| t.group_id() != Some(gid));
             self.sh.dirty.remove(&gid);
+            self.free_group_ids.insert(gid);
             for cs in self.conns.values_mut() {
                 cs.subs.retain(|_, s| s.group_id != gid);
             }
@@ -774,9 +850,10 @@ impl Coordinator {
         }
     }
 
-    /// Runs due timers (session expiry, revoke timeout, ack-wait expiry, nack delay,
-    /// PULL wait) and pushes deliveries within credit for groups that changed.
-    pub fn pump(&mut self, now_ms: u64, recs: &mut dyn Records) {
+    /// Runs due timers (session expiry, revoke and assign timeouts, ack-wait expiry,
+    /// nack delay, PULL wait, group expiry) and pushes deliveries within credit for
+    /// groups that changed.
+    pub fn pump(&mut self, now_ms: u64, recs: &mut dyn Records, room: &dyn OutputRoom) {
         while let Some(&(at_ms, timer)) = self.sh.timers.first() {
             if at_ms > now_ms {
                 break;
@@ -786,9 +863,15 @@ impl Coordinator {
         }
         while let Some(gid) = self.sh.dirty.pop_first() {
             if let Some(g) = self.groups.get_mut(&gid) {
-                g.deliver(&mut self.sh, now_ms, recs);
+                g.deliver(&mut self.sh, now_ms, recs, room);
             }
         }
+    }
+
+    /// The PULL answers emitted so far are in their connections' outputs (or waiting
+    /// behind earlier answers there): the room the caller reports now counts them.
+    pub fn outputs_caught_up(&mut self) {
+        self.sh.answered_bytes.clear();
     }
 
     /// Moves the queued effects into `out` (keeps both allocations).
@@ -836,25 +919,36 @@ impl Coordinator {
     }
 
     /// At start, before any SUB: the group's persisted committed position. Ignored
-    /// for a group that already exists (its live position wins).
+    /// for a group that already exists (its live position wins). Forgotten if no SUB
+    /// recreates the group within `--group-ttl`.
     pub fn restore_position(
         &mut self,
-        group: &[u8],
-        topic_id: u16,
+        (group, topic_id): (&[u8], u16),
         partition: u16,
         committed: u64,
+        now_ms: u64,
     ) {
-        if let Some(r) = self.restored_entry(group, topic_id) {
+        if let Some(r) = self.restored_entry(group, topic_id, now_ms) {
             r.committed.insert(partition, committed);
         }
     }
 
     /// What start-up restores for a group, unless the group already lives (its live
     /// state wins over anything read back from disk).
-    fn restored_entry(&mut self, group: &[u8], topic_id: u16) -> Option<&mut Restored> {
+    fn restored_entry(
+        &mut self,
+        group: &[u8],
+        topic_id: u16,
+        now_ms: u64,
+    ) -> Option<&mut Restored> {
         let key = (group.to_vec(), topic_id);
         if self.group_ids.contains_key(&key) {
             return None;
+        }
+        if self.restored.is_empty() {
+            // Restored groups have had no member since start: one timer for them all.
+            let at_ms = now_ms.saturating_add(self.sh.config.group_ttl_ms);
+            self.sh.timer_set(at_ms, Timer::RestoredExpiry);
         }
         Some(self.restored.entry(key).or_default())
     }
@@ -864,12 +958,12 @@ impl Coordinator {
     /// group even across a crash.
     pub fn restore_dead_lettered(
         &mut self,
-        group: &[u8],
-        topic_id: u16,
+        (group, topic_id): (&[u8], u16),
         partition: u16,
         sequence: u64,
+        now_ms: u64,
     ) {
-        if let Some(r) = self.restored_entry(group, topic_id) {
+        if let Some(r) = self.restored_entry(group, topic_id, now_ms) {
             r.dead_lettered
                 .entry(partition)
                 .or_default()
@@ -910,8 +1004,13 @@ impl Coordinator {
         start_policy: StartPolicy,
         recs: &mut dyn Records,
     ) -> u16 {
-        let id = self.next_group_id as u16;
-        self.next_group_id += 1;
+        let id = if self.next_group_id <= GROUP_IDS_MAX {
+            self.next_group_id += 1;
+            (self.next_group_id - 1) as u16
+        } else {
+            // Reused lowest first; the caller checked that one is free.
+            self.free_group_ids.pop_first().expect("a free group id")
+        };
         let restored = self.restored.remove(&key).unwrap_or_default();
         let group = Group::new(
             id,
@@ -991,6 +1090,35 @@ impl Coordinator {
             e.live = false;
         }
         group.rebalance(&mut self.sh, now_ms);
+        if group.members.is_empty() {
+            let at_ms = now_ms.saturating_add(self.sh.config.group_ttl_ms);
+            group.expires_at_ms = Some(at_ms);
+            self.sh.timer_set(at_ms, Timer::GroupExpiry { group_id });
+        }
+    }
+
+    /// Removes a group without members once `--group-ttl` passed: its positions go with
+    /// it (docs/DECISIONS.md), its id is free again. Waits while one of its dead letters
+    /// is not yet durable.
+    fn expire_group(&mut self, group_id: u16, now_ms: u64) {
+        let Some(g) = self.groups.get_mut(&group_id) else {
+            return;
+        };
+        if !g.members.is_empty() || g.expires_at_ms.is_none_or(|at_ms| at_ms > now_ms) {
+            return;
+        }
+        if g.dead_letters_pending() {
+            let at_ms = now_ms.saturating_add(GROUP_EXPIRY_RETRY_MS);
+            g.expires_at_ms = Some(at_ms);
+            self.sh.timer_set(at_ms, Timer::GroupExpiry { group_id });
+            return;
+        }
+        let g = self.groups.remove(&group_id).expect("found above");
+        g.clear_timers(&mut self.sh);
+        self.group_ids.remove(&(g.name, g.topic_id));
+        self.sh.dirty.remove(&group_id);
+        self.free_group_ids.insert(group_id);
+        self.sh.stats.groups_expired += 1;
     }
 
     fn fire(&mut self, timer: Timer, now_ms: u64) {
@@ -1013,16 +1141,15 @@ impl Coordinator {
                 partition,
             } => {
                 if let Some(g) = self.groups.get_mut(&group_id) {
-                    if let Some(Ownership::Revoking { deadline_ms, .. }) = g
-                        .partitions
-                        .get(usize::from(partition))
-                        .map(|p| p.ownership)
-                    {
-                        if deadline_ms <= now_ms {
-                            g.release(&mut self.sh, usize::from(partition), now_ms);
-                            g.rebalance(&mut self.sh, now_ms);
-                        }
-                    }
+                    g.revoke_timed_out(&mut self.sh, usize::from(partition), now_ms);
+                }
+            }
+            Timer::Assign {
+                group_id,
+                partition,
+            } => {
+                if let Some(g) = self.groups.get_mut(&group_id) {
+                    g.assign_timed_out(&mut self.sh, usize::from(partition), now_ms);
                 }
             }
             Timer::AckWait {
@@ -1034,6 +1161,8 @@ impl Coordinator {
                     g.expire(&mut self.sh, usize::from(partition), seq, now_ms);
                 }
             }
+            Timer::GroupExpiry { group_id } => self.expire_group(group_id, now_ms),
+            Timer::RestoredExpiry => self.restored.clear(),
             // Redeliveries and PULL deadlines are served by the delivery pass.
             Timer::Retry { group_id, .. }
             | Timer::Pull { group_id, .. }
@@ -1043,11 +1172,66 @@ impl Coordinator {
         }
     }
 
+    /// Every phase that ends at a deadline has its timer: an ASSIGN or REVOKE waiting
+    /// for its CONTROL_ACK, and a group without members (and only such a group).
+    #[cfg(test)]
+    fn check_group_timers(&self, g: &Group) {
+        let has = |at_ms, timer| self.sh.timers.contains(&(at_ms, timer));
+        for (p, part) in g.partitions.iter().enumerate() {
+            let (group_id, partition) = (g.id, p as u16);
+            match part.ownership {
+                group::Ownership::Assigning { deadline_ms, .. } => {
+                    let timer = Timer::Assign {
+                        group_id,
+                        partition,
+                    };
+                    assert!(has(deadline_ms, timer), "ASSIGN without its timer");
+                }
+                group::Ownership::Revoking { deadline_ms, .. } => {
+                    let timer = Timer::Revoke {
+                        group_id,
+                        partition,
+                    };
+                    assert!(has(deadline_ms, timer), "REVOKE without its timer");
+                }
+                _ => {}
+            }
+        }
+        match g.expires_at_ms {
+            Some(at_ms) => {
+                assert!(g.members.is_empty(), "a group with members expires");
+                let timer = Timer::GroupExpiry { group_id: g.id };
+                assert!(has(at_ms, timer), "expiry without its timer");
+            }
+            None => assert!(
+                !g.members.is_empty(),
+                "a group without members never expires"
+            ),
+        }
+    }
+
     /// Debug check of the bookkeeping every test runs after each step.
     #[cfg(test)]
     fn check_invariants(&self) {
         for g in self.groups.values() {
             g.check_invariants();
+            self.check_group_timers(g);
+            let key = (g.name.clone(), g.topic_id);
+            assert_eq!(self.group_ids.get(&key), Some(&g.id), "group id map");
+            assert!(
+                !self.free_group_ids.contains(&g.id),
+                "a live group's id is free"
+            );
+        }
+        assert_eq!(self.group_ids.len(), self.groups.len());
+        assert!(self.groups.len() <= self.sh.config.max_groups);
+        if !self.restored.is_empty() {
+            let expiry = self
+                .sh
+                .timers
+                .iter()
+                .any(|(_, t)| *t == Timer::RestoredExpiry);
+            assert!(expiry, "restored positions without their expiry");
         }
         for n in self.sh.notices.values() {
             if let Some(g) = self.groups.get(&n.group_id) {

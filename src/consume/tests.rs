@@ -58,14 +58,17 @@ fn config() -> ConsumeConfig {
         max_subscriptions_per_conn: 4,
         max_groups: 8,
         max_members_per_group: 8,
+        group_ttl_ms: 60_000,
     }
 }
 
-/// Test harness: coordinator + fake log + clock.
+/// Test harness: coordinator + fake log + clock + what each connection's output can
+/// still take (unlimited unless a test says).
 struct H {
     c: Coordinator,
     log: Log,
     now: u64,
+    room: HashMap<ConnId, u64>,
 }
 
 impl H {
@@ -81,6 +84,7 @@ impl H {
             c: Coordinator::new(config),
             log,
             now: 1_000,
+            room: HashMap::new(),
         }
     }
 
@@ -112,7 +116,8 @@ impl H {
     }
 
     fn pump(&mut self) {
-        self.c.pump(self.now, &mut self.log);
+        let room = |conn| self.room.get(&conn).copied().unwrap_or(u64::MAX);
+        self.c.pump(self.now, &mut self.log, &room);
         self.c.check_invariants();
     }
 
@@ -121,9 +126,11 @@ impl H {
         self.pump();
     }
 
-    /// Pumps, then drains the effects.
+    /// Pumps, then drains the effects (which reach their connections: their room is
+    /// what `room` says from now on).
     fn effects(&mut self) -> Vec<Effect> {
         self.pump();
+        self.c.outputs_caught_up();
         self.c.take_effects()
     }
 
@@ -207,7 +214,10 @@ impl H {
     }
 
     fn pull(&mut self, conn: ConnId, pull_id: u64, p: &Pull) -> Result<(), ErrorCode> {
-        let r = self.c.pull(conn, pull_id, p, self.now, &mut self.log);
+        let room = |conn| self.room.get(&conn).copied().unwrap_or(u64::MAX);
+        let r = self
+            .c
+            .pull(conn, pull_id, p, self.now, &mut self.log, &room);
         self.c.check_invariants();
         r
     }
@@ -303,6 +313,7 @@ fn pull_answers(fx: &[Effect]) -> Vec<(ConnId, u64, Vec<Delivery>)> {
                 conn,
                 pull_id,
                 deliveries,
+                ..
             } => Some((*conn, *pull_id, deliveries.clone())),
             _ => None,
         })
@@ -707,7 +718,11 @@ fn connection_close_drops_pulls_and_notices_silently() {
         "nothing is sent to a closed connection: {fx:?}"
     );
     assert!(h.c.snapshot().groups[0].members.is_empty());
-    assert_eq!(h.c.next_deadline_ms(), None, "its timers are gone");
+    assert_eq!(
+        h.c.next_deadline_ms(),
+        Some(h.now + config().group_ttl_ms),
+        "its timers are gone; the empty group's expiry is left"
+    );
 }
 
 #[test]
@@ -1252,11 +1267,12 @@ fn latest_starts_at_the_log_end_and_earliest_at_the_first_retained() {
 fn restore_position_and_dead_lettered_records() {
     let mut h = H::new(2);
     h.log.partitions.get_mut(&TOPIC).unwrap()[0] = (1, 9);
-    h.c.restore_position(b"g", TOPIC, 0, 2);
-    h.c.restore_dead_lettered(b"g", TOPIC, 0, 3);
-    h.c.restore_dead_lettered(b"g", TOPIC, 0, 5);
-    h.c.restore_dead_lettered(b"g", TOPIC, 0, 2); // at or below committed: irrelevant
-    h.c.restore_position(b"other", TOPIC, 1, 7);
+    let now = h.now;
+    h.c.restore_position((b"g", TOPIC), 0, 2, now);
+    h.c.restore_dead_lettered((b"g", TOPIC), 0, 3, now);
+    h.c.restore_dead_lettered((b"g", TOPIC), 0, 5, now);
+    h.c.restore_dead_lettered((b"g", TOPIC), 0, 2, now); // at or below committed: irrelevant
+    h.c.restore_position((b"other", TOPIC), 1, 7, now);
     // Positions restored but not yet re-SUBscribed are still reported.
     assert_eq!(h.c.positions().len(), 2);
     h.join(A, 0);
@@ -1454,6 +1470,323 @@ fn leave_answers_waiting_pulls_empty() {
     h.heartbeat(A, &a, HeartbeatState::Leave.as_code()).unwrap();
     assert_eq!(pull_answers(&h.effects()), vec![(A, 4, vec![])]);
     assert_eq!(h.heartbeat(A, &a, 2), Err(ErrorCode::InvalidArgument));
+}
+
+const MIB: u32 = 1024 * 1024;
+
+/// Bytes of the answer to a PULL that got records of these sizes (key + value).
+fn answer_bytes(sizes: &[u32]) -> u64 {
+    let msgs: u64 = sizes
+        .iter()
+        .map(|&b| MSG_FRAME_FIXED_BYTES as u64 + u64::from(b))
+        .sum();
+    msgs + OK_EMPTY_FRAME_BYTES as u64
+}
+
+/// The (pull_id, deliveries, bytes) of every PULL answer in `fx`.
+fn answers_with_bytes(fx: &[Effect]) -> Vec<(u64, usize, u64)> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::PullAnswer {
+                pull_id,
+                deliveries,
+                bytes,
+                ..
+            } => Some((*pull_id, deliveries.len(), *bytes)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn pull_answers_are_capped_by_the_credit_caps_whatever_they_ask() {
+    // config(): --max-credit-size 4 MiB, --max-credit-count 1000.
+    let mut h = H::new(1);
+    let a = h.join(A, SubFlags::PULL_MODE.bits());
+    h.append(0, 10);
+    for seq in 1..=10 {
+        h.log.sizes.insert((TOPIC, 0, seq), MIB);
+    }
+    let mut p = h.pull_req(&a, u16::MAX, 0, 0);
+    p.max_bytes = u32::MAX;
+    h.pull(A, 1, &p).unwrap();
+    let fx = h.c.take_effects();
+    assert_eq!(
+        answers_with_bytes(&fx),
+        vec![(1, 4, answer_bytes(&[MIB; 4]))],
+        "4 GiB asked, 4 MiB (--max-credit-size) answered"
+    );
+    let mut h = H::new(1);
+    let a = h.join(A, SubFlags::PULL_MODE.bits());
+    h.append(0, 2_000);
+    let mut p = h.pull_req(&a, u16::MAX, 0, 0);
+    p.max_bytes = u32::MAX;
+    h.pull(A, 2, &p).unwrap();
+    let answers = answers_with_bytes(&h.c.take_effects());
+    assert_eq!(
+        answers[0].1, 1_000,
+        "65,535 asked, 1,000 (--max-credit-count)"
+    );
+}
+
+#[test]
+fn pull_answers_fit_the_room_left_in_the_connections_output() {
+    let mut h = H::new(1);
+    let a = h.join(A, SubFlags::PULL_MODE.bits());
+    h.append(0, 6);
+    for seq in 1..=6 {
+        h.log.sizes.insert((TOPIC, 0, seq), MIB);
+    }
+    // Room for two records and the OK, and a little more.
+    h.room.insert(A, answer_bytes(&[MIB; 2]) + 1_000);
+    let p = h.pull_req(&a, 100, 0, 0);
+    h.pull(A, 1, &p).unwrap();
+    // A second PULL before the first answer reached the output: what is left (1,000
+    // bytes) holds no record, so with wait_ms 0 it is answered empty, not over the cap.
+    h.pull(A, 2, &p).unwrap();
+    let fx = h.c.take_effects();
+    assert_eq!(
+        answers_with_bytes(&fx),
+        vec![(1, 2, answer_bytes(&[MIB; 2])), (2, 0, answer_bytes(&[]))]
+    );
+    // Once the outputs caught up, a PULL that waits for room is answered at its deadline
+    // with what fits (nothing); nothing it could not take was made outstanding.
+    h.c.outputs_caught_up();
+    h.room.insert(A, MIB.into());
+    h.pull(A, 3, &h.pull_req(&a, 100, 500, 0)).unwrap();
+    assert!(
+        h.effects().is_empty(),
+        "no room for the next record: it waits"
+    );
+    h.advance(500);
+    assert_eq!(answers_with_bytes(&h.c.take_effects()), vec![(3, 0, 10)]);
+    assert_eq!(h.member(a.member_id).outstanding_count, 2);
+    // With room again the next record flows; a record larger than max_bytes still does.
+    h.room.insert(A, u64::MAX);
+    let mut p = h.pull_req(&a, 100, 0, 0);
+    p.max_bytes = 1;
+    h.pull(A, 4, &p).unwrap();
+    assert_eq!(answers_with_bytes(&h.c.take_effects())[0].1, 1);
+}
+
+#[test]
+fn a_waiting_pull_keeps_the_partitions_its_epochs_named_not_the_list() {
+    let mut h = H::new(3);
+    let a = h.join(A, SubFlags::PULL_MODE.bits());
+    let e1 = h.partition(1).ownership_epoch;
+    let mut p = h.pull_req(&a, 10, 5_000, 0);
+    // 65,535 epochs, one of them partition 1's.
+    p.ownership_epochs = (1_000..1_000 + u64::from(u16::MAX) - 1).collect();
+    p.ownership_epochs.push(e1);
+    h.pull(A, 1, &p).unwrap();
+    let pending = &h.c.groups[&1].members[&a.member_id].pulls[0];
+    let only = pending.only.as_deref().unwrap();
+    assert_eq!(
+        only,
+        [(0, e1), (1, e1), (2, e1)],
+        "partitions, not the 65,535 epochs"
+    );
+    assert!(h.effects().is_empty());
+    h.append(0, 1);
+    h.append(1, 1);
+    let answers = pull_answers(&h.effects());
+    let got: Vec<(u16, u64)> = answers[0]
+        .2
+        .iter()
+        .map(|d| (d.reference.partition, d.reference.sequence))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(0, 1), (1, 1)],
+        "all three share the epoch listed"
+    );
+}
+
+#[test]
+fn an_assign_left_unanswered_is_taken_back_and_its_member_stalls() {
+    let (revoke, assign, ok) = (
+        NoticeKind::Revoke.as_code(),
+        NoticeKind::Assign.as_code(),
+        ControlResult::Ok.as_code(),
+    );
+    let mut h = H::new(2);
+    let a = h.sub(A, 0);
+    let assigns_to_a = notices(&h.effects());
+    assert_eq!(
+        assigns_to_a.len(),
+        2,
+        "A heartbeats but never answers these"
+    );
+    h.advance(5_000);
+    h.heartbeat(A, &a, HeartbeatState::Active.as_code())
+        .unwrap();
+    let b = h.sub(B, 0);
+    assert_eq!(
+        kinds(&h.effects()),
+        vec![(A, revoke, 1)],
+        "A is over its share"
+    );
+    h.advance(5_000);
+    // Partition 0's ASSIGN is --revoke-timeout old: taken back with a REVOKE, given to B.
+    let fx = h.c.take_effects();
+    assert_eq!(kinds(&fx), vec![(A, revoke, 0), (B, assign, 0)]);
+    assert_eq!(h.c.stats().assigns_taken_back, 1);
+    let revoke_of_0 = notices(&fx)[0].1.clone();
+    h.control_ack(B, &notices(&fx)[1].1, ok).unwrap();
+    // Partition 1's unanswered REVOKE times out as it always did: B gets it too.
+    h.advance(5_000);
+    let fx = h.c.take_effects();
+    assert_eq!(kinds(&fx), vec![(B, assign, 1)]);
+    h.accept(&fx);
+    assert_eq!(h.owners(), vec![Some(b.member_id); 2]);
+    // The ASSIGN taken back is forgotten: its late CONTROL_ACK gets UNKNOWN_NOTICE.
+    assert_eq!(
+        h.control_ack(A, &assigns_to_a[0].1, ok),
+        Err(ErrorCode::UnknownNotice)
+    );
+    // Stalled, A heartbeats on and is given nothing.
+    h.heartbeat(A, &a, HeartbeatState::Active.as_code())
+        .unwrap();
+    h.advance(20_000);
+    assert!(
+        kinds(&h.c.take_effects()).is_empty(),
+        "nothing new for a stalled member"
+    );
+    // Answering a notice (the REVOKE) makes it a member like the others again.
+    h.control_ack(A, &revoke_of_0, ok).unwrap();
+    assert_eq!(kinds(&h.effects()), vec![(B, revoke, 1)]);
+}
+
+#[test]
+fn a_stalled_member_keeps_what_it_owns() {
+    let mut h = H::new(2);
+    h.sub(A, 0);
+    let fx = h.effects();
+    let ns = notices(&fx);
+    h.control_ack(A, &ns[0].1, ControlResult::Ok.as_code())
+        .unwrap();
+    h.advance(10_000);
+    assert_eq!(h.c.stats().assigns_taken_back, 1, "partition 1's ASSIGN");
+    h.c.take_effects();
+    assert_eq!(h.partition(0).state, OwnershipState::Owned);
+    assert_eq!(
+        h.partition(1).state,
+        OwnershipState::Unowned,
+        "no active member"
+    );
+    // A newcomer gets the free partition; the stalled member's own one is not moved.
+    h.join(B, 0);
+    assert_eq!(h.owners(), vec![Some(1), Some(2)]);
+    h.append(0, 1);
+    assert_eq!(
+        pushed(&h.effects())[0].0,
+        A,
+        "it still delivers what it owns"
+    );
+}
+
+// ---- state that only grows: groups ----------------------------------------------------
+
+#[test]
+fn a_group_without_members_is_removed_after_the_ttl_with_its_positions() {
+    let ttl = config().group_ttl_ms;
+    let mut h = H::new(1);
+    let a = h.join(A, 0);
+    h.append(0, 3);
+    for (_, d) in pushed(&h.effects()) {
+        h.ack(A, &d, 0).unwrap();
+    }
+    assert_eq!(h.c.positions()[0].committed, 3);
+    h.heartbeat(A, &a, HeartbeatState::Leave.as_code()).unwrap();
+    h.advance(ttl - 1);
+    assert_eq!(h.c.snapshot().groups.len(), 1, "kept until the ttl");
+    h.advance(1);
+    assert!(h.c.snapshot().groups.is_empty());
+    assert!(h.c.positions().is_empty(), "its positions go with it");
+    assert_eq!(h.c.stats().groups_expired, 1);
+    assert_eq!(h.c.next_deadline_ms(), None, "no timer outlives it");
+    // The same name later is a new group: EARLIEST reads from the start again.
+    h.join(B, 0);
+    assert_eq!(seqs(&h.effects()), vec![1, 2, 3]);
+}
+
+#[test]
+fn a_member_joining_in_time_keeps_the_group() {
+    let ttl = config().group_ttl_ms;
+    let mut h = H::new(1);
+    h.join(A, 0);
+    h.c.connection_closed(A, h.now);
+    h.advance(ttl - 1);
+    h.join(B, 0);
+    h.advance(ttl);
+    assert_eq!(h.c.snapshot().groups.len(), 1);
+    assert_eq!(h.c.stats().groups_expired, 0);
+}
+
+#[test]
+fn a_group_is_removed_only_once_its_dead_letters_are_durable() {
+    let ttl = config().group_ttl_ms;
+    let mut h = H::new(1);
+    h.join(A, 0);
+    h.append(0, 1);
+    let (_, d) = pushed(&h.effects())[0];
+    h.nack(A, &d, NackReason::Reject.as_code()).unwrap();
+    assert_eq!(dead_letters(&h.effects()).len(), 1);
+    h.c.connection_closed(A, h.now);
+    h.advance(ttl);
+    assert_eq!(
+        h.c.snapshot().groups.len(),
+        1,
+        "its dead letter is not durable yet"
+    );
+    h.c.dead_lettered(1, TOPIC, 0, 1);
+    h.advance(GROUP_EXPIRY_RETRY_MS);
+    assert!(h.c.snapshot().groups.is_empty());
+}
+
+#[test]
+fn group_ids_are_reused_once_all_were_handed_out() {
+    let ttl = config().group_ttl_ms;
+    let mut h = H::new(1);
+    h.c.next_group_id = GROUP_IDS_MAX;
+    h.join(A, 0);
+    assert_eq!(h.c.snapshot().groups[0].group_id, u16::MAX);
+    assert_eq!(
+        h.try_sub(B, &H::sub_req(b"other", 0)),
+        Err(ErrorCode::GroupLimitReached),
+        "no id left"
+    );
+    h.c.connection_closed(A, h.now);
+    h.advance(ttl);
+    let r = h.try_sub(B, &H::sub_req(b"other", 0));
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(h.c.snapshot().groups[0].group_id, u16::MAX, "the freed id");
+}
+
+#[test]
+fn restored_positions_count_against_max_groups_until_claimed_or_expired() {
+    let ttl = config().group_ttl_ms;
+    let mut h = H::with(
+        ConsumeConfig {
+            max_groups: 2,
+            ..config()
+        },
+        1,
+    );
+    let now = h.now;
+    h.c.restore_position((b"x", TOPIC), 0, 5, now);
+    h.c.restore_position((b"y", TOPIC), 0, 7, now);
+    h.c.check_invariants();
+    assert_eq!(
+        h.try_sub(A, &H::sub_req(b"z", 0)),
+        Err(ErrorCode::GroupLimitReached),
+        "x and y hold both slots"
+    );
+    h.try_sub(A, &H::sub_req(b"x", 0)).unwrap();
+    h.advance(ttl);
+    let names: Vec<Vec<u8>> = h.c.positions().into_iter().map(|p| p.group).collect();
+    assert_eq!(names, vec![b"x".to_vec()], "y was never claimed");
+    h.try_sub(B, &H::sub_req(b"z", 0)).unwrap();
 }
 
 // ---- topic deletion ------------------------------------------------------------------

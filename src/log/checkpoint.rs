@@ -23,10 +23,11 @@
 //! 28      4      crc u32 BE            crc32 (crc32fast) of bytes 0..28
 //! ```
 //!
-//! Overwritten in place and fdatasynced by a sync job after that job has synced the
-//! segment's index, and only ever with a position an earlier completed job made durable.
-//! A torn overwrite fails the crc: recovery then trusts nothing of the last segment and
-//! scans it whole, strictly, as if there were no point.
+//! Overwritten in place and fdatasynced by a segment sync job (a checkpoint's, with the
+//! node journal: `journal.rs`) once the job has synced the segment files and the index,
+//! with the position where the log ended when the job was taken; only a job taken while
+//! no other one ran moves it. A torn overwrite fails the crc: recovery then trusts
+//! nothing of the last segment and scans it whole, strictly, as if there were no point.
 
 use super::storage::{FileRef, Storage};
 use std::io;
@@ -34,10 +35,6 @@ use std::path::Path;
 
 /// The recovery point's file name in a partition directory.
 pub const RECOVERY_POINT_FILE: &str = "recovery-point";
-/// A sync job also moves the recovery point once the durable records of the active
-/// segment are this far past it: at most this much acknowledged data is scanned strictly
-/// (and cut at a damaged record) at start, at the price of two more fdatasyncs per stride.
-pub const RECOVERY_POINT_STRIDE_BYTES: u64 = 4 * 1024 * 1024;
 
 const MAGIC: [u8; 4] = *b"MMRP";
 /// Encoded size.

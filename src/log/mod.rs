@@ -41,6 +41,7 @@
 //!   recovery, and is never rewritten; maps never extend past `len_bytes`.
 //! - `synced_sequence <= written_sequence < next_sequence`.
 
+pub mod journal;
 pub mod meta;
 pub mod simdisk;
 pub mod storage;
@@ -55,6 +56,7 @@ mod segment;
 mod tests;
 
 pub use error::{is_no_space_io, StorageError};
+pub use journal::{JOURNAL_FILE_BYTES_MAX, JOURNAL_FILE_BYTES_MIN};
 pub use record::{
     RecordView, RECORD_BYTES_MAX, RECORD_KEY_BYTES_MAX, RECORD_OVERHEAD_BYTES,
     RECORD_VALUE_BYTES_MAX,
@@ -65,7 +67,7 @@ pub use segment::{
 };
 pub use storage::{FsStorage, Storage};
 
-use checkpoint::{PointWrite, RecoveryPoint, RECOVERY_POINT_FILE, RECOVERY_POINT_STRIDE_BYTES};
+use checkpoint::{PointWrite, RecoveryPoint, RECOVERY_POINT_FILE};
 use recovery::VerifyMode;
 use segment::{encode_header, Segment, Writer};
 use std::collections::VecDeque;
@@ -161,6 +163,7 @@ pub struct PartitionStats {
     pub first_sequence: u64,
     pub next_sequence: u64,
     pub written_sequence: u64,
+    /// Highest durable sequence (synced in its segment or in the journal).
     pub synced_sequence: u64,
     /// Bytes in segment files (flushed), headers included; indexes not counted.
     pub bytes: u64,
@@ -209,6 +212,8 @@ struct InFlightSync {
     done: bool,
     /// Where `upto_sequence` ends: the recovery point it makes possible.
     at: RecoveryPoint,
+    /// The job writes `at` as the recovery point once its syncs are done.
+    moves_point: bool,
 }
 
 /// A buffered, not yet flushed record: its encoded length in `write_buf`.
@@ -379,9 +384,12 @@ pub struct PartitionLog {
     /// a later job may cover only a newer segment (after a roll), so its success says
     /// nothing about the files of the jobs before it.
     syncs_in_flight: VecDeque<InFlightSync>,
+    /// Highest sequence the node's journal made durable (`journal.rs`); the segment
+    /// itself may not be synced that far yet.
+    journaled_sequence: u64,
     /// Where `synced_sequence` ends (within the segment holding it).
     synced_at: RecoveryPoint,
-    /// The recovery point last handed to a sync job (or written at open).
+    /// The recovery point last written (by a completed job, or at open).
     point_sent: RecoveryPoint,
     point_file: FileRef,
     /// Segment files written since the last sync job (no duplicates).
@@ -454,6 +462,7 @@ impl PartitionLog {
             pending: Vec::new(),
             written_sequence: written,
             synced_sequence: written,
+            journaled_sequence: written,
             sync_taken_sequence: written,
             syncs_in_flight: VecDeque::new(),
             synced_at: at,
@@ -524,10 +533,21 @@ impl PartitionLog {
     /// buffered records are dropped and `next_sequence` goes back to
     /// `written_sequence + 1`: the caller fails every append since the last flush.
     pub fn flush(&mut self) -> Result<(), StorageError> {
+        self.flush_with(|_, _, _| {})
+    }
+
+    /// [`flush`](Self::flush), then, when it wrote, hands `journal` the records it wrote:
+    /// their first sequence, their count and their bytes, back to back.
+    pub fn flush_with(
+        &mut self,
+        journal: impl FnOnce(u64, u32, &[u8]),
+    ) -> Result<(), StorageError> {
         self.check_poisoned()?;
         if self.pending.is_empty() {
             return Ok(());
         }
+        let first_sequence = self.written_sequence + 1;
+        let count = self.pending.len() as u32;
         let active = self.active();
         let undo = FlushUndo {
             segments: self.segments.len(),
@@ -536,6 +556,9 @@ impl PartitionLog {
             last_timestamp_ms: active.last_timestamp_ms,
         };
         let result = self.flush_write();
+        if result.is_ok() {
+            journal(first_sequence, count, &self.write_buf);
+        }
         self.pending.clear();
         self.write_buf.clear();
         if self.write_buf.capacity() > WRITE_BUFFER_RETAIN_BYTES_MAX {
@@ -748,8 +771,60 @@ impl PartitionLog {
         self.synced_sequence
     }
 
+    /// Highest sequence that survives a power cut: synced in its segment, or in the
+    /// journal.
+    pub fn durable_sequence(&self) -> u64 {
+        self.synced_sequence.max(self.journaled_sequence)
+    }
+
+    /// The journal made every record up to `upto` durable.
+    pub fn journal_durable(&mut self, upto: u64) {
+        if self.poisoned.is_none() {
+            let upto = upto.min(self.written_sequence);
+            self.journaled_sequence = self.journaled_sequence.max(upto);
+        }
+    }
+
+    /// Start-up replay of a journal entry: appends those of its records (`first_sequence`
+    /// on, encoded back to back) that the log lost; returns how many. The caller flushes.
+    /// A record after a gap cannot be appended: the gap is returned as an error.
+    pub fn replay(&mut self, first_sequence: u64, records: &[u8]) -> Result<u64, StorageError> {
+        let mut appended = 0;
+        let mut pos = 0;
+        let mut sequence = first_sequence;
+        while pos < records.len() {
+            let (rec, len) = record::decode(&records[pos..], Some(sequence)).map_err(|e| {
+                StorageError::Corrupt {
+                    path: self.dir.clone(),
+                    position: pos as u64,
+                    reason: format!("journal entry record {sequence}: {e}"),
+                }
+            })?;
+            let next = self.next_sequence();
+            if sequence > next {
+                return Err(StorageError::Corrupt {
+                    path: self.dir.clone(),
+                    position: 0,
+                    reason: format!(
+                        "journal holds sequence {sequence}, the log ends before {next}"
+                    ),
+                });
+            }
+            if sequence == next {
+                self.append(&rec)?;
+                appended += 1;
+            }
+            pos += len;
+            sequence += 1;
+        }
+        Ok(appended)
+    }
+
     /// The fdatasync work for everything flushed since the previous job, or None if there
     /// is none (or the partition is poisoned: nothing it writes can be acknowledged).
+    /// When no other job is in flight, the job also moves the recovery point to where the
+    /// log ends now, after its own syncs (`checkpoint.rs`): a job taken while another
+    /// runs cannot vouch for the other's files.
     pub fn take_sync_job(&mut self) -> Option<SyncJob> {
         if self.poisoned.is_some() || self.written_sequence <= self.sync_taken_sequence {
             return None;
@@ -760,12 +835,20 @@ impl PartitionLog {
             records: active.record_count,
             end_position: active.len_bytes,
         };
+        let point = match (&active.writer, self.syncs_in_flight.is_empty()) {
+            (Some(writer), true) => Some(PointWrite {
+                index: Arc::clone(&writer.idx),
+                file: Arc::clone(&self.point_file),
+                point: at,
+            }),
+            _ => None,
+        };
         let job = SyncJob {
             storage: Arc::clone(&self.storage),
             files: std::mem::take(&mut self.unsynced_files),
             sync_dir: self.dir_dirty.then(|| self.dir.clone()),
             upto_sequence: self.written_sequence,
-            point: self.point_due(),
+            point,
         };
         self.dir_dirty = false;
         self.sync_taken_sequence = self.written_sequence;
@@ -773,28 +856,9 @@ impl PartitionLog {
             upto_sequence: job.upto_sequence,
             done: false,
             at,
+            moves_point: job.point.is_some(),
         });
         Some(job)
-    }
-
-    /// The recovery point to move to with the next sync job: where the completed jobs
-    /// left the active segment, once that is a stride past the last point sent. A point
-    /// about a closed segment is worth nothing (its seal covers it), so none is sent.
-    fn point_due(&mut self) -> Option<PointWrite> {
-        let at = self.synced_at;
-        let sent = self.point_sent;
-        let active = self.active();
-        let due = at.segment_first == active.first_sequence
-            && (sent.segment_first != at.segment_first
-                || at.end_position >= sent.end_position + RECOVERY_POINT_STRIDE_BYTES);
-        let writer = active.writer.as_ref().filter(|_| due)?;
-        let write = PointWrite {
-            index: Arc::clone(&writer.idx),
-            file: Arc::clone(&self.point_file),
-            point: at,
-        };
-        self.point_sent = at;
-        Some(write)
     }
 
     /// The job taken with this `upto_sequence` completed. Every record up to it is
@@ -807,22 +871,52 @@ impl PartitionLog {
         {
             entry.done = true;
         }
-        if cfg!(feature = "sim-bug-early-ack") {
-            // The hole the simulator must find: the watermark taken from whichever sync
-            // completes, whatever the jobs before it did.
-            let upto = upto_sequence.min(self.written_sequence);
-            self.synced_sequence = self.synced_sequence.max(upto);
-        }
         while let Some(&InFlightSync {
             upto_sequence: upto,
             done: true,
             at,
+            moves_point,
         }) = self.syncs_in_flight.front()
         {
             self.syncs_in_flight.pop_front();
             self.synced_sequence = self.synced_sequence.max(upto.min(self.written_sequence));
             self.synced_at = at;
+            if moves_point {
+                self.point_sent = at;
+            }
         }
+    }
+
+    /// After a failed flush was undone: an fdatasync of the files the undo cut back (and
+    /// of whatever else is unsynced), to run before a later record at the same
+    /// sequences is acknowledged. It moves no watermark and leaves the files owed to the
+    /// next regular job, so its outcome matters only if it fails (`sync_failed`).
+    pub fn undo_sync(&self) -> Option<SyncJob> {
+        if self.poisoned.is_some() || (self.unsynced_files.is_empty() && !self.dir_dirty) {
+            return None;
+        }
+        Some(SyncJob {
+            storage: Arc::clone(&self.storage),
+            files: self.unsynced_files.clone(),
+            sync_dir: self.dir_dirty.then(|| self.dir.clone()),
+            upto_sequence: self.written_sequence,
+            point: None,
+        })
+    }
+
+    /// A job was taken but never run (the checkpoint holding it stopped at an earlier
+    /// failure): its files are owed a sync again.
+    pub fn sync_not_run(&mut self, job: SyncJob) {
+        self.syncs_in_flight
+            .retain(|s| s.upto_sequence != job.upto_sequence);
+        for file in job.files {
+            if !self.unsynced_files.iter().any(|f| Arc::ptr_eq(f, &file)) {
+                self.unsynced_files.push(file);
+            }
+        }
+        self.dir_dirty |= job.sync_dir.is_some();
+        let taken = self.syncs_in_flight.back().map(|s| s.upto_sequence);
+        self.sync_taken_sequence = taken.unwrap_or(self.synced_sequence);
     }
 
     /// A job failed. Sticky: after a failed fsync the kernel may have dropped the dirty
@@ -870,18 +964,15 @@ impl PartitionLog {
             self.synced_sequence <= self.written_sequence,
             "synced beyond written"
         );
+        assert!(self.journaled_sequence <= self.written_sequence);
         assert!(self.sync_taken_sequence <= self.written_sequence);
-        // The injected hole moves the watermark past jobs still in flight; the simulator,
-        // not this check, has to notice what that loses.
         let mut last = self.synced_sequence;
         for &InFlightSync {
             upto_sequence: upto,
             ..
         } in self.syncs_in_flight.iter()
         {
-            if !cfg!(feature = "sim-bug-early-ack") {
-                assert!(upto > last, "sync jobs in order above the watermark");
-            }
+            assert!(upto > last, "sync jobs in order above the watermark");
             assert!(upto <= self.sync_taken_sequence);
             last = upto;
         }
@@ -1098,7 +1189,7 @@ impl PartitionLog {
             first_sequence: self.first_sequence(),
             next_sequence: self.next_sequence(),
             written_sequence: self.written_sequence,
-            synced_sequence: self.synced_sequence,
+            synced_sequence: self.durable_sequence(),
             bytes: self.segments.iter().map(|s| s.len_bytes).sum(),
             segments: self.segments.len() as u32,
             pending_bytes: self.write_buf.len(),

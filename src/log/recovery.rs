@@ -598,7 +598,8 @@ fn recover_segment(
     let idx_whole =
         index.bytes.len() % 4 == 0 && plausible == index.entries.len() && !index.missing;
     let durable = Durable::of(point, first);
-    if mode == VerifyMode::Tails {
+    // Only a segment the recovery point shows was synced whole may skip the full read.
+    if mode == VerifyMode::Tails && matches!(durable, Durable::All) {
         if let Some(next) = next_first.filter(|_| idx_whole && index.sealed) {
             if let Some(recovered) = seg.closed_checks_out(&index.entries, next)? {
                 return Ok((recovered, false));

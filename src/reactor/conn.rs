@@ -119,13 +119,22 @@ impl Conn {
         }
     }
 
-    /// What this connection counts against `--max-memory`: the bytes its buffers hold.
+    /// What this connection counts against `--max-memory`: the bytes its buffers hold,
+    /// and the answers ready behind a waiting slot (a PULL's answer is held as deliveries,
+    /// but becomes that many bytes of output when its turn comes).
     pub fn held_bytes(&self) -> usize {
-        self.input.len() + self.output.len()
+        self.input.len() + self.output.len() + self.slots.parked_bytes()
     }
 
+    /// Output the connection owes: bytes not yet sent, and answers parked behind an
+    /// earlier request (what `--max-output-size` limits).
     pub fn output_pending(&self) -> usize {
-        self.output.len() - self.output_sent
+        self.output.len() - self.output_sent + self.slots.parked_bytes()
+    }
+
+    /// How much more output it may be given before `max_output_bytes` closes it.
+    pub fn output_room(&self, max_output_bytes: usize) -> u64 {
+        max_output_bytes.saturating_sub(self.output_pending()) as u64
     }
 
     pub fn is_open(&self) -> bool {

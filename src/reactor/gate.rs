@@ -10,6 +10,7 @@ use std::cmp::{Ordering, Reverse};
 use super::conn::{CloseReason, ConnState};
 use super::{Reactor, CLOSE_FLUSH_MS};
 use crate::broker::Now;
+use crate::session::Answer;
 use crate::wire::ops::ErrFrame;
 use crate::wire::Response;
 
@@ -105,7 +106,11 @@ impl Reactor {
                 *self.counters.errors_sent.entry(code.code()).or_default() += 1;
             }
             self.counters.frames_out_answers += 1;
-            conn.slots.fill(d.slot, d.response, &mut conn.output);
+            let broker = &mut self.broker;
+            let mut encode_pull = |a: &_, out: &mut Vec<u8>| broker.encode_pull_answer(a, out);
+            let answer = Answer::Response(d.response);
+            conn.slots
+                .fill(d.slot, answer, &mut conn.output, &mut encode_pull);
             self.queue_flush(d.key);
         }
     }

@@ -49,7 +49,7 @@ use slab::Slab;
 use crate::admin::{AdminRequest, PartitionFigures, Snapshot, TopicFigures};
 use crate::broker::{Broker, ConnRef, DurableJob, Effect, Handled, JobDone, Now};
 use crate::fsync::{FsyncPool, Submitter};
-use crate::session::{dispatch, Admit, AuthFailures, Call};
+use crate::session::{dispatch, Admit, Answer, AuthFailures, Call};
 use crate::wire::frame::split_frame;
 use crate::wire::ops::Message as _;
 use crate::wire::{ErrorCode, Request, Response};
@@ -510,6 +510,7 @@ impl Reactor {
             slot: conn.slots.next_id(),
             now,
             tokens: self.config.tokens.as_deref(),
+            output_room_bytes: conn.output_room(self.config.max_output_bytes),
         };
         match dispatch(&mut conn.session, &mut self.broker, call, request) {
             Handled::Answer(r) if r.error_code() == Some(ErrorCode::AuthFailed) => {
@@ -715,7 +716,9 @@ impl Reactor {
         for done in self.completions.drain(..) {
             self.broker.job_done(done, now);
         }
-        self.broker.end_pass(now);
+        let max_output = self.config.max_output_bytes;
+        self.broker
+            .end_pass(now, &output_rooms(&self.conns, max_output));
         self.apply_effects();
         self.fire_timers(now);
         self.answer_delayed(now);
@@ -854,6 +857,7 @@ impl Reactor {
                             bytes: st.bytes,
                             segments: st.segments,
                             poisoned: st.poisoned,
+                            producers: p.producers.len() as u64,
                         }
                     })
                     .collect();
@@ -878,22 +882,13 @@ impl Reactor {
                     slot,
                     response,
                 } => {
-                    let key = conn.id as usize;
-                    let Some(c) = self.conns.get_mut(key) else {
-                        continue;
-                    };
-                    if c.serial != conn.serial || matches!(c.state, ConnState::Closed(_)) {
-                        continue;
-                    }
                     if let Some(code) = response.error_code() {
                         *self.counters.errors_sent.entry(code.code()).or_default() += 1;
                     }
-                    self.counters.frames_out_answers += 1;
-                    if !c.slots.fill(slot, response, &mut c.output) {
-                        log::error!("conn {}: answer for unknown slot {slot}", c.serial);
-                    }
-                    self.queue_flush(key);
-                    self.check_pause(key);
+                    self.fill_slot(conn, slot, Answer::Response(response));
+                }
+                Effect::PullAnswer { conn, slot, answer } => {
+                    self.fill_slot(conn, slot, Answer::Pull(answer));
                 }
                 Effect::Notice { conn, notice } => {
                     let Some(c) = self.live_conn(conn) else {
@@ -918,6 +913,27 @@ impl Reactor {
             }
         }
         self.effects = effects;
+    }
+
+    /// Answers a request that waited; a PULL's answer is encoded from the log straight
+    /// into the output when its slot reaches the head.
+    fn fill_slot(&mut self, conn: ConnRef, slot: u64, answer: Answer) {
+        let key = conn.id as usize;
+        let broker = &mut self.broker;
+        let Some(c) = self
+            .conns
+            .get_mut(key)
+            .filter(|c| c.serial == conn.serial && !matches!(c.state, ConnState::Closed(_)))
+        else {
+            return;
+        };
+        self.counters.frames_out_answers += 1;
+        let mut encode_pull = |a: &_, out: &mut Vec<u8>| broker.encode_pull_answer(a, out);
+        if !c.slots.fill(slot, answer, &mut c.output, &mut encode_pull) {
+            log::error!("conn {}: answer for unknown slot {slot}", c.serial);
+        }
+        self.queue_flush(key);
+        self.check_pause(key);
     }
 
     /// The connection an effect names, unless it closed (or its slot was reused).
@@ -1031,7 +1047,10 @@ impl Reactor {
     /// as WRITTEN may not be on disk, which the exit status must say (`man/mortard.8`).
     fn shutdown(&mut self) -> io::Result<()> {
         // The loop has stopped, so blocking here delays nobody.
-        self.broker.end_pass(self.now());
+        let now = self.now();
+        let max_output = self.config.max_output_bytes;
+        self.broker
+            .end_pass(now, &output_rooms(&self.conns, max_output));
         if let Some(pool) = self.pool.take() {
             for done in pool.shutdown() {
                 self.broker.job_done(done, self.now());
@@ -1042,6 +1061,16 @@ impl Reactor {
             .map_err(|e| io::Error::other(format!("final sync failed: {e}")))?;
         log::info!("shut down");
         Ok(())
+    }
+}
+
+/// What each connection's output can still take before `max_output_bytes`, for the
+/// broker's PULL answers (a connection that is gone takes nothing).
+fn output_rooms(conns: &Slab<Conn>, max_output_bytes: usize) -> impl Fn(u32) -> u64 + '_ {
+    move |id| {
+        conns
+            .get(id as usize)
+            .map_or(0, |c| c.output_room(max_output_bytes))
     }
 }
 

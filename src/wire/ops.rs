@@ -13,7 +13,7 @@
 //! compare it with the comments of the hand-written vectors.
 
 use super::codec::{Put, Reader, Short, WireBits};
-use super::limits::{FRAME_HEADER_BYTES, MAX_ERR_MESSAGE_BYTES};
+use super::limits::{FRAME_HEADER_BYTES, MAX_ERR_MESSAGE_BYTES, OP_BYTES};
 use super::vocab::{
     AckFlags, ControlResult, DeclareFlags, MsgFlags, NackReason, OriginReason, PubFlags,
     PubResultFlags, SubFlags,
@@ -518,6 +518,18 @@ impl Origin {
     }
 }
 
+/// Bytes of a MSG frame besides its key, value and origin trailer: the length, the op
+/// and the fixed fields (subscription_id, topic_id, partition, sequence, delivery_id,
+/// attempt, ownership_epoch, producer_id, producer_seq, flags, key_len, value_len). A
+/// PULL answer is sized with it before it is encoded.
+pub const MSG_FRAME_FIXED_BYTES: usize =
+    FRAME_HEADER_BYTES + OP_BYTES + 2 + 2 + 2 + 8 + 8 + 2 + 8 + 8 + 8 + 2 + 2 + 4;
+/// Bytes of an OK frame with an empty result (request_op, result_len 0): the end of
+/// every PULL answer.
+pub const OK_EMPTY_FRAME_BYTES: usize = FRAME_HEADER_BYTES + OP_BYTES + 1 + 4;
+/// Bytes of an ERR frame besides its message (code, request_op, message_len).
+pub const ERR_FRAME_FIXED_BYTES: usize = FRAME_HEADER_BYTES + OP_BYTES + 2 + 1 + 2;
+
 /// MSG 0x0A, S→C push: one delivery of one record. `key`/`value` borrow their source
 /// (the frame buffer when decoding, the log's mapping when the broker encodes).
 /// When `flags` has [`MsgFlags::ORIGIN`], `origin` is `Some` and follows `value`.
@@ -842,16 +854,22 @@ pub fn encode_ok_empty(out: &mut Vec<u8>, request_op: u8) {
 /// Appends an ERR frame. The message is cut to MAX_ERR_MESSAGE_BYTES on a character
 /// boundary, so a long diagnostic can never make an invalid frame.
 pub fn encode_err(out: &mut Vec<u8>, code: super::ErrorCode, request_op: u8, message: &str) {
+    ErrFrame {
+        code: code.code(),
+        request_op,
+        message: err_message_sent(message).as_bytes(),
+    }
+    .encode_frame(out);
+}
+
+/// The part of an ERR diagnostic that is sent: at most MAX_ERR_MESSAGE_BYTES, cut on a
+/// character boundary.
+pub fn err_message_sent(message: &str) -> &str {
     let mut end = message.len().min(MAX_ERR_MESSAGE_BYTES);
     while !message.is_char_boundary(end) {
         end -= 1;
     }
-    ErrFrame {
-        code: code.code(),
-        request_op,
-        message: &message.as_bytes()[..end],
-    }
-    .encode_frame(out);
+    &message[..end]
 }
 
 /// Any decoded frame. The single `match op` of the codec lives in [`Frame::decode`].
@@ -951,6 +969,19 @@ mod tests {
         let op = Op::from_u8(raw.op).unwrap();
         assert_eq!(&Frame::decode(op, raw.payload).unwrap(), frame);
         bytes
+    }
+
+    #[test]
+    fn frame_size_constants_match_the_encodings() {
+        let mut out = Vec::new();
+        Msg::default().encode_frame(&mut out);
+        assert_eq!(out.len(), MSG_FRAME_FIXED_BYTES);
+        out.clear();
+        encode_ok_empty(&mut out, Op::Pull as u8);
+        assert_eq!(out.len(), OK_EMPTY_FRAME_BYTES);
+        out.clear();
+        encode_err(&mut out, crate::wire::ErrorCode::InvalidArgument, 3, "");
+        assert_eq!(out.len(), ERR_FRAME_FIXED_BYTES);
     }
 
     #[test]

@@ -1,0 +1,1085 @@
+//! The node-wide journal: every partition's records go through it, and one fdatasync of it
+//! makes a whole reactor pass durable, however many partitions the pass wrote.
+//!
+//! Partition segments are still written on every pass (readers map them) but synced only
+//! at checkpoints; until then the journal is what a power cut cannot take away. At start,
+//! the entries after the last checkpoint are replayed into the partitions that lost them
+//! (`broker/publish.rs`). This room knows files, byte positions and entries; it does not
+//! know what a partition is beyond the two numbers an entry carries. Depends on std,
+//! crc32fast, log and the storage seam (`storage.rs`).
+//!
+//! # Files: `<first_lsn:020>.jnl` and `checkpoint` in the journal directory
+//!
+//! LSN: an entry's place in the journal stream, counting entry bytes only (file headers
+//! and the unused end of a full file do not count). A file's name is the LSN of its first
+//! entry; the entry at LSN `l` of a file named `f` starts at byte `16 + l - f`.
+//!
+//! ```text
+//! file header
+//! offset  width  field              meaning
+//! 0       4      magic "MMQJ"
+//! 4       2      format_version u16 JOURNAL_FORMAT_VERSION (1)
+//! 6       2      reserved u16       0
+//! 8       8      first_lsn u64      equals the number in the file name
+//!
+//! entry (all integers big-endian)
+//! 0       4      length u32         bytes of the whole entry, header included
+//! 4       4      crc u32            crc32 (crc32fast) of bytes [8, length)
+//! 8       8      lsn u64            where the entry is in the stream
+//! 16      8      epoch u64          the leader epoch of the broker that wrote it
+//! 24      2      topic_id u16
+//! 26      2      partition u16
+//! 28      8      first_sequence u64 the sequence of the first record
+//! 36      4      count u32          records that follow
+//! 40      ...    records            back to back, exactly as in a segment (record.rs)
+//! ```
+//!
+//! An entry counts only when its CRC checks out, its LSN is the one expected at that
+//! place and its epoch is not lower than the entry before it: bytes a crash left past the
+//! end of the journal (a torn write, or a whole entry whose page reached the disk when the
+//! page before it did not) came from an earlier epoch, and never follow a newer entry.
+//! The journal ends at the first entry that does not count, unless a file named with the
+//! LSN expected next exists (the writer moved on because the entry did not fit).
+//!
+//! `checkpoint` (a meta file, `meta.rs`) holds one LSN: every entry below it is in
+//! segments that were fdatasynced, so replay starts there and the files wholly below it
+//! are deleted.
+
+use std::collections::VecDeque;
+use std::io::{self, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::error::StorageError;
+use super::meta;
+use super::storage::{self, FileReader, FileRef, Open, Storage};
+
+/// A journal file is closed once the next entry would take it past this size (an entry
+/// larger than this gets a file of its own).
+pub const JOURNAL_FILE_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
+/// Smallest `--journal-file-size`: below it checkpoints (a sync of every written
+/// segment each) would come too often.
+pub const JOURNAL_FILE_BYTES_MIN: u64 = 64 * 1024;
+/// Largest `--journal-file-size`: start-up replays up to one file's worth of entries.
+pub const JOURNAL_FILE_BYTES_MAX: u64 = 1024 * 1024 * 1024;
+/// First four bytes of every journal file.
+pub const JOURNAL_MAGIC: [u8; 4] = *b"MMQJ";
+/// Bumped whenever the journal layout changes.
+pub const JOURNAL_FORMAT_VERSION: u16 = 1;
+pub const JOURNAL_FILE_HEADER_BYTES: usize = 16;
+pub const JOURNAL_ENTRY_HEADER_BYTES: usize = 40;
+/// The largest entry a reader accepts before allocating for it: one pass's records of one
+/// partition stay far below it (the broker refuses PUBs past 64 MiB unsynced).
+pub const JOURNAL_ENTRY_BYTES_MAX: usize = 1024 * 1024 * 1024;
+pub const JOURNAL_SUFFIX: &str = "jnl";
+/// The checkpoint's file name in the journal directory.
+pub const CHECKPOINT_FILE: &str = "checkpoint";
+/// A file whose blocks are already allocated, renamed into place when the journal needs
+/// its next file: writing inside allocated blocks leaves fdatasync nothing but the data to
+/// commit (no size or extent change), about a quarter of the cost of an appending write's
+/// here (`docs/BENCHMARKS.md`). A journal file a checkpoint let go becomes the next spare;
+/// the first one is filled with zeros by a job.
+pub const SPARE_FILE: &str = "spare.jnl";
+/// Zeros written per call when a spare is filled.
+const SPARE_FILL_CHUNK_BYTES: usize = 1024 * 1024;
+/// Read buffer when replaying.
+const REPLAY_READ_BUFFER_BYTES: usize = 256 * 1024;
+
+const _: () = assert!(JOURNAL_ENTRY_BYTES_MAX <= u32::MAX as usize);
+
+/// One journal entry: the records one partition wrote in one pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry<'a> {
+    pub lsn: u64,
+    pub epoch: u64,
+    pub topic_id: u16,
+    pub partition: u16,
+    pub first_sequence: u64,
+    pub count: u32,
+    /// Encoded records, as a segment holds them.
+    pub records: &'a [u8],
+}
+
+impl Entry<'_> {
+    pub fn encoded_len(&self) -> usize {
+        JOURNAL_ENTRY_HEADER_BYTES + self.records.len()
+    }
+
+    fn encode(&self, buf: &mut Vec<u8>) {
+        let start = buf.len();
+        buf.extend_from_slice(&(self.encoded_len() as u32).to_be_bytes());
+        buf.extend_from_slice(&[0; 4]); // the crc, once the rest is there
+        buf.extend_from_slice(&self.lsn.to_be_bytes());
+        buf.extend_from_slice(&self.epoch.to_be_bytes());
+        buf.extend_from_slice(&self.topic_id.to_be_bytes());
+        buf.extend_from_slice(&self.partition.to_be_bytes());
+        buf.extend_from_slice(&self.first_sequence.to_be_bytes());
+        buf.extend_from_slice(&self.count.to_be_bytes());
+        buf.extend_from_slice(self.records);
+        let crc = crc32fast::hash(&buf[start + 8..]);
+        buf[start + 4..start + 8].copy_from_slice(&crc.to_be_bytes());
+    }
+
+    /// The entry `bytes` holds (exactly one, header included), if it counts at `lsn`
+    /// after an entry of `min_epoch`.
+    fn decode(bytes: &[u8], lsn: u64, min_epoch: u64) -> Result<Entry<'_>, String> {
+        if bytes.len() < JOURNAL_ENTRY_HEADER_BYTES {
+            return Err("short entry".into());
+        }
+        let u64_at = |at: usize| u64::from_be_bytes(bytes[at..at + 8].try_into().expect("8"));
+        let u32_at = |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().expect("4"));
+        let u16_at = |at: usize| u16::from_be_bytes(bytes[at..at + 2].try_into().expect("2"));
+        if u32_at(0) as usize != bytes.len() || crc32fast::hash(&bytes[8..]) != u32_at(4) {
+            return Err("length or crc mismatch".into());
+        }
+        let entry = Entry {
+            lsn: u64_at(8),
+            epoch: u64_at(16),
+            topic_id: u16_at(24),
+            partition: u16_at(26),
+            first_sequence: u64_at(28),
+            count: u32_at(36),
+            records: &bytes[JOURNAL_ENTRY_HEADER_BYTES..],
+        };
+        if entry.lsn != lsn {
+            return Err(format!("lsn {} where {lsn} was expected", entry.lsn));
+        }
+        if entry.epoch < min_epoch {
+            return Err(format!("epoch {} after epoch {min_epoch}", entry.epoch));
+        }
+        Ok(entry)
+    }
+}
+
+pub fn journal_file_path(dir: &Path, first_lsn: u64) -> PathBuf {
+    dir.join(format!("{first_lsn:020}.{JOURNAL_SUFFIX}"))
+}
+
+fn file_header(first_lsn: u64) -> [u8; JOURNAL_FILE_HEADER_BYTES] {
+    let mut h = [0u8; JOURNAL_FILE_HEADER_BYTES];
+    h[..4].copy_from_slice(&JOURNAL_MAGIC);
+    h[4..6].copy_from_slice(&JOURNAL_FORMAT_VERSION.to_be_bytes());
+    h[8..].copy_from_slice(&first_lsn.to_be_bytes());
+    h
+}
+
+/// One fdatasync of everything the journal wrote before the job was taken.
+#[derive(Debug)]
+pub struct JournalSync {
+    storage: Arc<dyn Storage>,
+    files: Vec<FileRef>,
+    /// Set when a journal file was created or removed since the previous job.
+    sync_dir: Option<PathBuf>,
+    /// After a successful run every entry below this LSN is durable.
+    pub upto_lsn: u64,
+}
+
+impl JournalSync {
+    /// Blocks: fsync worker only.
+    pub fn run(&self) -> io::Result<()> {
+        for file in &self.files {
+            file.sync_data()?;
+        }
+        match &self.sync_dir {
+            Some(dir) => self.storage.sync_dir(dir),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Writing a checkpoint: once the segments holding every entry below `lsn` are synced.
+#[derive(Debug)]
+pub struct CheckpointWrite {
+    storage: Arc<dyn Storage>,
+    path: PathBuf,
+    pub lsn: u64,
+}
+
+impl CheckpointWrite {
+    /// Blocks: fsync worker only.
+    pub fn run(&self) -> io::Result<()> {
+        meta::write_atomic(&*self.storage, &self.path, &self.lsn.to_be_bytes())
+    }
+}
+
+/// What [`Journal::open`] found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct JournalReport {
+    pub checkpoint_lsn: u64,
+    pub entries_replayed: u64,
+    pub end_lsn: u64,
+    /// Why the journal ended where it did, when not at the end of its last file.
+    pub ended_by: Option<String>,
+    /// Files past the end (made by a writer whose entries were lost) and files wholly
+    /// below the checkpoint, deleted.
+    pub files_removed: u32,
+}
+
+/// A journal file and the LSNs it holds.
+struct JournalFile {
+    first_lsn: u64,
+    path: PathBuf,
+    file: FileRef,
+    /// Bytes used, header included.
+    len: u64,
+    /// Made from a spare: its blocks are allocated, appends do not grow it.
+    preallocated: bool,
+}
+
+/// The journal of a data directory. Single-threaded: owned by the reactor; only
+/// [`JournalSync`] and [`CheckpointWrite`] cross to the fsync workers.
+pub struct Journal {
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    file_bytes: u64,
+    epoch: u64,
+    /// Oldest first; the last one is written to.
+    files: VecDeque<JournalFile>,
+    /// Entries appended this pass, and each one's length.
+    buf: Vec<u8>,
+    entry_lens: Vec<usize>,
+    written_lsn: u64,
+    sync_taken_lsn: u64,
+    synced_lsn: u64,
+    /// Sync jobs taken and not yet reported: the LSN each covers and whether it is done.
+    /// The synced LSN moves only over a completed prefix: a job taken after a new file
+    /// was started covers only that file.
+    syncs_in_flight: VecDeque<(u64, bool)>,
+    unsynced_files: Vec<FileRef>,
+    dir_dirty: bool,
+    checkpoint_lsn: u64,
+    /// `SPARE_FILE` exists, whole, for the next file.
+    spare_ready: bool,
+    /// The next write starts a new file: after a restart the last file was cut at its
+    /// end, and appending to it would grow it again (a size change for every fdatasync)
+    /// while a spare is ready.
+    roll_at_next_write: bool,
+    /// Making a spare failed since the current file started (a full disk): the next try
+    /// waits for the next file, rather than failing again on every pass.
+    spare_failed: bool,
+    poisoned: Option<String>,
+}
+
+/// Making the spare: filling a new file with zeros, or renaming a file a checkpoint let go.
+#[derive(Debug)]
+pub struct SpareWrite {
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    /// A journal file to rename into the spare; `None`: fill a new one.
+    recycle: Option<PathBuf>,
+    bytes: u64,
+}
+
+impl SpareWrite {
+    /// Blocks: fsync worker only.
+    pub fn run(&self) -> io::Result<()> {
+        let spare = self.dir.join(SPARE_FILE);
+        match &self.recycle {
+            Some(old) => self.storage.rename(old, &spare)?,
+            None => {
+                let tmp = self.dir.join(format!("{SPARE_FILE}.tmp"));
+                let file = self.storage.open(&tmp, Open::Create)?;
+                let zeros = vec![0u8; SPARE_FILL_CHUNK_BYTES];
+                let mut at = 0;
+                while at < self.bytes {
+                    let n = (self.bytes - at).min(zeros.len() as u64) as usize;
+                    file.write_at(at, &zeros[..n])?;
+                    at += n as u64;
+                }
+                file.sync_data()?;
+                self.storage.rename(&tmp, &spare)?;
+            }
+        }
+        self.storage.sync_dir(&self.dir)
+    }
+}
+
+impl Journal {
+    /// A journal for `dir` that has not read anything yet: [`recover`](Self::recover)
+    /// must run before anything is appended. `epoch` must be above every epoch already in
+    /// the journal.
+    pub fn new(storage: &Arc<dyn Storage>, dir: &Path, file_bytes: u64, epoch: u64) -> Journal {
+        Journal {
+            storage: Arc::clone(storage),
+            dir: dir.to_path_buf(),
+            file_bytes,
+            epoch,
+            files: VecDeque::new(),
+            buf: Vec::new(),
+            entry_lens: Vec::new(),
+            written_lsn: 0,
+            sync_taken_lsn: 0,
+            synced_lsn: 0,
+            syncs_in_flight: VecDeque::new(),
+            unsynced_files: Vec::new(),
+            dir_dirty: false,
+            checkpoint_lsn: 0,
+            spare_ready: false,
+            roll_at_next_write: false,
+            spare_failed: false,
+            poisoned: None,
+        }
+    }
+
+    /// Opens the journal in `dir` (making it if missing), calls `replay` for every entry
+    /// from the checkpoint to the end, deletes what lies past the end, and leaves the
+    /// writer there. Blocking: start-up only.
+    pub fn open(
+        storage: &Arc<dyn Storage>,
+        dir: &Path,
+        file_bytes: u64,
+        epoch: u64,
+        mut replay: impl FnMut(&Entry<'_>),
+    ) -> Result<(Journal, JournalReport), StorageError> {
+        let mut journal = Journal::new(storage, dir, file_bytes, epoch);
+        let report = journal.recover(&mut replay)?;
+        Ok((journal, report))
+    }
+
+    /// Reads the checkpoint, replays every entry from it to the end of the journal into
+    /// `replay`, deletes what lies past the end, and leaves the writer there. Blocking:
+    /// start-up only.
+    pub fn recover(
+        &mut self,
+        replay: &mut dyn FnMut(&Entry<'_>),
+    ) -> Result<JournalReport, StorageError> {
+        let io = |path: &Path, e: io::Error| StorageError::from_io(path, None, e);
+        storage::create_dir_durable(&*self.storage, &self.dir).map_err(|e| io(&self.dir, e))?;
+        let checkpoint_path = self.dir.join(CHECKPOINT_FILE);
+        let checkpoint = match meta::read_checked(&*self.storage, &checkpoint_path) {
+            Ok(Some(b)) if b.len() == 8 => Some(u64::from_be_bytes(b[..].try_into().expect("8"))),
+            Ok(None) => None,
+            Ok(Some(_)) | Err(_) => {
+                // Replaying from the oldest file is always safe, only slower: entries
+                // already in a partition are skipped.
+                log::warn!(
+                    "{}: unreadable; replaying the whole journal",
+                    checkpoint_path.display()
+                );
+                None
+            }
+        };
+        self.spare_ready = self.storage.file_len(&self.dir.join(SPARE_FILE)).is_ok();
+        let report = self.replay_from(checkpoint, replay)?;
+        self.roll_at_next_write = self.spare_ready && !self.files.is_empty();
+        Ok(report)
+    }
+
+    /// Finds the files, replays from the checkpoint, cuts what is past the end.
+    fn replay_from(
+        &mut self,
+        checkpoint: Option<u64>,
+        replay: &mut dyn FnMut(&Entry<'_>),
+    ) -> Result<JournalReport, StorageError> {
+        let mut firsts = self.list_files()?;
+        let start = checkpoint.unwrap_or_else(|| firsts.first().copied().unwrap_or(0));
+        let mut report = JournalReport {
+            checkpoint_lsn: start,
+            ..JournalReport::default()
+        };
+        // Files wholly below the checkpoint: an interrupted removal.
+        while firsts.len() >= 2 && firsts[1] <= start {
+            self.remove_file(firsts.remove(0), &mut report)?;
+        }
+        let mut lsn = start;
+        let mut min_epoch = 0;
+        let mut used = 0;
+        while used < firsts.len() && firsts[used] <= lsn {
+            let first = firsts[used];
+            let end = self.replay_file(first, lsn, &mut min_epoch, replay, &mut report)?;
+            lsn = end.0;
+            self.files.push_back(end.1);
+            used += 1;
+            // Only a file that starts exactly where this one ended continues the journal.
+            if firsts.get(used) != Some(&lsn) {
+                break;
+            }
+        }
+        for &first in &firsts[used..] {
+            self.remove_file(first, &mut report)?;
+        }
+        self.written_lsn = lsn;
+        self.sync_taken_lsn = lsn;
+        self.synced_lsn = lsn;
+        self.checkpoint_lsn = start.min(lsn);
+        report.end_lsn = lsn;
+        self.settle_after_replay()?;
+        Ok(report)
+    }
+
+    /// Cuts the last file at the end of its last entry and makes the directory durable:
+    /// what follows was never acknowledged, and a later entry must not land after it.
+    fn settle_after_replay(&mut self) -> Result<(), StorageError> {
+        if let Some(last) = self.files.back() {
+            let io = |e| StorageError::from_io(&last.path, Some(last.len), e);
+            last.file.set_len(last.len).map_err(io)?;
+            last.file.sync_data().map_err(io)?;
+        }
+        self.storage
+            .sync_dir(&self.dir)
+            .map_err(|e| StorageError::from_io(&self.dir, None, e))
+    }
+
+    /// The first LSNs of the journal files, sorted.
+    fn list_files(&self) -> Result<Vec<u64>, StorageError> {
+        let names = self
+            .storage
+            .list_dir(&self.dir)
+            .map_err(|e| StorageError::from_io(&self.dir, None, e))?;
+        let mut firsts: Vec<u64> = names
+            .iter()
+            .filter_map(|n| n.strip_suffix(&format!(".{JOURNAL_SUFFIX}")))
+            .filter(|stem| stem.len() == 20 && stem.bytes().all(|b| b.is_ascii_digit()))
+            .filter_map(|stem| stem.parse().ok())
+            .collect();
+        firsts.sort_unstable();
+        Ok(firsts)
+    }
+
+    fn remove_file(&self, first: u64, report: &mut JournalReport) -> Result<(), StorageError> {
+        let path = journal_file_path(&self.dir, first);
+        log::info!("{}: removed (outside the journal)", path.display());
+        report.files_removed += 1;
+        self.storage
+            .remove_file(&path)
+            .map_err(|e| StorageError::from_io(&path, None, e))
+    }
+
+    /// Replays file `first` from `lsn`; returns the LSN after its last entry that counts
+    /// and the file, open for writing there.
+    fn replay_file(
+        &self,
+        first: u64,
+        lsn: u64,
+        min_epoch: &mut u64,
+        replay: &mut dyn FnMut(&Entry<'_>),
+        report: &mut JournalReport,
+    ) -> Result<(u64, JournalFile), StorageError> {
+        let path = journal_file_path(&self.dir, first);
+        let io = |pos, e| StorageError::from_io(&path, pos, e);
+        let file = self
+            .storage
+            .open(&path, Open::ReadWrite)
+            .map_err(|e| io(None, e))?;
+        let mut size = file.size().map_err(|e| io(None, e))?;
+        let mut header = [0u8; JOURNAL_FILE_HEADER_BYTES];
+        let header_ok = size >= JOURNAL_FILE_HEADER_BYTES as u64
+            && storage::read_exact_at(&*file, 0, &mut header).is_ok()
+            && header == file_header(first);
+        if !header_ok {
+            // A file made just before a crash, its header lost: it holds nothing.
+            file.set_len(0).map_err(|e| io(Some(0), e))?;
+            file.write_at(0, &file_header(first))
+                .map_err(|e| io(Some(0), e))?;
+            size = JOURNAL_FILE_HEADER_BYTES as u64;
+        }
+        let start = JOURNAL_FILE_HEADER_BYTES as u64 + (lsn - first);
+        let mut reader =
+            BufReader::with_capacity(REPLAY_READ_BUFFER_BYTES, FileReader::new(&*file, start));
+        let mut pos = start;
+        let mut lsn = lsn;
+        let mut bytes = Vec::new();
+        loop {
+            let why = match read_entry(&mut reader, &mut bytes, size.saturating_sub(pos)) {
+                Ok(Some(())) => match Entry::decode(&bytes, lsn, *min_epoch) {
+                    Ok(entry) => {
+                        replay(&entry);
+                        report.entries_replayed += 1;
+                        *min_epoch = entry.epoch;
+                        lsn += bytes.len() as u64;
+                        pos += bytes.len() as u64;
+                        continue;
+                    }
+                    Err(why) => Some(why),
+                },
+                Ok(None) => None,
+                Err(e) => return Err(io(Some(pos), e)),
+            };
+            report.ended_by = why.map(|w| format!("{} at byte {pos}: {w}", path.display()));
+            let len = pos;
+            return Ok((
+                lsn,
+                JournalFile {
+                    first_lsn: first,
+                    path,
+                    file,
+                    len,
+                    // Cut at its end just after: it grows again.
+                    preallocated: false,
+                },
+            ));
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Queues the entry for `records` (`count` records from `first_sequence`) of one
+    /// partition; [`write`](Self::write) writes what was queued.
+    pub fn append(
+        &mut self,
+        topic_id: u16,
+        partition: u16,
+        first_sequence: u64,
+        count: u32,
+        records: &[u8],
+    ) {
+        let entry = Entry {
+            lsn: self.written_lsn + self.buf.len() as u64,
+            epoch: self.epoch,
+            topic_id,
+            partition,
+            first_sequence,
+            count,
+            records,
+        };
+        let before = self.buf.len();
+        entry.encode(&mut self.buf);
+        self.entry_lens.push(self.buf.len() - before);
+    }
+
+    /// Bytes queued and not written yet.
+    pub fn pending_bytes(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Writes the queued entries: one write per file touched (one in the common case),
+    /// starting a new file when the next entry would pass the file size. A failure
+    /// poisons the journal: entries after a hole could never be replayed.
+    pub fn write(&mut self) -> Result<(), StorageError> {
+        if let Some(reason) = &self.poisoned {
+            self.buf.clear();
+            self.entry_lens.clear();
+            return Err(StorageError::Poisoned {
+                path: self.dir.clone(),
+                reason: reason.clone(),
+            });
+        }
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let result = self.write_entries();
+        self.buf.clear();
+        self.entry_lens.clear();
+        if let Err(e) = &result {
+            log::error!(
+                "{}: journal write failed, refusing writes until restart: {e}",
+                self.dir.display()
+            );
+            self.poisoned = Some(format!("journal write failed: {e}"));
+        }
+        result
+    }
+
+    fn write_entries(&mut self) -> Result<(), StorageError> {
+        let mut at = 0;
+        let mut i = 0;
+        while i < self.entry_lens.len() {
+            if std::mem::take(&mut self.roll_at_next_write) {
+                self.start_file(self.written_lsn)?;
+            }
+            let Some(f) = self.files.back() else {
+                self.start_file(self.written_lsn)?;
+                continue;
+            };
+            let room = self.file_bytes.saturating_sub(f.len) as usize;
+            let fresh = f.len == JOURNAL_FILE_HEADER_BYTES as u64;
+            let mut chunk = 0;
+            let mut j = i;
+            // A file takes entries while they fit; an empty one takes any entry.
+            while j < self.entry_lens.len()
+                && (chunk + self.entry_lens[j] <= room || (fresh && j == i))
+            {
+                chunk += self.entry_lens[j];
+                j += 1;
+            }
+            if j == i {
+                self.start_file(self.written_lsn)?;
+                continue;
+            }
+            let f = self.files.back_mut().expect("a file to write to");
+            f.file
+                .write_at(f.len, &self.buf[at..at + chunk])
+                .map_err(|e| StorageError::from_io(&f.path, Some(f.len), e))?;
+            f.len += chunk as u64;
+            if !self.unsynced_files.iter().any(|u| Arc::ptr_eq(u, &f.file)) {
+                self.unsynced_files.push(Arc::clone(&f.file));
+            }
+            self.written_lsn += chunk as u64;
+            at += chunk;
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// Starts the file whose first entry has LSN `first_lsn`.
+    fn start_file(&mut self, first_lsn: u64) -> Result<(), StorageError> {
+        let path = journal_file_path(&self.dir, first_lsn);
+        let io = |e| StorageError::from_io(&path, Some(0), e);
+        let preallocated = std::mem::take(&mut self.spare_ready);
+        self.spare_failed = false;
+        let file = if preallocated {
+            // The old bytes past the header are entries of other LSNs: they never count.
+            self.storage
+                .rename(&self.dir.join(SPARE_FILE), &path)
+                .map_err(io)?;
+            self.storage.open(&path, Open::ReadWrite).map_err(io)?
+        } else {
+            self.storage.open(&path, Open::CreateNew).map_err(io)?
+        };
+        file.write_at(0, &file_header(first_lsn)).map_err(io)?;
+        self.dir_dirty = true;
+        self.files.push_back(JournalFile {
+            first_lsn,
+            path,
+            file,
+            len: JOURNAL_FILE_HEADER_BYTES as u64,
+            preallocated,
+        });
+        Ok(())
+    }
+
+    /// The fdatasync for everything written since the previous job, if anything was.
+    pub fn take_sync_job(&mut self) -> Option<JournalSync> {
+        if self.poisoned.is_some() || self.written_lsn <= self.sync_taken_lsn {
+            return None;
+        }
+        let job = JournalSync {
+            storage: Arc::clone(&self.storage),
+            files: std::mem::take(&mut self.unsynced_files),
+            sync_dir: self.dir_dirty.then(|| self.dir.clone()),
+            upto_lsn: self.written_lsn,
+        };
+        self.dir_dirty = false;
+        self.sync_taken_lsn = self.written_lsn;
+        self.syncs_in_flight.push_back((job.upto_lsn, false));
+        Some(job)
+    }
+
+    /// Sync jobs taken and not yet reported.
+    pub fn syncs_in_flight(&self) -> usize {
+        self.syncs_in_flight.len()
+    }
+
+    /// The job that covered up to `upto_lsn` finished; returns the synced LSN, which
+    /// moves once every job taken before it finished too.
+    pub fn sync_done(&mut self, upto_lsn: u64) -> u64 {
+        if let Some(entry) = self
+            .syncs_in_flight
+            .iter_mut()
+            .find(|(u, _)| *u == upto_lsn)
+        {
+            entry.1 = true;
+        }
+        if cfg!(feature = "sim-bug-early-ack") && self.poisoned.is_none() {
+            // The hole the simulator must find: the synced LSN taken from whichever sync
+            // completes, whatever the jobs before it did (after a new journal file was
+            // started, a later job covers only that file).
+            self.synced_lsn = self.synced_lsn.max(upto_lsn);
+        }
+        while let Some(&(upto, true)) = self.syncs_in_flight.front() {
+            self.syncs_in_flight.pop_front();
+            if self.poisoned.is_none() {
+                self.synced_lsn = self.synced_lsn.max(upto);
+            }
+        }
+        self.synced_lsn
+    }
+
+    /// A sync job failed. Sticky, like a partition's (`PartitionLog::sync_failed`).
+    pub fn sync_failed(&mut self, err: &io::Error) {
+        log::error!(
+            "{}: journal fdatasync failed; refusing writes until restart: {err}",
+            self.dir.display()
+        );
+        if self.poisoned.is_none() {
+            self.poisoned = Some(format!("journal fdatasync failed: {err}"));
+        }
+        self.syncs_in_flight.clear();
+    }
+
+    pub fn poisoned(&self) -> Option<&str> {
+        self.poisoned.as_deref()
+    }
+
+    /// Whether to make the next spare now: the file being written is past half full (a
+    /// checkpoint will have let a file go by then, to be recycled), or there is no file
+    /// yet, so that the first one is preallocated too.
+    pub fn spare_due(&self) -> bool {
+        !self.spare_failed
+            && self
+                .files
+                .back()
+                .is_none_or(|f| 2 * f.len >= self.file_bytes)
+    }
+
+    pub fn written_lsn(&self) -> u64 {
+        self.written_lsn
+    }
+
+    pub fn synced_lsn(&self) -> u64 {
+        self.synced_lsn
+    }
+
+    pub fn checkpoint_lsn(&self) -> u64 {
+        self.checkpoint_lsn
+    }
+
+    /// The checkpoint write for `lsn` (at most what is written). The caller runs it after
+    /// syncing every segment written before the journal reached `lsn`.
+    pub fn checkpoint_job(&self, lsn: u64) -> CheckpointWrite {
+        debug_assert!(lsn <= self.written_lsn);
+        CheckpointWrite {
+            storage: Arc::clone(&self.storage),
+            path: self.dir.join(CHECKPOINT_FILE),
+            lsn,
+        }
+    }
+
+    /// A checkpoint at `lsn` is durable: returns the files wholly below it, which the
+    /// caller deletes off the reactor. The file being written is never one of them.
+    pub fn checkpoint_done(&mut self, lsn: u64) -> Vec<PathBuf> {
+        self.checkpoint_lsn = self.checkpoint_lsn.max(lsn);
+        let mut gone = Vec::new();
+        while self.files.len() >= 2 && self.files[1].first_lsn <= self.checkpoint_lsn {
+            let f = self.files.pop_front().expect("len checked");
+            self.unsynced_files.retain(|u| !Arc::ptr_eq(u, &f.file));
+            gone.push(f.path);
+        }
+        gone
+    }
+
+    /// The job that makes the next spare, when there is none: from `recycle` (a file a
+    /// checkpoint let go) or, without one, by filling a new file with zeros. The caller
+    /// reports the outcome with [`spare_made`](Self::spare_made).
+    pub fn spare_job(&self, recycle: Option<PathBuf>) -> Option<SpareWrite> {
+        (!self.spare_ready).then(|| SpareWrite {
+            storage: Arc::clone(&self.storage),
+            dir: self.dir.clone(),
+            recycle,
+            bytes: self.file_bytes,
+        })
+    }
+
+    /// A spare job finished.
+    pub fn spare_made(&mut self, result: &io::Result<()>) {
+        match result {
+            Ok(()) => {
+                self.spare_ready = true;
+                // A file that grows costs a size change per fdatasync: leave it now.
+                self.roll_at_next_write = self.files.back().is_some_and(|f| !f.preallocated);
+            }
+            // Harmless: the next file is made by appending, as without a spare.
+            Err(e) => {
+                self.spare_failed = true;
+                log::warn!(
+                    "{}: cannot make the spare journal file: {e}",
+                    self.dir.display()
+                );
+            }
+        }
+    }
+
+    /// Bookkeeping holds together: files in LSN order and contiguous, the writer at the
+    /// end of the last, nothing synced past what was written.
+    pub fn check_invariants(&self) {
+        assert!(self.synced_lsn <= self.sync_taken_lsn && self.sync_taken_lsn <= self.written_lsn);
+        assert!(self.checkpoint_lsn <= self.written_lsn);
+        for pair in self.files.iter().collect::<Vec<_>>().windows(2) {
+            assert!(
+                pair[0].first_lsn < pair[1].first_lsn,
+                "journal files in order"
+            );
+            let held = pair[0].len - JOURNAL_FILE_HEADER_BYTES as u64;
+            assert_eq!(
+                pair[0].first_lsn + held,
+                pair[1].first_lsn,
+                "journal files contiguous"
+            );
+        }
+        if let Some(last) = self.files.back() {
+            let held = last.len - JOURNAL_FILE_HEADER_BYTES as u64;
+            assert_eq!(
+                last.first_lsn + held,
+                self.written_lsn,
+                "the writer at the end"
+            );
+        }
+        let mut last = self.synced_lsn;
+        for &(upto, _) in &self.syncs_in_flight {
+            // The injected hole moves the synced LSN past jobs still in flight; the
+            // simulator, not this check, has to notice what that loses.
+            if !cfg!(feature = "sim-bug-early-ack") {
+                assert!(upto > last, "journal syncs in order");
+            }
+            assert!(upto <= self.sync_taken_lsn);
+            last = upto;
+        }
+        assert_eq!(self.buf.len(), self.entry_lens.iter().sum::<usize>());
+    }
+}
+
+/// Reads the next entry's bytes into `buf` when `available` bytes can hold it: `None` at
+/// the end (fewer bytes than a header, a zero or impossible length, or a length past the
+/// end); the length is checked before anything is allocated for it.
+fn read_entry(reader: &mut impl Read, buf: &mut Vec<u8>, available: u64) -> io::Result<Option<()>> {
+    if available < JOURNAL_ENTRY_HEADER_BYTES as u64 {
+        return Ok(None);
+    }
+    buf.clear();
+    buf.resize(JOURNAL_ENTRY_HEADER_BYTES, 0);
+    reader.read_exact(buf)?;
+    let len = u32::from_be_bytes(buf[..4].try_into().expect("4")) as usize;
+    let possible = JOURNAL_ENTRY_HEADER_BYTES..=JOURNAL_ENTRY_BYTES_MAX;
+    if !possible.contains(&len) || len as u64 > available {
+        return Ok(None);
+    }
+    buf.resize(len, 0);
+    reader.read_exact(&mut buf[JOURNAL_ENTRY_HEADER_BYTES..])?;
+    Ok(Some(()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::storage::FsStorage;
+    use super::*;
+
+    /// What replay saw: (lsn, epoch, topic, partition, first sequence, count, records).
+    type Seen = Vec<(u64, u64, u16, u16, u64, u32, Vec<u8>)>;
+
+    fn open(dir: &Path, file_bytes: u64, epoch: u64) -> (Journal, JournalReport, Seen) {
+        let mut seen = Vec::new();
+        let (j, report) = Journal::open(&FsStorage::shared(), dir, file_bytes, epoch, |e| {
+            seen.push((
+                e.lsn,
+                e.epoch,
+                e.topic_id,
+                e.partition,
+                e.first_sequence,
+                e.count,
+                e.records.to_vec(),
+            ))
+        })
+        .unwrap();
+        (j, report, seen)
+    }
+
+    /// Appends entry `i` (partition `i % 3`, `i + 1` bytes of records) and writes it.
+    fn put(j: &mut Journal, i: u64) {
+        j.append(1, (i % 3) as u16, 10 * i, 1, &vec![i as u8; i as usize + 1]);
+        j.write().unwrap();
+        j.check_invariants();
+    }
+
+    fn sync(j: &mut Journal) {
+        let job = j.take_sync_job().unwrap();
+        job.run().unwrap();
+        j.sync_done(job.upto_lsn);
+        j.check_invariants();
+    }
+
+    #[test]
+    fn entries_come_back_in_order_across_files_and_from_the_checkpoint() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let (mut j, _, seen) = open(dir, 256, 1);
+        assert!(seen.is_empty());
+        for i in 0..20 {
+            put(&mut j, i);
+        }
+        sync(&mut j);
+        assert!(j.files.len() > 3, "small files roll: {}", j.files.len());
+        let end = j.written_lsn();
+        drop(j);
+        let (mut j, report, seen) = open(dir, 256, 2);
+        assert_eq!(report.end_lsn, end);
+        assert_eq!(seen.len(), 20);
+        for (i, s) in seen.iter().enumerate() {
+            let i = i as u64;
+            assert_eq!(
+                (s.1, s.3, s.4, s.6.len()),
+                (1, (i % 3) as u16, 10 * i, i as usize + 1)
+            );
+        }
+        // A checkpoint in the middle: replay starts there, files below it go.
+        let middle = seen[12].0;
+        j.checkpoint_job(middle).run().unwrap();
+        let gone = j.checkpoint_done(middle);
+        assert!(!gone.is_empty());
+        for path in &gone {
+            std::fs::remove_file(path).unwrap();
+        }
+        put(&mut j, 20);
+        sync(&mut j);
+        drop(j);
+        let (_, _, seen) = open(dir, 256, 3);
+        let firsts: Vec<u64> = seen.iter().map(|s| s.4).collect();
+        assert_eq!(firsts, (12..=20).map(|i| 10 * i).collect::<Vec<_>>());
+        assert_eq!(seen.last().unwrap().1, 2, "written under epoch 2");
+    }
+
+    #[test]
+    fn a_torn_last_entry_ends_the_journal_and_the_next_writes_replace_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let (mut j, _, _) = open(dir, JOURNAL_FILE_BYTES_DEFAULT, 1);
+        for i in 0..5 {
+            put(&mut j, i);
+        }
+        sync(&mut j);
+        let path = j.files[0].path.clone();
+        drop(j);
+        let len = std::fs::metadata(&path).unwrap().len();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(len - 3).unwrap();
+        drop(f);
+        let (mut j, report, seen) = open(dir, JOURNAL_FILE_BYTES_DEFAULT, 2);
+        assert_eq!(seen.len(), 4);
+        assert!(report.ended_by.is_none(), "a short tail is just the end");
+        put(&mut j, 7);
+        sync(&mut j);
+        drop(j);
+        let (_, _, seen) = open(dir, JOURNAL_FILE_BYTES_DEFAULT, 3);
+        let firsts: Vec<u64> = seen.iter().map(|s| s.4).collect();
+        assert_eq!(firsts, vec![0, 10, 20, 30, 70]);
+    }
+
+    #[test]
+    fn a_whole_entry_left_past_the_end_by_an_earlier_epoch_never_counts() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let (mut j, _, _) = open(dir, JOURNAL_FILE_BYTES_DEFAULT, 1);
+        for i in 0..3 {
+            put(&mut j, i);
+        }
+        let path = j.files[0].path.clone();
+        let bytes = std::fs::read(&path).unwrap();
+        drop(j);
+        // A power cut kept entries 0 and 2 but lost entry 1's page: the journal ends
+        // after entry 0, and the next start writes a shorter entry there...
+        let entry_1 = 16 + 41..16 + 41 + 42;
+        let mut cut = bytes.clone();
+        cut[entry_1].fill(0);
+        std::fs::write(&path, &cut).unwrap();
+        let (mut j, _, seen) = open(dir, JOURNAL_FILE_BYTES_DEFAULT, 2);
+        assert_eq!(seen.len(), 1);
+        // 42 bytes, like entry 1: the next entry is expected exactly where the old entry
+        // 2 was, with the LSN it carries.
+        j.append(1, 0, 100, 1, &[9; 2]);
+        j.write().unwrap();
+        sync(&mut j);
+        drop(j);
+        // ...and a cut that lost the later writes could leave old entry 2 right behind.
+        let mut now = std::fs::read(&path).unwrap();
+        assert_eq!(now.len(), 16 + 41 + 42);
+        now.extend_from_slice(&bytes[16 + 41 + 42..]);
+        std::fs::write(&path, &now).unwrap();
+        let (_, report, seen) = open(dir, JOURNAL_FILE_BYTES_DEFAULT, 3);
+        let firsts: Vec<u64> = seen.iter().map(|s| s.4).collect();
+        assert_eq!(firsts, vec![0, 100], "old entry 2 never counts");
+        assert!(report.ended_by.unwrap().contains("epoch 1 after epoch 2"));
+    }
+
+    #[test]
+    fn a_spare_file_becomes_the_next_file_and_its_old_bytes_never_count() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        // Entries of one size, so that the recycled file's old entries sit exactly where
+        // new ones are expected: only their LSN tells them apart.
+        let put_same = |j: &mut Journal, i: u64| {
+            j.append(1, 0, i, 1, &[i as u8; 8]);
+            j.write().unwrap();
+        };
+        let (mut j, _, _) = open(dir, 256, 1);
+        for i in 0..12 {
+            put_same(&mut j, i);
+        }
+        sync(&mut j);
+        // The oldest file, let go by a checkpoint, becomes the spare.
+        let lsn = j.written_lsn();
+        j.checkpoint_job(lsn).run().unwrap();
+        let mut gone = j.checkpoint_done(lsn);
+        let recycled = gone.pop().unwrap();
+        let spare = j.spare_job(Some(recycled)).unwrap();
+        let made = spare.run();
+        j.spare_made(&made);
+        assert!(j.spare_ready);
+        // Fill the file being written, then one entry into the next: the spare.
+        while j.files.len() < 2 {
+            let next = 100 + j.written_lsn();
+            put_same(&mut j, next);
+        }
+        sync(&mut j);
+        assert!(!j.spare_ready, "used for the next file");
+        let last = j.files.back().unwrap().path.clone();
+        assert!(
+            std::fs::metadata(&last).unwrap().len() > 16 + 48,
+            "old bytes behind"
+        );
+        let expected: Vec<u64> = {
+            let (_, _, seen) = open(tmp.path(), 256, 2);
+            seen.iter().map(|s| s.4).collect()
+        };
+        assert!(expected.iter().all(|&f| f >= 100), "{expected:?}");
+    }
+
+    #[test]
+    fn a_restart_with_a_spare_writes_into_it_and_a_failed_spare_waits_for_the_next_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let (mut j, _, _) = open(dir, 4096, 1);
+        assert!(
+            j.spare_due(),
+            "no file yet: the first one is preallocated too"
+        );
+        j.spare_made(&j.spare_job(None).unwrap().run());
+        put(&mut j, 1);
+        sync(&mut j);
+        assert!(j.files.back().unwrap().preallocated);
+        assert!(!j.spare_due(), "not half full");
+        j.spare_made(&j.spare_job(None).unwrap().run());
+        drop(j);
+        // The file written last was cut at its end: appending would grow it again.
+        let (mut j, _, seen) = open(dir, 4096, 2);
+        assert_eq!(seen.len(), 1);
+        put(&mut j, 2);
+        sync(&mut j);
+        assert_eq!(j.files.len(), 2, "rolled into the spare");
+        assert!(j.files.back().unwrap().preallocated);
+        // A spare that cannot be made (a full disk) is not tried again on every pass.
+        j.spare_made(&Err(io::Error::from_raw_os_error(28)));
+        while 2 * j.files.back().unwrap().len < j.file_bytes {
+            put(&mut j, 3);
+        }
+        assert!(!j.spare_due(), "failed for this file");
+        while j.files.len() < 3 {
+            put(&mut j, 4);
+        }
+        while 2 * j.files.back().unwrap().len < j.file_bytes {
+            put(&mut j, 5);
+        }
+        assert!(j.spare_due(), "a new file tries again");
+    }
+
+    #[test]
+    fn the_synced_lsn_moves_only_over_a_completed_prefix_of_sync_jobs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (mut j, _, _) = open(tmp.path(), 256, 1);
+        put(&mut j, 5);
+        let first = j.take_sync_job().unwrap();
+        for i in 0..8 {
+            put(&mut j, i); // rolls: the second job covers newer files only
+        }
+        let second = j.take_sync_job().unwrap();
+        second.run().unwrap();
+        assert_eq!(
+            j.sync_done(second.upto_lsn),
+            0,
+            "the first has not finished"
+        );
+        first.run().unwrap();
+        assert_eq!(j.sync_done(first.upto_lsn), second.upto_lsn);
+        j.check_invariants();
+    }
+}
