@@ -21,13 +21,13 @@ mod common;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use common::mortard::Mortard;
 use mortarmq::broker::JOURNAL_DIR;
 use mortarmq::client::ClientError;
 use mortarmq::log::journal::{
-    journal_file_path, JOURNAL_ENTRY_HEADER_BYTES, JOURNAL_FILE_HEADER_BYTES,
+    journal_file_path, JOURNAL_ENTRY_HEADER_BYTES, JOURNAL_FILE_HEADER_BYTES, SPARE_FILE,
 };
 use mortarmq::log::RECORD_OVERHEAD_BYTES;
 use mortarmq::wire::ops::{Frame, Ping, Pub};
@@ -44,9 +44,29 @@ const PUBS_PER_CONNECTION: usize = 40;
 /// answer takes, so an answer sent before its fdatasync returned cannot hide.
 const FDATASYNC_DELAY_US: u64 = 30_000;
 
+/// How long a fresh broker may take to fill its first spare journal file.
+const SPARE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// The first journal file of `data_dir` (it holds every entry of these short tests).
 fn journal_file(data_dir: &Path) -> PathBuf {
     journal_file_path(&data_dir.join(JOURNAL_DIR), 0)
+}
+
+/// Waits until the broker's first spare journal file is ready. The first file is then
+/// made from it and written until full; a first file made by appending (a PUB before
+/// the spare) would be left for a newer file, which the trace does not follow, as soon
+/// as the spare is ready.
+fn wait_for_spare(broker: &Mortard) {
+    let spare = broker.data_dir().join(JOURNAL_DIR).join(SPARE_FILE);
+    let deadline = Instant::now() + SPARE_TIMEOUT;
+    while !spare.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no {} after {SPARE_TIMEOUT:?}",
+            spare.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// `strace` tracing `pwrite64` and `fdatasync` on the journal file only, with `inject`
@@ -229,6 +249,7 @@ fn run(inject: &str, delay_us: u64) -> (Vec<Answer>, Vec<Call>, Option<i32>) {
         "strace is needed (tools/test.sh installs it)"
     );
     let mut broker = Mortard::start_wrapped(strace(&trace, inject), &[]);
+    wait_for_spare(&broker);
     let declared = broker
         .client()
         .declare(TOPIC, 1, DeclareFlags::empty())
@@ -304,15 +325,15 @@ fn an_fdatasync_eio_acknowledges_nothing_it_did_not_cover() {
 /// Waits until `ready` holds, polling (the trace and the log are files another process
 /// writes); panics after `WAIT_LIMIT`.
 fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + WAIT_LIMIT;
+    let deadline = Instant::now() + WAIT_LIMIT;
     while !ready() {
-        assert!(std::time::Instant::now() < deadline, "waited for {what}");
+        assert!(Instant::now() < deadline, "waited for {what}");
         std::thread::yield_now();
     }
 }
 
 /// How long `wait_for` waits for another process.
-const WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
+const WAIT_LIMIT: Duration = Duration::from_secs(20);
 
 #[test]
 fn a_draining_broker_answers_what_it_read_and_reads_nothing_new() {
@@ -321,6 +342,7 @@ fn a_draining_broker_answers_what_it_read_and_reads_nothing_new() {
     // One second per fdatasync: the PUB is still waiting for its own when SIGTERM comes.
     let hold_us = 1_000_000;
     let mut broker = Mortard::start_wrapped(strace(&trace, &format!("delay_exit={hold_us}")), &[]);
+    wait_for_spare(&broker);
     let mut client = broker.client();
     client.declare(TOPIC, 1, DeclareFlags::empty()).unwrap();
     let value = [1u8; VALUE_BYTES];

@@ -11,7 +11,8 @@
 # values, connections x pipeline 1x1, 1x16, 16x16; push consume with ACK (credit 256)
 # vs XREADGROUP COUNT 256 + XACK; footprint (idle RSS, RSS per idle connection, peak RSS
 # during 16x16, stripped binary). Mortar-only figures: 16x32 FSYNC publish, PULL
-# consume, end-to-end latency at 20k msgs/s. --quick keeps the run under 2 minutes;
+# consume, end-to-end latency at 20k msgs/s (broker and load generator pinned to a core
+# each). --quick keeps the run under 2 minutes;
 # the full run takes about 8. Servers are killed on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -260,14 +261,25 @@ put consume_pull_ack_msgs msgs/s "$(jget "$js" msgs_per_sec)" n/a ""
 
 # ---- end-to-end ---------------------------------------------------------------------
 
+# The fair setting on two cores: the broker's threads on one core, the load generator's
+# (publisher, answer reader, consumer) on the other, so neither queues behind the other.
+PIN_BROKER=() PIN_TOOL=()
+if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
+  taskset -a -p -c 0 "$MORTAR_PID" >/dev/null
+  PIN_TOOL=(taskset -c 1)
+  PIN_BROKER=(pinned)
+else
+  echo "compare: no taskset or one core: end-to-end runs unpinned" >&2
+fi
 for dur in written fsync; do
-  echo "compare: end-to-end 20k msgs/s $dur" >&2
-  js=$("$BENCH" --broker "$MORTAR" --json end-to-end --rate 20000 --duration "$(q 3s 10s)" \
-    --durability "$dur" --topic "e2e_$dur")
+  echo "compare: end-to-end 20k msgs/s $dur ${PIN_BROKER[*]}" >&2
+  js=$("${PIN_TOOL[@]}" "$BENCH" --broker "$MORTAR" --json end-to-end --rate 20000 \
+    --duration "$(q 3s 10s)" --durability "$dur" --topic "e2e_$dur")
   echo "  mortar: $js" >&2
   limit=$([ "$dur" = written ] && echo "<=1000" || echo "<=2000")
   put "e2e_${dur}_deliver_p50" us "$(jget "$js" deliver_p50_us)" n/a ""
   put "e2e_${dur}_deliver_p99" us "$(jget "$js" deliver_p99_us)" n/a "$limit"
+  put "e2e_${dur}_deliver_p999" us "$(jget "$js" deliver_p999_us)" n/a ""
   put "e2e_${dur}_pub_ok_p99" us "$(jget "$js" pub_ok_p99_us)" n/a ""
 done
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Measures what idle connections cost mortard: starts a release mortard on a free
 port with a temporary data dir, opens N connections that each CONNECT and then stay
-idle, and prints the daemon's RSS before and after (from /proc/PID/status).
+idle, and prints the daemon's RSS before and after (from /proc/PID/status), and what
+the idle RSS is made of (from /proc/PID/smaps: the daemon's own code and data, shared
+libraries, heap, thread stacks and other anonymous memory).
 
 usage: tools/idle_rss.py [N] (default 5000; run `cargo build --release` first)
 """
@@ -13,6 +15,28 @@ def rss_kib(pid):
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     return 0
+
+def rss_parts_kib(pid, binary):
+    """Resident KiB per kind of mapping."""
+    parts, kind = {}, None
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:
+                perms, name = fields[1], (fields[5] if len(fields) > 5 else "")
+                if name == binary:
+                    kind = "mortard code" if "x" in perms else "mortard data"
+                elif name.startswith("/"):
+                    kind = "shared libraries"
+                elif name == "[heap]":
+                    kind = "heap"
+                elif name == "[stack]":
+                    kind = "main stack"
+                else:
+                    kind = "other anonymous (thread stacks, mmap'd heap)" if not name else name
+            elif fields[0] == "Rss:":
+                parts[kind] = parts.get(kind, 0) + int(fields[1])
+    return parts
 
 def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 5000
@@ -29,6 +53,10 @@ def main():
         host, port = line[1].rsplit(":", 1)
         time.sleep(0.3)
         before = rss_kib(proc.pid)
+        for kind, kib in sorted(rss_parts_kib(proc.pid, os.path.realpath(binary)).items(),
+                                key=lambda kv: -kv[1]):
+            if kib:
+                print(f"idle rss: {kib:5} KiB {kind}")
         connect = struct.pack(">IBBHHI", 10, 1, 1, 0, 0, 0)
         socks = []
         for _ in range(n):

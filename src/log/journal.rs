@@ -576,7 +576,12 @@ impl Journal {
         let mut at = 0;
         let mut i = 0;
         while i < self.entry_lens.len() {
-            if std::mem::take(&mut self.roll_at_next_write) {
+            // An empty file keeps its name (its first LSN is the next one): it is
+            // written into, growing, as is a file made before the spare was ready.
+            let has_entries = |f: &JournalFile| f.len > JOURNAL_FILE_HEADER_BYTES as u64;
+            if std::mem::take(&mut self.roll_at_next_write)
+                && self.files.back().is_some_and(has_entries)
+            {
                 self.start_file(self.written_lsn)?;
             }
             let Some(f) = self.files.back() else {
@@ -1060,6 +1065,34 @@ mod tests {
             put(&mut j, 5);
         }
         assert!(j.spare_due(), "a new file tries again");
+    }
+
+    #[test]
+    fn a_restart_with_a_spare_writes_into_an_empty_last_file_under_its_own_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let (mut j, _, _) = open(dir, 256, 1);
+        while j.files.len() < 2 {
+            put(&mut j, 7);
+        }
+        sync(&mut j);
+        let last = j.files.back().unwrap().path.clone();
+        j.spare_made(&j.spare_job(None).unwrap().run());
+        drop(j);
+        // The second file's entries were lost: its header is all that is left.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&last)
+            .unwrap()
+            .set_len(JOURNAL_FILE_HEADER_BYTES as u64)
+            .unwrap();
+        let (mut j, _, _) = open(dir, 256, 2);
+        put(&mut j, 8);
+        sync(&mut j);
+        let names: Vec<&Path> = j.files.iter().map(|f| f.path.as_path()).collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert_eq!(names[1], last, "the empty file is written into");
+        assert!(j.spare_ready, "the spare waits for the next file");
     }
 
     #[test]
