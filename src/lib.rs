@@ -16,7 +16,7 @@
 //! | [`reactor`] | the mio loop: sockets, buffers, timers, backpressure | all above |
 //! | [`admin`] | HTTP listener threads rendering reactor snapshots | `broker`, `consume` |
 //! | [`config`] | the flag table: argv into the layers' configs, `--help` | config types* |
-//! | [`client`] | a small blocking client for tests and `tools/` | `wire` |
+//! | [`client`] | the client library (`Producer`, `Consumer`), raw frames for tests | `wire` |
 //! | [`systemd`] | `Type=notify` readiness (`READY=1`, `STOPPING=1`) | nothing |
 //! | [`logging`] | `mortard`'s log line formats (text, JSON, journald priorities) | `config` |
 //!

@@ -516,3 +516,146 @@ fn check_verifies_a_stopped_brokers_data_and_repairs_a_torn_tail() {
     let usage = run(&["check"], "");
     assert_eq!(usage.status.code(), Some(2));
 }
+
+/// Records stored in `topic` (the sum of its partitions' last sequences), from `/stats`.
+fn stored(broker: &Mortard, topic: &str) -> u64 {
+    let (_, body) = broker.http("GET", "/stats");
+    let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+    stats["topics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["name"] == topic)
+        .flat_map(|t| t["partitions"].as_array().unwrap().clone())
+        .map(|p| p["last_sequence"].as_u64().unwrap())
+        .sum()
+}
+
+#[test]
+fn pub_carries_its_records_across_a_broker_restart() {
+    // `pub` is an idempotent producer: what was in flight when the broker stopped is
+    // resent to the next one, each record stored once.
+    let mut broker = Mortard::start_on_fixed_port(&[]);
+    ok(
+        &broker,
+        &["topics", "create", "restarted", "--partitions", "2"],
+        "",
+    );
+    let addr = broker.addr.to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mortarctl"))
+        .args(["--broker", &addr, "pub", "restarted", "--key", "k"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn mortarctl");
+    let mut input = child.stdin.take().unwrap();
+    let lines = |from: u32| -> String { (from..from + 100).map(|i| format!("v{i}\n")).collect() };
+    input.write_all(lines(0).as_bytes()).unwrap();
+    input.flush().unwrap();
+    let deadline = Instant::now() + RUN_TIMEOUT;
+    while stored(&broker, "restarted") < 100 {
+        assert!(
+            Instant::now() < deadline,
+            "the first 100 records were not stored"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    broker.restart();
+    input.write_all(lines(100).as_bytes()).unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "published 200 records to restarted"
+    );
+    assert_eq!(stored(&broker, "restarted"), 200, "each record once");
+    let got = ok(
+        &broker,
+        &["sub", "restarted", "--group", "g", "--count", "200"],
+        "",
+    );
+    let want: String = (0..200).map(|i| format!("v{i}\n")).collect();
+    assert_eq!(got, want, "one key, one partition, in order");
+}
+
+#[test]
+fn sub_reads_a_dead_letter_twin() {
+    // The twin is addressed through its source (a DECLARE of its name is refused).
+    let broker = Mortard::start(&[]);
+    ok(
+        &broker,
+        &["topics", "create", "jobs", "--partitions", "1"],
+        "",
+    );
+    ok(
+        &broker,
+        &["pub", "jobs", "--key", "j1", "--value", "bad"],
+        "",
+    );
+    let mut c = mortarmq::client::Consumer::connect(broker.addr).unwrap();
+    c.subscribe("workers", "jobs", mortarmq::client::StartPolicy::Earliest)
+        .unwrap();
+    let m = c.poll(Some(RUN_TIMEOUT)).unwrap().expect("the record");
+    assert!(m.reject());
+    c.close().unwrap();
+    let dead = ok(
+        &broker,
+        &[
+            "sub", "jobs.dlq", "--group", "ops", "--count", "1", "--meta",
+        ],
+        "",
+    );
+    assert_eq!(dead, "0\t1\t1\tj1\tbad\n");
+}
+
+#[test]
+fn sub_goes_on_after_a_broker_restart() {
+    let mut broker = Mortard::start_on_fixed_port(&["--commit-interval", "100ms"]);
+    ok(
+        &broker,
+        &["topics", "create", "steady", "--partitions", "1"],
+        "",
+    );
+    ok(&broker, &["pub", "steady"], "v0\nv1\nv2\nv3\nv4\n");
+    let addr = broker.addr.to_string();
+    let args = [
+        "--broker", &addr, "sub", "steady", "--group", "g", "--count", "10",
+    ];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mortarctl"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn mortarctl");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines() {
+            let _ = tx.send(line.unwrap());
+        }
+    });
+    let mut got: Vec<String> = (0..5)
+        .map(|_| lines.recv_timeout(RUN_TIMEOUT).expect("a line"))
+        .collect();
+    // Once the five are committed, a SIGTERM keeps them committed.
+    let deadline = Instant::now() + RUN_TIMEOUT;
+    loop {
+        let (_, body) = broker.http("GET", "/stats");
+        let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+        if stats["groups"][0]["partitions"][0]["committed"] == 5 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not committed: {body}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    broker.restart();
+    ok(&broker, &["pub", "steady"], "v5\nv6\nv7\nv8\nv9\n");
+    got.extend((0..5).map(|_| lines.recv_timeout(RUN_TIMEOUT).expect("a line")));
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let want: Vec<String> = (0..10).map(|i| format!("v{i}")).collect();
+    assert_eq!(got, want);
+}

@@ -61,7 +61,10 @@ pub fn next_msg(c: &mut Client) -> Delivery {
     }
 }
 
-pub fn ack(c: &mut Client, m: &Delivery) -> mortarmq::client::Result<mortarmq::client::Reply> {
+pub fn ack(
+    c: &mut Client,
+    m: &Delivery,
+) -> mortarmq::client::ClientResult<mortarmq::client::Reply> {
     c.request(&Frame::Ack(m.ack(AckFlags::empty())))
 }
 
@@ -149,7 +152,7 @@ fn sub_req(
     credit_count: u16,
     credit_bytes: u32,
     flags: u16,
-) -> mortarmq::client::Result<SubResult> {
+) -> mortarmq::client::ClientResult<SubResult> {
     c.request(&Frame::Sub(Sub {
         group,
         topic_id,
@@ -163,7 +166,7 @@ fn sub_req(
 }
 
 /// The ERR code of a request that must fail.
-fn err_code<T: std::fmt::Debug>(r: mortarmq::client::Result<T>) -> u16 {
+fn err_code<T: std::fmt::Debug>(r: mortarmq::client::ClientResult<T>) -> u16 {
     match r {
         Err(ClientError::Broker { code, .. }) => code,
         other => panic!("expected an ERR, got {other:?}"),
@@ -204,18 +207,18 @@ fn next_msg_within(c: &mut Client, wait: Duration) -> Delivery {
     }
 }
 
-fn control_ack(c: &mut Client, n: &Notice, result: u8) -> mortarmq::client::Result<Reply> {
+fn control_ack(c: &mut Client, n: &Notice, result: u8) -> mortarmq::client::ClientResult<Reply> {
     c.request(&Frame::ControlAck(ControlAck {
         result,
         ..ControlAck::answering(n, ControlResult::Ok)
     }))
 }
 
-fn ack_flags(c: &mut Client, m: &Delivery, flags: u16) -> mortarmq::client::Result<Reply> {
+fn ack_flags(c: &mut Client, m: &Delivery, flags: u16) -> mortarmq::client::ClientResult<Reply> {
     c.request(&Frame::Ack(m.ack(AckFlags::from_bits_retain(flags))))
 }
 
-fn nack(c: &mut Client, m: &Delivery, reason: u8) -> mortarmq::client::Result<Reply> {
+fn nack(c: &mut Client, m: &Delivery, reason: u8) -> mortarmq::client::ClientResult<Reply> {
     // The reason stays a raw code so that reserved values can be sent too.
     c.request(&Frame::Nack(Nack {
         reason,
@@ -228,7 +231,7 @@ fn heartbeat(
     r: &SubResult,
     assignment_epoch: u32,
     state: u8,
-) -> mortarmq::client::Result<Reply> {
+) -> mortarmq::client::ClientResult<Reply> {
     c.request(&Frame::Heartbeat(Heartbeat {
         subscription_id: r.subscription_id,
         member_id: r.member_id,
@@ -244,7 +247,7 @@ fn credit(
     mode: u8,
     count: u16,
     bytes: u32,
-) -> mortarmq::client::Result<CreditResult> {
+) -> mortarmq::client::ClientResult<CreditResult> {
     c.request(&Frame::Credit(Credit {
         subscription_id: r.subscription_id,
         membership_epoch: r.membership_epoch,
@@ -264,7 +267,7 @@ fn pull(
     assignment_epoch: u32,
     max_msgs: u16,
     wait_ms: u16,
-) -> mortarmq::client::Result<Vec<Delivery>> {
+) -> mortarmq::client::ClientResult<Vec<Delivery>> {
     c.request(&Frame::Pull(Pull {
         subscription_id: r.subscription_id,
         member_id: r.member_id,
@@ -376,7 +379,7 @@ impl Member {
         }
     }
 
-    fn heartbeat(&mut self, state: u8) -> mortarmq::client::Result<Reply> {
+    fn heartbeat(&mut self, state: u8) -> mortarmq::client::ClientResult<Reply> {
         self.last_heartbeat = Instant::now();
         heartbeat(&mut self.c, &self.sub, self.assignment_epoch, state)
     }

@@ -137,7 +137,7 @@ fn log_len(broker: &Mortard) -> usize {
 }
 
 /// The code of the ERR a request got.
-fn err_code<T: std::fmt::Debug>(r: mortarmq::client::Result<T>) -> u16 {
+fn err_code<T: std::fmt::Debug>(r: mortarmq::client::ClientResult<T>) -> u16 {
     match r {
         Err(ClientError::Broker { code, .. }) => code,
         other => panic!("expected an ERR, got {other:?}"),
@@ -149,7 +149,7 @@ fn sub_with_credit(
     group: &str,
     topic_id: u16,
     credit_count: u16,
-) -> mortarmq::client::Result<SubResult> {
+) -> mortarmq::client::ClientResult<SubResult> {
     c.request(&Frame::Sub(Sub {
         group: group.as_bytes(),
         topic_id,
@@ -162,7 +162,7 @@ fn sub_with_credit(
     .typed()
 }
 
-fn sub(c: &mut Client, group: &str, topic_id: u16) -> mortarmq::client::Result<SubResult> {
+fn sub(c: &mut Client, group: &str, topic_id: u16) -> mortarmq::client::ClientResult<SubResult> {
     sub_with_credit(c, group, topic_id, 0)
 }
 

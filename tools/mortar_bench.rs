@@ -13,6 +13,9 @@
 //! than `client::Client`: the hot loops decode frames in place from one reused read
 //! buffer and encode into one reused write buffer, so no message allocates, and
 //! replies, pushes and notices interleave freely (ACK answers arrive among MSGs).
+//! With `--api`, `publish` and `consume` drive the same load through the client library
+//! instead (`mortarmq::client::Producer`, idempotent, and `Consumer`), so that the
+//! library is measured against the raw frames (docs/BENCHMARKS.md).
 //! Timings: PUB->OK with `Instant`; publish->deliver with the SystemTime nanos the
 //! publisher writes into the first 8 bytes of the value (same host, same clock).
 
@@ -59,8 +62,11 @@ fn usage() -> String {
          \x20 publish    --connections N (1) --pipeline D (16) --value-size SIZE (1024)\n\
          \x20            --durability written|fsync (fsync) --partitions P (1)\n\
          \x20            --topic NAME (bench) --duration 10s | --count N\n\
+         \x20            [--idempotent]: PUBs with a producer_id and producer_seqs\n\
+         \x20            [--api [--not-idempotent]]: through mortarmq::client::Producer\n\
          \x20 consume    --mode push|pull (push) --credit N (256) --count N (100000)\n\
          \x20            --topic NAME --partitions P --value-size SIZE (prefill)\n\
+         \x20            [--api]: through mortarmq::client::Consumer\n\
          \x20 end-to-end --rate R (20000) --duration 10s --durability written|fsync\n\
          \x20            --value-size SIZE (1024) --topic NAME (bench-e2e)\n\
          \x20 idle       --connections N (1000) --duration 30s\n\
@@ -85,6 +91,17 @@ fn main() -> ExitCode {
     o.optopt("", "mode", "push|pull", "MODE");
     o.optopt("", "credit", "credit window", "N");
     o.optopt("", "rate", "messages per second", "R");
+    o.optflag("", "api", "publish/consume through mortarmq::client");
+    o.optflag(
+        "",
+        "not-idempotent",
+        "with --api: a producer with producer_id 0",
+    );
+    o.optflag(
+        "",
+        "idempotent",
+        "raw publish: producer_id and producer_seqs",
+    );
     o.optflag("h", "help", "this help");
     let m = match o.parse(std::env::args().skip(1)) {
         Ok(m) => m,
@@ -105,7 +122,9 @@ fn main() -> ExitCode {
         }
     };
     let result = match m.free.first().map(String::as_str) {
+        Some("publish") if args.api => api::publish(&args),
         Some("publish") => publish(&args),
+        Some("consume") if args.api => api::consume(&args),
         Some("consume") => consume(&args),
         Some("end-to-end") => end_to_end(&args),
         Some("idle") => idle(&args),
@@ -143,6 +162,9 @@ struct Args {
     pull: bool,
     credit: u16,
     rate: u64,
+    api: bool,
+    idempotent: bool,
+    raw_idempotent: bool,
 }
 
 impl Args {
@@ -186,6 +208,9 @@ impl Args {
             pull,
             credit: num("credit")?.unwrap_or(256).clamp(1, 65535) as u16,
             rate: num("rate")?.unwrap_or(20_000).max(1),
+            api: m.opt_present("api"),
+            idempotent: !m.opt_present("not-idempotent"),
+            raw_idempotent: m.opt_present("idempotent"),
         };
         if a.pipeline == 0 || a.connections == Some(0) {
             return Err("--pipeline and --connections must be at least 1".into());
@@ -629,6 +654,9 @@ struct PubJob {
     value_size: usize,
     durability: Durability,
     stop: Stop,
+    /// Non-zero: PUBs carry it and a producer_seq per partition, as an idempotent
+    /// producer's do.
+    producer_id: u64,
 }
 
 /// One connection keeping `depth` PUBs in flight: every batch of answers read from the
@@ -644,6 +672,7 @@ fn publish_conn(mut c: Conn, job: &PubJob) -> Res<PubStats> {
     };
     let mut sent = 0u64;
     let mut partition = job.first_partition;
+    let mut seqs = vec![0u64; usize::from(job.partitions)];
     loop {
         let now = Instant::now();
         let more = |sent: u64| match job.stop {
@@ -651,9 +680,13 @@ fn publish_conn(mut c: Conn, job: &PubJob) -> Res<PubStats> {
             Stop::Until(t) => now < t,
         };
         while sent_at.len() < job.depth && more(sent) {
+            let seq = &mut seqs[usize::from(partition)];
+            *seq += u64::from(job.producer_id != 0);
             Pub {
                 topic_id: job.topic_id,
                 partition,
+                producer_id: job.producer_id,
+                producer_seq: *seq,
                 flags: PubFlags::requesting(Some(job.durability)),
                 value: &value,
                 ..Pub::default()
@@ -714,6 +747,10 @@ fn publish(a: &Args) -> Res<Report> {
                 value_size: a.value_size,
                 durability: a.durability,
                 stop,
+                producer_id: match a.raw_idempotent {
+                    true => wall_nanos() >> 1 | 1,
+                    false => 0,
+                },
             };
             thread::spawn(move || publish_conn(c, &job))
         })
@@ -732,6 +769,7 @@ fn publish(a: &Args) -> Res<Report> {
     let mut r = Report::default();
     r.text("workload", "publish");
     r.text("durability", a.durability.flag_name());
+    r.text("idempotent", if a.raw_idempotent { "yes" } else { "no" });
     r.int("connections", conns as u64);
     r.int("pipeline", a.pipeline as u64);
     r.int("value_size", a.value_size as u64);
@@ -784,6 +822,7 @@ fn prefill(a: &Args, topic: &str, count: u64) -> Res<(u16, u16, u64)> {
             value_size: a.value_size,
             durability: Durability::Written,
             stop: Stop::Count(missing),
+            producer_id: 0,
         };
         let st = publish_conn(c, &job)?;
         if st.errors > 0 {
@@ -891,6 +930,169 @@ fn consume(a: &Args) -> Res<Report> {
     r.int("errors", errors);
     r.num("tool_cpu_pct", cpu / secs * 100.0);
     Ok(r)
+}
+
+// ---- through the client library -----------------------------------------------------
+
+/// `publish` and `consume` through `mortarmq::client`, reporting the same figures as the
+/// raw loops (less the per-request latency, which the library does not expose).
+mod api {
+    use std::collections::VecDeque;
+    use std::thread;
+    use std::time::{Duration, Instant};
+
+    use mortarmq::client::{Consumer, Producer, Record, SendHandle, StartPolicy};
+
+    use super::{cpu_seconds, prefill, unique_group, Args, Report, Res, Stop, IO_TIMEOUT};
+
+    /// A producer keeping the raw loop's depth in flight.
+    fn producer(a: &Args) -> Res<Producer> {
+        Producer::builder(a.broker.as_str())
+            .token(&a.token)
+            .durability(a.durability)
+            .idempotent(a.idempotent)
+            .max_in_flight(a.pipeline)
+            .declare(a.partitions)
+            .connect()
+            .map_err(|e| format!("connect: {e}"))
+    }
+
+    /// Records answered so far, counted in order: (stored, failed).
+    #[derive(Default)]
+    struct Tally {
+        handles: VecDeque<SendHandle>,
+        ok: u64,
+        failed: u64,
+    }
+
+    impl Tally {
+        fn settle(&mut self) {
+            while let Some(outcome) = self.handles.front().and_then(SendHandle::result) {
+                self.handles.pop_front();
+                match outcome {
+                    Ok(_) => self.ok += 1,
+                    Err(_) => self.failed += 1,
+                }
+            }
+        }
+    }
+
+    /// One producer sending until `stop`, to the partitions in turn as the raw loop
+    /// does: (stored, failed).
+    fn produce(a: &Args, mut p: Producer, first: u16, stop: Stop) -> Res<(u64, u64)> {
+        let topic = a.topic("bench");
+        let partitions = p.topic(&topic).map_err(|e| e.to_string())?.partitions;
+        let value = vec![b'x'; a.value_size];
+        let mut tally = Tally::default();
+        let mut sent = 0u64;
+        let mut partition = first % partitions;
+        while match stop {
+            Stop::Count(n) => sent < n,
+            Stop::Until(t) => Instant::now() < t,
+        } {
+            let record = Record::new(&topic, &value).partition(partition);
+            let handle = p.send_record(record).map_err(|e| e.to_string())?;
+            tally.handles.push_back(handle);
+            partition = (partition + 1) % partitions;
+            sent += 1;
+            tally.settle();
+        }
+        let _ = p.flush();
+        tally.settle();
+        Ok((tally.ok, tally.failed))
+    }
+
+    pub fn publish(a: &Args) -> Res<Report> {
+        let conns = a.connections.unwrap_or(1);
+        let producers: Vec<Producer> = (0..conns).map(|_| producer(a)).collect::<Res<_>>()?;
+        let duration = a.duration.unwrap_or(Duration::from_secs(10));
+        let cpu0 = cpu_seconds();
+        let t0 = Instant::now();
+        let results: Vec<Res<(u64, u64)>> = thread::scope(|s| {
+            let running: Vec<_> = producers
+                .into_iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let stop = match a.count {
+                        Some(n) => {
+                            Stop::Count(n / conns as u64 + u64::from((i as u64) < n % conns as u64))
+                        }
+                        None => Stop::Until(t0 + duration),
+                    };
+                    s.spawn(move || produce(a, p, i as u16, stop))
+                })
+                .collect();
+            running.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let (mut ops, mut errors) = (0, 0);
+        for r in results {
+            let (ok, failed) = r?;
+            ops += ok;
+            errors += failed;
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let cpu = cpu_seconds() - cpu0;
+        let mut r = Report::default();
+        r.text("workload", "publish-api");
+        r.text("durability", a.durability.flag_name());
+        r.text("idempotent", if a.idempotent { "yes" } else { "no" });
+        r.int("connections", conns as u64);
+        r.int("pipeline", a.pipeline as u64);
+        r.int("value_size", a.value_size as u64);
+        r.int("ops", ops);
+        r.num("seconds", secs);
+        r.num("ops_per_sec", ops as f64 / secs);
+        r.num(
+            "mb_per_sec",
+            (ops * a.value_size as u64) as f64 / secs / 1e6,
+        );
+        r.int("errors", errors);
+        r.num("tool_cpu_pct", cpu / secs * 100.0);
+        Ok(r)
+    }
+
+    pub fn consume(a: &Args) -> Res<Report> {
+        let count = a.count.unwrap_or(100_000);
+        let topic = a.topic("bench");
+        let (_, partitions, prefilled) = prefill(a, &topic, count)?;
+        let mut c = Consumer::builder(a.broker.as_str())
+            .token(&a.token)
+            .credit(a.credit, 0)
+            .pull(a.pull)
+            .connect()
+            .map_err(|e| format!("connect: {e}"))?;
+        let t0 = Instant::now();
+        let cpu0 = cpu_seconds();
+        c.subscribe(&unique_group("api"), &topic, StartPolicy::Earliest)
+            .map_err(|e| e.to_string())?;
+        let mut got = 0u64;
+        while got < count {
+            match c.poll(Some(IO_TIMEOUT)).map_err(|e| e.to_string())? {
+                Some(m) => {
+                    m.ack();
+                    got += 1;
+                }
+                None => return Err(format!("nothing more after {got} messages")),
+            }
+        }
+        c.flush(IO_TIMEOUT).map_err(|e| e.to_string())?;
+        let secs = t0.elapsed().as_secs_f64();
+        let cpu = cpu_seconds() - cpu0;
+        let ignored = c.stats().ignored_errors;
+        c.close().map_err(|e| e.to_string())?;
+        let mut r = Report::default();
+        r.text("workload", "consume-api");
+        r.text("mode", if a.pull { "pull" } else { "push" });
+        r.int("credit", u64::from(a.credit));
+        r.int("partitions", u64::from(partitions));
+        r.int("prefilled", prefilled);
+        r.int("msgs", got);
+        r.num("seconds", secs);
+        r.num("msgs_per_sec", got as f64 / secs);
+        r.int("errors", ignored);
+        r.num("tool_cpu_pct", cpu / secs * 100.0);
+        Ok(r)
+    }
 }
 
 // ---- end-to-end ---------------------------------------------------------------------

@@ -2,8 +2,10 @@
 //!
 //! Read path: `stats`, `topics list`, `groups list`, `groups describe` fetch the broker's
 //! admin `/stats` JSON over a hand-rolled HTTP/1.1 GET and print aligned tables, or the
-//! JSON itself with `--json`. Write path: `topics create`, `topics delete`, `pub`, `sub`
-//! and `ping` speak the wire protocol through [`mortarmq::client::Client`].
+//! JSON itself with `--json`. Write path: `pub` and `sub` go through the client library
+//! ([`mortarmq::client::Producer`], [`mortarmq::client::Consumer`]), so they resend and
+//! rejoin across broker restarts like any application; `topics create`, `topics delete`
+//! and `ping` send their one frame through the frame-level [`mortarmq::client::Client`].
 //!
 //! Exit status: 0 success, 1 an error from the broker (printed with its registry name and
 //! what the client should do) or from the connection, 2 a usage error.
@@ -19,14 +21,11 @@ use mortarmq::admin::Unit;
 use mortarmq::broker::registry::REGISTRY_FILE;
 use mortarmq::broker::topics::{Registry, RegistryRebuild};
 use mortarmq::broker::{DataDirLock, TOPICS_DIR};
-use mortarmq::client::{Client, ClientError, Delivery, Push};
-use mortarmq::log::{meta, FsStorage};
-use mortarmq::wire::limits::SUB_PARTITION_ANY;
-use mortarmq::wire::ops::*;
-use mortarmq::wire::{
-    AckFlags, ControlResult, DeclareCreated, DeclareFlags, Durability, ErrorCode, HeartbeatState,
-    PubFlags, StartPolicy, SubFlags,
+use mortarmq::client::{
+    Client, ClientError, Consumer, Error as ApiError, Message, Producer, Record, SendHandle,
 };
+use mortarmq::log::{meta, FsStorage};
+use mortarmq::wire::{DeclareCreated, DeclareFlags, Durability, ErrorCode, StartPolicy};
 use serde_json::Value;
 
 const EXIT_ERROR: u8 = 1;
@@ -36,9 +35,6 @@ const ADMIN_DEFAULT: &str = "127.0.0.1:7412";
 /// PUBs sent and not yet answered, at most.
 const PUB_WINDOW: usize = 64;
 const STDIN_BUFFER_BYTES: usize = 64 * 1024;
-/// A subscriber with nothing to do sends HEARTBEAT this often (the broker's default
-/// `--session-timeout` is 30 s).
-const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(3);
 /// Admin HTTP connect/read limit.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 /// `stats` also shows byte counts from this size up in KiB, MiB or GiB.
@@ -60,6 +56,12 @@ enum Failure {
 
 impl From<ClientError> for Failure {
     fn from(e: ClientError) -> Self {
+        Failure::Runtime(e.to_string())
+    }
+}
+
+impl From<ApiError> for Failure {
+    fn from(e: ApiError) -> Self {
         Failure::Runtime(e.to_string())
     }
 }
@@ -344,6 +346,32 @@ impl Ctx {
             ClientError::Io(io) => Failure::Runtime(format!("broker {}: {io}", self.broker)),
             other => other.into(),
         })
+    }
+
+    /// A producer for `pub`: idempotent, PUB_WINDOW records in flight.
+    fn producer(&self, durability: Option<Durability>) -> Result<Producer, Failure> {
+        Producer::builder(self.broker.as_str())
+            .token(&self.token)
+            .durability(durability)
+            .max_in_flight(PUB_WINDOW)
+            .connect()
+            .map_err(|e| self.connect_failure(e))
+    }
+
+    /// A consumer for `sub`, with a window of `credit` records (0: the broker's).
+    fn consumer(&self, credit: u16) -> Result<Consumer, Failure> {
+        Consumer::builder(self.broker.as_str())
+            .token(&self.token)
+            .credit(credit, 0)
+            .connect()
+            .map_err(|e| self.connect_failure(e))
+    }
+
+    fn connect_failure(&self, e: ApiError) -> Failure {
+        match e {
+            ApiError::Io(io) => Failure::Runtime(format!("broker {}: {io}", self.broker)),
+            other => other.into(),
+        }
     }
 
     fn stats(&self) -> Result<Value, Failure> {
@@ -1002,12 +1030,6 @@ fn parse_num<T: std::str::FromStr>(flag: &str, text: &str) -> Result<T, Failure>
         .or_else(|_| usage_err(format!("--{flag}: '{text}' is not a valid number")))
 }
 
-/// Looks a topic up by name with DECLARE PASSIVE.
-fn resolve(c: &mut Client, topic: &str) -> Result<DeclareResult, Failure> {
-    c.declare(topic, 0, DeclareFlags::PASSIVE)
-        .map_err(|e| Failure::Runtime(format!("topic {topic}: {e}")))
-}
-
 fn cmd_topics_create(ctx: &Ctx) -> Outcome {
     let name = ctx.positional(0);
     let partitions = ctx.matches.opt_str("partitions").unwrap_or_default();
@@ -1090,53 +1112,28 @@ impl Progress {
     }
 }
 
-struct Publisher {
-    client: Client,
-    topic_id: u16,
-    partition_count: u16,
-    partition: Option<u16>,
-    key: Vec<u8>,
-    durability: Option<Durability>,
-    in_flight: usize,
-    acked: u64,
-    last: Option<PubResult>,
+/// The one way a publishing `mortarctl` stops early: the broker's (or the
+/// connection's) error, with how far it got.
+fn pub_failed(e: ApiError, acked: u64) -> Failure {
+    Failure::Runtime(format!("{e} (after {acked} records were published)"))
 }
 
-impl Publisher {
-    fn partition(&self) -> u16 {
-        match self.partition {
-            Some(p) => p,
-            None if self.key.is_empty() => 0,
-            None => (crc32fast::hash(&self.key) % u32::from(self.partition_count.max(1))) as u16,
-        }
-    }
+/// What each `pub` record carries besides its value.
+struct PubTarget<'a> {
+    topic: &'a str,
+    key: &'a [u8],
+    partition: Option<u16>,
+}
 
-    fn queue(&mut self, value: &[u8]) {
-        let frame = Frame::Pub(Pub {
-            topic_id: self.topic_id,
-            partition: self.partition(),
-            flags: PubFlags::requesting(self.durability),
-            key: &self.key,
+impl<'a> PubTarget<'a> {
+    fn record(&self, value: &'a [u8]) -> Record<'a> {
+        Record {
+            topic: self.topic,
+            key: self.key,
             value,
-            ..Pub::default()
-        });
-        self.client.queue(&frame);
-        self.in_flight += 1;
-    }
-
-    /// Collects answers until at most `left` PUBs are unanswered.
-    fn drain_to(&mut self, left: usize, progress: &mut Progress) -> Result<(), Failure> {
-        self.client.flush()?;
-        while self.in_flight > left {
-            let reply = self.client.recv_reply().map_err(|e| {
-                Failure::Runtime(format!("{e} (after {} records were published)", self.acked))
-            })?;
-            self.last = Some(reply.typed()?);
-            self.in_flight -= 1;
-            self.acked += 1;
-            progress.update(self.acked);
+            partition: self.partition,
+            durability: None,
         }
-        Ok(())
     }
 }
 
@@ -1154,55 +1151,75 @@ fn cmd_pub(ctx: &Ctx) -> Outcome {
             _ => return usage_err(format!("--durability: '{name}' is not written|fsync")),
         },
     };
-    let mut client = ctx.connect()?;
-    let t = resolve(&mut client, topic)?;
-    let mut p = Publisher {
-        client,
-        topic_id: t.topic_id,
-        partition_count: t.partition_count,
+    let mut producer = ctx.producer(durability)?;
+    producer
+        .topic(topic)
+        .map_err(|e| Failure::Runtime(format!("topic {topic}: {e}")))?;
+    let key = m.opt_str("key").unwrap_or_default().into_bytes();
+    let target = PubTarget {
+        topic,
+        key: &key,
         partition,
-        key: m.opt_str("key").unwrap_or_default().into_bytes(),
-        durability,
-        in_flight: 0,
-        acked: 0,
-        last: None,
     };
-    let mut progress = Progress::new(!m.opt_present("value"));
     if let Some(value) = m.opt_str("value") {
-        p.queue(value.as_bytes());
-        p.drain_to(0, &mut progress)?;
-        let r = p.last.unwrap_or_default();
+        let r = producer
+            .publish_record(target.record(value.as_bytes()))
+            .map_err(|e| pub_failed(e, 0))?;
         let reached = match r.durability {
-            1 => "written",
-            2 => "fsynced",
-            3 => "replicated",
-            _ => "unknown durability",
+            Durability::Written => "written",
+            Durability::Fsynced => "fsynced",
+            Durability::Replicated => "replicated",
         };
         println!(
             "published to {topic} partition {} at sequence {} ({reached})",
-            p.partition(),
-            r.sequence
+            r.partition, r.sequence
         );
-        return Ok(());
+        return producer.close().map_err(|e| pub_failed(e, 1));
     }
-    let sent = pub_lines(&mut p, &mut progress);
+    let mut progress = Progress::new(true);
+    let sent = pub_lines(&mut producer, &target, &mut progress);
     progress.finish();
-    sent?;
-    println!("published {} records to {topic}", p.acked);
+    let acked = sent?;
+    println!("published {acked} records to {topic}");
     Ok(())
 }
 
-/// Publishes one record per line of standard input, PUB_WINDOW in flight.
-fn pub_lines(p: &mut Publisher, progress: &mut Progress) -> Outcome {
+/// Records sent by `pub`, counted as their answers come, in order.
+struct Tally {
+    handles: VecDeque<SendHandle>,
+    acked: u64,
+}
+
+impl Tally {
+    /// Counts the records answered so far; the first failure ends the run.
+    fn settle(&mut self, progress: &mut Progress) -> Result<u64, Failure> {
+        while let Some(outcome) = self.handles.front().and_then(SendHandle::result) {
+            outcome.map_err(|e| pub_failed(e, self.acked))?;
+            self.handles.pop_front();
+            self.acked += 1;
+        }
+        progress.update(self.acked);
+        Ok(self.acked)
+    }
+}
+
+/// Publishes one record per line of standard input (PUB_WINDOW in flight); returns
+/// how many the broker stored.
+fn pub_lines(
+    p: &mut Producer,
+    target: &PubTarget<'_>,
+    progress: &mut Progress,
+) -> Result<u64, Failure> {
     let mut input = io::BufReader::with_capacity(STDIN_BUFFER_BYTES, io::stdin().lock());
     let mut line = Vec::new();
+    let mut tally = Tally {
+        handles: VecDeque::new(),
+        acked: 0,
+    };
     loop {
         // Send what is queued before a read that could block on a quiet producer.
         if input.buffer().is_empty() {
-            p.client.flush()?;
-        }
-        if p.in_flight >= PUB_WINDOW {
-            p.drain_to(PUB_WINDOW / 2, progress)?;
+            p.send_queued();
         }
         line.clear();
         let n = input
@@ -1214,55 +1231,19 @@ fn pub_lines(p: &mut Publisher, progress: &mut Progress) -> Outcome {
         if line.last() == Some(&b'\n') {
             line.pop();
         }
-        p.queue(&line);
+        let sent = p.send_record(target.record(&line));
+        tally
+            .handles
+            .push_back(sent.map_err(|e| pub_failed(e, tally.acked))?);
+        tally.settle(progress)?;
     }
-    p.drain_to(0, progress)
+    let flushed = p.flush();
+    let acked = tally.settle(progress)?;
+    flushed.map_err(|e| pub_failed(e, acked))?;
+    Ok(acked)
 }
 
-/// What the subscriber loop saw next.
-enum Event {
-    Reply,
-    Push(Push),
-    Idle,
-}
-
-fn broker_error(e: &ErrFrame<'_>) -> ClientError {
-    ClientError::Broker {
-        code: e.code,
-        request_op: e.request_op,
-        message: String::from_utf8_lossy(e.message).into_owned(),
-    }
-}
-
-fn next_event(c: &mut Client, kept: &mut VecDeque<Push>) -> Result<Event, ClientError> {
-    if let Some(p) = kept.pop_front() {
-        return Ok(Event::Push(p));
-    }
-    let frame = match c.read_frame() {
-        Ok(f) => f,
-        Err(ClientError::Io(e))
-            if matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-            ) =>
-        {
-            return Ok(Event::Idle)
-        }
-        Err(e) => return Err(e),
-    };
-    match frame.decode()? {
-        Frame::Ok(_) => Ok(Event::Reply),
-        Frame::Err(e) => Err(broker_error(&e)),
-        Frame::Msg(m) => Ok(Event::Push(Push::Msg(Delivery::from(&m)))),
-        Frame::Notice(n) => Ok(Event::Push(Push::Notice(n))),
-        other => Err(ClientError::Protocol(format!(
-            "unexpected {:?}",
-            other.op()
-        ))),
-    }
-}
-
-fn print_record(out: &mut impl Write, m: &Delivery, meta: bool) -> io::Result<()> {
+fn print_record(out: &mut impl Write, m: &Message, meta: bool) -> io::Result<()> {
     if meta {
         let key = String::from_utf8_lossy(&m.key);
         write!(
@@ -1290,90 +1271,31 @@ fn cmd_sub(ctx: &Ctx) -> Outcome {
         None => None,
     };
     let meta = m.opt_present("meta");
-    let mut c = ctx.connect()?;
-    let t = resolve(&mut c, topic)?;
     let credit = count.map_or(0, |n| n.clamp(1, SUB_CREDIT_MAX) as u16);
-    let joined: SubResult = c
-        .request(&Frame::Sub(Sub {
-            group: group.as_bytes(),
-            topic_id: t.topic_id,
-            partition: SUB_PARTITION_ANY,
-            start_policy: start_policy.as_code(),
-            credit_count: credit,
-            credit_bytes: 0,
-            flags: SubFlags::empty(),
-        }))?
-        .typed()?;
-    c.set_read_timeout(Some(HEARTBEAT_INTERVAL))?;
-    let mut kept: VecDeque<Push> = c.kept_pushes().drain(..).collect();
-    let mut assignment_epoch = joined.assignment_epoch;
-    let heartbeat = |c: &mut Client, epoch: u32, state: HeartbeatState| {
-        c.send(&Frame::Heartbeat(Heartbeat {
-            subscription_id: joined.subscription_id,
-            member_id: joined.member_id,
-            membership_epoch: joined.membership_epoch,
-            assignment_epoch: epoch,
-            state: state.as_code(),
-        }))
-    };
+    let mut consumer = ctx.consumer(credit)?;
+    consumer
+        .subscribe(&group, topic, start_policy)
+        .map_err(|e| match e.code() {
+            Some(ErrorCode::UnknownTopic) => Failure::Runtime(format!("topic {topic}: {e}")),
+            _ => e.into(),
+        })?;
     let stdout = io::stdout();
     let mut out = stdout.lock();
-    let mut pending = 0usize;
     let mut printed = 0u64;
-    let mut last_sent = Instant::now();
-    loop {
-        let done = count.is_some_and(|n| printed >= n);
-        if done && pending == 0 {
+    while count.is_none_or(|n| printed < n) {
+        let Some(m) = consumer.poll(None)? else {
             break;
-        }
-        let event = match next_event(&mut c, &mut kept) {
-            Ok(e) => e,
-            // An ACK raced a rebalance: the record goes to the new owner. Not fatal.
-            Err(e @ ClientError::Broker { code, .. })
-                if [ErrorCode::OwnershipFenced, ErrorCode::UnknownDelivery]
-                    .iter()
-                    .any(|k| k.code() == code) =>
-            {
-                eprintln!("mortarctl: warning: {e}");
-                Event::Reply
-            }
-            Err(e) => return Err(e.into()),
         };
-        match event {
-            Event::Reply => pending = pending.saturating_sub(1),
-            Event::Idle => {}
-            Event::Push(Push::Notice(n)) => {
-                assignment_epoch = n.assignment_epoch;
-                c.send(&Frame::ControlAck(ControlAck::answering(
-                    &n,
-                    ControlResult::Ok,
-                )))?;
-                pending += 1;
-                last_sent = Instant::now();
-            }
-            // Past --count: left unacknowledged; the broker releases it when we leave.
-            Event::Push(Push::Msg(_)) if done => {}
-            Event::Push(Push::Msg(d)) => {
-                match print_record(&mut out, &d, meta) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(()),
-                    Err(e) => return runtime_err(format!("standard output: {e}")),
-                }
-                c.send(&Frame::Ack(d.ack(AckFlags::empty())))?;
-                pending += 1;
-                printed += 1;
-                last_sent = Instant::now();
-            }
+        match print_record(&mut out, &m, meta) {
+            Ok(()) => {}
+            // Left unacknowledged: the broker delivers it again to the group.
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(()),
+            Err(e) => return runtime_err(format!("standard output: {e}")),
         }
-        if !done && last_sent.elapsed() >= HEARTBEAT_INTERVAL {
-            heartbeat(&mut c, assignment_epoch, HeartbeatState::Active)?;
-            pending += 1;
-            last_sent = Instant::now();
-        }
+        m.ack();
+        printed += 1;
     }
-    // Leave now rather than after --session-timeout: the group rebalances at once.
-    if heartbeat(&mut c, assignment_epoch, HeartbeatState::Leave).is_ok() {
-        let _ = c.recv_reply();
-    }
-    Ok(())
+    // Answers awaited, then HEARTBEAT LEAVE: the group rebalances now rather than after
+    // --session-timeout. Records read past --count go back to the group unacknowledged.
+    Ok(consumer.close()?)
 }

@@ -31,7 +31,14 @@ bash tools/tidy.sh
 for page in man/*.[0-9]; do
   mandoc -T lint -W warning "$page"
 done
+# The README's Rust client section is examples/, which tests/client_api.rs runs as
+# built programs (`cargo test` builds examples only as test harnesses).
+cargo build --examples
 cargo test --all-targets
+# --all-targets leaves out the examples in the documentation: they are compiled (and,
+# where they need no broker, run) here; the client library itself runs against real
+# brokers in tests/client_api.rs, which also runs examples/.
+cargo test --doc
 
 # The simulator must be able to fail: with hole 1 put back (the synced watermark taken
 # from whichever sync completes) it has to find a lost acknowledged record within the

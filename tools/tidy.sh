@@ -60,6 +60,6 @@ config_paths=$(grep -noE 'crate::[A-Za-z_:]+' src/config.rs \
   | grep -vE ":crate::($config_allowed)\$" || true)
 [ -z "$config_paths" ] \
   || say "src/config.rs may name only the layers' config types and limits:"$'\n'"$config_paths"
-deny src/client.rs 'use crate::(log|broker|reactor|session|fsync|admin|config)'
+deny src/client 'use crate::(log|broker|reactor|session|fsync|admin|config|consume)|mio::'
 
 exit $fail

@@ -34,8 +34,7 @@ use crate::log::Storage;
 use crate::wire::limits::{MAX_TOPIC_LEN_BYTES, TOPIC_PAIRS_MAX};
 use crate::wire::ErrorCode;
 
-/// Suffix of a source topic's dead-letter twin.
-pub const DLQ_SUFFIX: &str = ".dlq";
+pub use crate::wire::DLQ_SUFFIX;
 const REGISTRY_MAGIC: &str = "mortar-registry 1";
 /// The topic file in every topic directory.
 pub const TOPIC_FILE: &str = "topic";
@@ -59,7 +58,7 @@ impl TopicPair {
         source_id(self.pair)
     }
     pub fn twin_id(&self) -> u16 {
-        source_id(self.pair) + 1
+        crate::wire::dlq_twin_id(source_id(self.pair))
     }
     pub fn twin_name(&self) -> String {
         format!("{}{DLQ_SUFFIX}", self.name)

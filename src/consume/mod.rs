@@ -56,10 +56,8 @@ use group::{Group, Member, PendingPull};
 /// The reactor's connection id.
 pub type ConnId = u32;
 
-/// SUB `credit_count` 0 means this window (`man/mortarmq.7`, SUB).
-pub const DEFAULT_CREDIT_COUNT: u16 = 256;
-/// SUB `credit_bytes` 0 means this window: 2 MiB.
-pub const DEFAULT_CREDIT_BYTES: u32 = 2 * 1024 * 1024;
+// What SUB credit 0 means is the protocol's (clients need it too), so wire owns it.
+pub use crate::wire::limits::{DEFAULT_CREDIT_BYTES, DEFAULT_CREDIT_COUNT};
 
 /// What the coordinator needs to know about the log, supplied by the broker at each
 /// call. The coordinator never holds record bytes; it asks for sizes when it delivers.

@@ -40,6 +40,10 @@ pub const DEDUP_WINDOW_SEQS: u64 = 1024;
 pub const TOPIC_PAIRS_MAX: u16 = 32767;
 /// SUB.partition must be this in v0: the coordinator assigns partitions.
 pub const SUB_PARTITION_ANY: u16 = 0xFFFF;
+/// SUB `credit_count` 0 means this window (`man/mortarmq.7`, SUB): records.
+pub const DEFAULT_CREDIT_COUNT: u16 = 256;
+/// SUB `credit_bytes` 0 means this window: 2 MiB.
+pub const DEFAULT_CREDIT_BYTES: u32 = 2 * 1024 * 1024;
 
 const _: () =
     assert!(MAX_VALUE_LEN_BYTES as usize + MAX_KEY_LEN_BYTES + 64 < MAX_FRAME_LEN_BYTES as usize);

@@ -27,7 +27,7 @@ pub use ops::{DecodeError, DeliveryRef, Frame, Op};
 pub use request::{NotARequest, Request};
 pub use response::Response;
 pub use vocab::{
-    AckFlags, ControlResult, CreditMode, DeclareCreated, DeclareFlags, Durability, HeartbeatState,
-    MsgFlags, NackReason, NoticeKind, OriginReason, PubFlags, PubResultFlags, StartPolicy,
-    SubFlags,
+    dlq_twin_id, AckFlags, ControlResult, CreditMode, DeclareCreated, DeclareFlags, Durability,
+    HeartbeatState, MsgFlags, NackReason, NoticeKind, OriginReason, PubFlags, PubResultFlags,
+    StartPolicy, SubFlags, DLQ_SUFFIX,
 };

@@ -1,5 +1,6 @@
 //! The protocol's vocabulary: every flag set, kind, reason, mode and durability level of
-//! wire v0, each defined once and typed (`man/mortarmq.7` lists the same values).
+//! wire v0, each defined once and typed (`man/mortarmq.7` lists the same values), and how
+//! a topic's dead-letter twin is named and numbered.
 //!
 //! Flag sets are `bitflags` types and appear typed in the decoded messages: reserved bits
 //! are kept as received (receivers ignore them, the codec re-encodes them unchanged).
@@ -227,6 +228,17 @@ bitflags::bitflags! {
         const ORIGIN = 0x0001;
         const _ = !0;
     }
+}
+
+/// Suffix of a source topic's dead-letter twin: `orders` → `orders.dlq` (`man/mortarmq.7`,
+/// DECLARE). A DECLARE of a twin's name is refused (MUTATION_NOT_PACKABLE).
+pub const DLQ_SUFFIX: &str = ".dlq";
+
+/// The topic id of the dead-letter twin of the source topic `source_topic_id`: always
+/// the next id (`man/mortarmq.7`, DECLARE), so a client addresses the twin through its
+/// source.
+pub fn dlq_twin_id(source_topic_id: u16) -> u16 {
+    source_topic_id + 1
 }
 
 #[cfg(test)]

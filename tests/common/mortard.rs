@@ -34,6 +34,15 @@ impl Mortard {
         Mortard::start_in("data", args)
     }
 
+    /// Like `start`, on a port of its own that stays the same across restarts, so that
+    /// clients can reconnect to the address they know.
+    pub fn start_on_fixed_port(args: &[&str]) -> Mortard {
+        let listen = format!("127.0.0.1:{}", free_port());
+        let mut all = vec!["--listen", listen.as_str()];
+        all.extend_from_slice(args);
+        Mortard::start(&all)
+    }
+
     /// Like `start`, with the data directory named `data_name` (inside a temp dir).
     pub fn start_in(data_name: &str, args: &[&str]) -> Mortard {
         Mortard::start_with(data_name, args, None)
@@ -261,6 +270,13 @@ impl Mortard {
     pub fn rss_bytes(&self) -> u64 {
         rss_bytes(self.pid())
     }
+}
+
+/// A loopback port nobody listens on now. Binding port 0 and closing it leaves a small
+/// race with other processes; the broker reports a clear error if it loses it.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    l.local_addr().expect("local address").port()
 }
 
 pub fn signal(pid: u32, name: &str) {

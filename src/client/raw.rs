@@ -1,9 +1,11 @@
-//! A small blocking client of the wire protocol, for tests, `mortarctl` and the
-//! benchmark tools. One TCP connection; requests are answered in order, so a caller
-//! may pipeline with [`Client::send`] and collect with [`Client::recv_reply`]. Pushes
-//! (MSG, NOTICE) that arrive while waiting for a reply are kept for [`Client::next_push`].
+//! The frame-level client: one TCP connection, frames in and frames out, nothing done
+//! for the caller (no retries, no group handshake). For tests that must send exact or
+//! hostile frames and tools that exercise the protocol itself; applications use
+//! [`Producer`](super::Producer) and [`Consumer`](super::Consumer).
 //!
-//! Depends on `wire` only.
+//! Requests are answered in order, so a caller may pipeline with [`Client::send`] and
+//! collect with [`Client::recv_reply`]. Pushes (MSG, NOTICE) that arrive while waiting
+//! for a reply are kept for [`Client::next_push`].
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
@@ -18,6 +20,22 @@ use crate::wire::{AckFlags, DeclareFlags, Durability, ErrorCode, NackReason, Pub
 /// Bytes asked of the socket per read.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
 
+/// What a frame-level [`Client`] call fails with: the broker's ERR as received (any
+/// code, registered or not, for tests of hostile inputs), or the connection.
+///
+/// ```no_run
+/// use mortarmq::client::{Client, ClientError};
+/// use mortarmq::wire::{DeclareFlags, ErrorCode};
+///
+/// let mut c = Client::connect("127.0.0.1:7411", b"")?;
+/// match c.declare("orders.dlq", 1, DeclareFlags::empty()) {
+///     Err(e @ ClientError::Broker { .. }) => {
+///         assert_eq!(e.code(), Some(ErrorCode::MutationNotPackable))
+///     }
+///     other => panic!("{other:?}"),
+/// }
+/// # Ok::<(), ClientError>(())
+/// ```
 #[derive(Debug)]
 pub enum ClientError {
     Io(io::Error),
@@ -65,6 +83,17 @@ impl From<io::Error> for ClientError {
 pub type Result<T> = std::result::Result<T, ClientError>;
 
 /// One received frame, owning its payload.
+///
+/// ```no_run
+/// use mortarmq::client::Client;
+/// use mortarmq::wire::ops::{Frame, Ping};
+///
+/// let mut c = Client::connect("127.0.0.1:7411", b"")?;
+/// c.send(&Frame::Ping(Ping {}))?;
+/// let frame = c.read_frame()?;
+/// assert!(matches!(frame.decode()?, Frame::Ok(_)));
+/// # Ok::<(), mortarmq::client::ClientError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OwnedFrame {
     pub op: u8,
@@ -79,7 +108,20 @@ impl OwnedFrame {
     }
 }
 
-/// A MSG with owned bytes.
+/// A MSG with owned bytes, as [`Client::next_push`] returns it.
+///
+/// ```no_run
+/// use mortarmq::client::{Client, Push};
+/// use mortarmq::wire::AckFlags;
+/// use mortarmq::wire::ops::Frame;
+///
+/// let mut c = Client::connect("127.0.0.1:7411", b"")?;
+/// // … SUB, CONTROL_ACK the ASSIGN …
+/// if let Push::Msg(d) = c.next_push()? {
+///     c.request(&Frame::Ack(d.ack(AckFlags::empty())))?;
+/// }
+/// # Ok::<(), mortarmq::client::ClientError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivery {
     pub subscription_id: u16,
@@ -138,6 +180,21 @@ impl Delivery {
 }
 
 /// Something the broker pushed without a request.
+///
+/// ```no_run
+/// use mortarmq::client::{Client, Push};
+/// use mortarmq::wire::ControlResult;
+/// use mortarmq::wire::ops::{ControlAck, Frame};
+///
+/// let mut c = Client::connect("127.0.0.1:7411", b"")?;
+/// match c.next_push()? {
+///     Push::Notice(n) => {
+///         c.request(&Frame::ControlAck(ControlAck::answering(&n, ControlResult::Ok)))?;
+///     }
+///     Push::Msg(d) => println!("partition {} sequence {}", d.partition, d.sequence),
+/// }
+/// # Ok::<(), mortarmq::client::ClientError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Push {
     Msg(Delivery),
@@ -145,6 +202,19 @@ pub enum Push {
 }
 
 /// The answer to a request: OK's request_op and result bytes.
+///
+/// ```no_run
+/// use mortarmq::client::Client;
+/// use mortarmq::wire::ops::{Declare, DeclareResult, Frame};
+/// use mortarmq::wire::DeclareFlags;
+///
+/// let mut c = Client::connect("127.0.0.1:7411", b"")?;
+/// let declare = Declare { topic: b"orders", partition_count: 0, flags: DeclareFlags::PASSIVE };
+/// let reply = c.request(&Frame::Declare(declare))?;
+/// let found: DeclareResult = reply.typed()?;
+/// println!("orders is topic {}", found.topic_id);
+/// # Ok::<(), mortarmq::client::ClientError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
     pub request_op: u8,
@@ -157,6 +227,20 @@ impl Reply {
     }
 }
 
+/// One connection that sends and receives frames as they are: no retries, no group
+/// handshake. For tests and tools; applications use [`Producer`](super::Producer) and
+/// [`Consumer`](super::Consumer).
+///
+/// ```no_run
+/// use mortarmq::client::Client;
+/// use mortarmq::wire::{DeclareFlags, Durability};
+///
+/// let mut c = Client::connect("127.0.0.1:7411", b"")?;
+/// let topic = c.declare("orders", 1, DeclareFlags::empty())?.topic_id;
+/// let r = c.publish_value(topic, 0, b"raw", Some(Durability::Written))?;
+/// println!("sequence {}", r.sequence);
+/// # Ok::<(), mortarmq::client::ClientError>(())
+/// ```
 pub struct Client {
     stream: TcpStream,
     input: Vec<u8>,
