@@ -24,6 +24,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 const READ_CHUNK_BYTES: usize = 256 * 1024;
 /// A read buffer grown past this for a large frame is given back once it empties.
 const READ_BUFFER_KEEP_BYTES: usize = 4 * READ_CHUNK_BYTES;
+/// Read buffers kept after messages shared them, to be read into again once those
+/// messages are gone: a consumer that settles what it took soon reads into the buffer
+/// before last, instead of allocating and zeroing a new one for every read.
+const RETIRED_BUFFERS_MAX: usize = 2;
 /// The shortest read timeout set: `set_read_timeout` refuses zero, and a read at a
 /// passed deadline should still take what is already readable.
 const READ_WAIT_MIN: Duration = Duration::from_millis(1);
@@ -44,6 +48,8 @@ pub(crate) struct Conn {
     stream: TcpStream,
     /// Shared with the [`Bytes`] of messages handed out.
     buf: Arc<Vec<u8>>,
+    /// Earlier read buffers that messages still shared when reading moved on.
+    retired: Vec<Arc<Vec<u8>>>,
     start: usize,
     end: usize,
     /// Frames queued for the next [`Conn::write_out`].
@@ -78,6 +84,7 @@ impl Conn {
         let mut c = Conn {
             stream,
             buf: Arc::new(vec![0; READ_CHUNK_BYTES]),
+            retired: Vec::new(),
             start: 0,
             end: 0,
             out: Vec::new(),
@@ -198,10 +205,7 @@ impl Conn {
     fn make_room(&mut self) {
         let live = self.end - self.start;
         if Arc::get_mut(&mut self.buf).is_none() {
-            let mut fresh = vec![0; live + READ_CHUNK_BYTES];
-            fresh[..live].copy_from_slice(&self.buf[self.start..self.end]);
-            self.buf = Arc::new(fresh);
-            (self.start, self.end) = (0, live);
+            self.move_to_unshared_buffer(live);
         }
         let buf = Arc::get_mut(&mut self.buf).expect("not shared");
         if live == 0 {
@@ -216,6 +220,26 @@ impl Conn {
         }
         if buf.len() - self.end < READ_CHUNK_BYTES / 2 {
             buf.resize(self.end + READ_CHUNK_BYTES, 0);
+        }
+    }
+
+    /// Moves the `live` unread bytes to a buffer no message shares: a retired one whose
+    /// messages are all gone, else a new one; the shared one is retired.
+    fn move_to_unshared_buffer(&mut self, live: usize) {
+        let free = self.retired.iter().position(|b| Arc::strong_count(b) == 1);
+        let next = match free {
+            Some(i) => self.retired.swap_remove(i),
+            None => Arc::new(Vec::new()),
+        };
+        let old = std::mem::replace(&mut self.buf, next);
+        let buf = Arc::get_mut(&mut self.buf).expect("retired buffers are never handed out");
+        if buf.len() < live + READ_CHUNK_BYTES {
+            buf.resize(live + READ_CHUNK_BYTES, 0);
+        }
+        buf[..live].copy_from_slice(&old[self.start..self.end]);
+        (self.start, self.end) = (0, live);
+        if self.retired.len() < RETIRED_BUFFERS_MAX && old.len() <= READ_BUFFER_KEEP_BYTES {
+            self.retired.push(old);
         }
     }
 
@@ -283,5 +307,61 @@ pub(crate) fn answer_to(op: Op, got: Op, payload: &[u8]) -> Result<&[u8]> {
             other.name(),
             op.name()
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn conn() -> Conn {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Conn {
+            stream: TcpStream::connect(listener.local_addr().unwrap()).unwrap(),
+            buf: Arc::new(vec![0; READ_CHUNK_BYTES]),
+            retired: Vec::new(),
+            start: 0,
+            end: 0,
+            out: Vec::new(),
+            read_timeout: None,
+            last_send: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn reading_goes_back_to_a_buffer_once_the_messages_sharing_it_are_gone() {
+        let mut c = conn();
+        let first = Arc::as_ptr(&c.buf);
+        Arc::get_mut(&mut c.buf).unwrap()[..3].copy_from_slice(b"abc");
+        (c.start, c.end) = (1, 3);
+        let message = Arc::clone(&c.buf); // a message handed out shares the buffer
+        c.make_room();
+        assert_ne!(
+            Arc::as_ptr(&c.buf),
+            first,
+            "reads go to another buffer meanwhile"
+        );
+        assert_eq!(
+            &c.buf[c.start..c.end],
+            b"bc",
+            "the unread bytes move with them"
+        );
+        drop(message);
+        let second = Arc::as_ptr(&c.buf);
+        let message = Arc::clone(&c.buf);
+        c.make_room();
+        assert!(
+            c.retired.iter().any(|b| Arc::as_ptr(b) == second),
+            "the second one is kept for later"
+        );
+        assert_eq!(
+            Arc::as_ptr(&c.buf),
+            first,
+            "the first one is free again: reused"
+        );
+        assert_eq!(&c.buf[c.start..c.end], b"bc");
+        drop(message);
+        assert!(c.retired.len() <= RETIRED_BUFFERS_MAX);
     }
 }
