@@ -277,10 +277,10 @@ impl Segment {
 
     fn map_file(&self, storage: &dyn Storage, index: bool, len: usize) -> io::Result<Mapped> {
         match (&self.writer, index) {
-            (Some(w), false) => w.log.map(map_len_for(len)),
-            (Some(w), true) => w.idx.map(map_len_for(len)),
-            (None, false) => storage.open(&self.log_path, Open::Read)?.map(len),
-            (None, true) => storage.open(&self.idx_path, Open::Read)?.map(len),
+            (Some(w), false) => w.log.map(len, map_len_for(len)),
+            (Some(w), true) => w.idx.map(len, map_len_for(len)),
+            (None, false) => storage.open(&self.log_path, Open::Read)?.map(len, len),
+            (None, true) => storage.open(&self.idx_path, Open::Read)?.map(len, len),
         }
     }
 

@@ -503,13 +503,14 @@ impl StorageFile for SimFile {
         Ok(())
     }
 
-    fn map(&self, len: usize) -> io::Result<Mapped> {
+    fn map(&self, len: usize, _reach: usize) -> io::Result<Mapped> {
         let mut d = self.disk()?;
         d.read_fault()?;
-        // A real map may reach past the end of the file (the segment being written is
-        // mapped ahead of its writes); the copy holds what exists.
+        // A copy is a snapshot: bytes past `len` may still be rewritten (a failed flush
+        // undone), so it holds exactly the bytes asked for.
         let live = &d.inodes[&self.inode].live;
-        Ok(Mapped::Copy(Arc::from(&live[..len.min(live.len())])))
+        let bytes = live.get(..len).ok_or_else(|| errno(EIO))?;
+        Ok(Mapped::Copy(Arc::from(bytes)))
     }
 }
 

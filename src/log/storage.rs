@@ -61,8 +61,10 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     fn set_len(&self, len: u64) -> io::Result<()>;
     /// fdatasync: the file's data written so far survives a power cut.
     fn sync_data(&self) -> io::Result<()>;
-    /// The first `len` bytes (> 0, within the file) for reading.
-    fn map(&self, len: usize) -> io::Result<Mapped>;
+    /// The first `len` bytes (> 0, within the file) for reading. A memory map may reach
+    /// up to `reach` bytes (>= `len`, possibly past the end of the file), so that it
+    /// shows bytes appended later without a new map; a copy holds exactly `len`.
+    fn map(&self, len: usize, reach: usize) -> io::Result<Mapped>;
 }
 
 /// Bytes of a file being read: a memory map of the real file, or a copy.
@@ -237,7 +239,7 @@ impl StorageFile for FsFile {
         self.0.sync_data()
     }
 
-    fn map(&self, len: usize) -> io::Result<Mapped> {
-        super::mmap::map_prefix(&self.0, len).map(Mapped::Map)
+    fn map(&self, len: usize, reach: usize) -> io::Result<Mapped> {
+        super::mmap::map_prefix(&self.0, reach.max(len)).map(Mapped::Map)
     }
 }

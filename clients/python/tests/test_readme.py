@@ -32,8 +32,9 @@ class Readme(unittest.TestCase):
                                  "README.md", "exec"), scope)
         lines = out.getvalue().splitlines()
         self.assertEqual(lines[0], "partition %d sequence 1" % (zlib.crc32(b"customer-42") % 4))
-        self.assertEqual(len(lines), 1 + 1001 + 1, lines[-3:])
-        self.assertTrue(lines[-1].startswith("UNKNOWN_TOPIC no - DECLARE the topic"), lines[-1])
+        self.assertEqual(len(lines), 1 + 1001 + 1 + 1, lines[-3:])
+        self.assertTrue(lines[-2].startswith("UNKNOWN_TOPIC no - DECLARE the topic"), lines[-2])
+        self.assertEqual(lines[-1], "b'cannot be done' jobs 1 REJECTED")
 
 
 if __name__ == "__main__":
