@@ -295,7 +295,7 @@ fn missing_short_or_garbage_indexes_are_rebuilt() {
         assert_eq!(log.read_one(s).unwrap().unwrap().value, &value_for(s)[..]);
     }
     drop(log);
-    assert!(check_partition(&FsStorage, dir, false).unwrap().is_clean());
+    assert!(check_partition(&FsStorage, dir, None).unwrap().is_clean());
     let (_, report) = open(dir, cfg(300));
     assert_eq!(
         report.indexes_rebuilt, 0,
@@ -347,11 +347,12 @@ fn a_flipped_byte_in_a_closed_segment_is_reported_as_corrupt_on_read() {
     assert_eq!(got.len(), 29);
     drop(log);
 
-    let check = check_partition(&FsStorage, dir, false).unwrap();
-    // The bad record, the index now longer than the good records, the gap after them.
-    assert_eq!(check.problems.len(), 3, "{:?}", check.problems);
+    let check = check_partition(&FsStorage, dir, None).unwrap();
+    // As recovery would: the bad record is kept in place and nothing is to change.
+    assert_eq!(check.problems.len(), 1, "{:?}", check.problems);
     assert_eq!(check.problems[0].path, path);
     assert_eq!(check.problems[0].position, positions[0] as u64);
+    assert!(check.plan.changes.is_empty(), "{:?}", check.plan);
 }
 
 /// Writes records 1..=n (n >= `n_min`, chosen so the last segment holds at least three
@@ -747,7 +748,7 @@ fn check_partition_finds_and_repairs_a_torn_tail() {
     let (mut log, _) = open(dir, cfg(300));
     append_range(&mut log, 25, 1);
     drop(log);
-    let clean = check_partition(&FsStorage, dir, false).unwrap();
+    let clean = check_partition(&FsStorage, dir, None).unwrap();
     assert!(clean.is_clean(), "{clean:?}");
     assert_eq!(
         (clean.records, clean.first_sequence, clean.next_sequence),
@@ -761,7 +762,7 @@ fn check_partition_finds_and_repairs_a_torn_tail() {
     let f = OpenOptions::new().write(true).open(&path).unwrap();
     f.set_len(len - 3).unwrap();
     drop(f);
-    let found = check_partition(&FsStorage, dir, false).unwrap();
+    let found = check_partition(&FsStorage, dir, None).unwrap();
     assert!(!found.is_clean());
     assert_eq!(found.next_sequence, 25);
     assert_eq!(
@@ -769,10 +770,16 @@ fn check_partition_finds_and_repairs_a_torn_tail() {
         len - 3,
         "check alone changes nothing"
     );
-    let repaired = check_partition(&FsStorage, dir, true).unwrap();
+    let mut backed_up = Vec::new();
+    let mut backup = |p: &Path| {
+        backed_up.push(p.to_path_buf());
+        Ok(())
+    };
+    let repaired = check_partition(&FsStorage, dir, Some(&mut backup)).unwrap();
+    assert_eq!(backed_up, vec![path.clone(), index_path(dir, last)]);
     let r = repaired.repaired.expect("repair ran");
     assert_eq!(r.lost_from_sequence, Some(25));
-    assert!(check_partition(&FsStorage, dir, false).unwrap().is_clean());
+    assert!(check_partition(&FsStorage, dir, None).unwrap().is_clean());
     let (mut log, report) = open(dir, cfg(300));
     assert!(report.is_clean());
     assert_holds(&mut log, 1, 24);
@@ -839,7 +846,7 @@ proptest! {
         let mut got = Vec::new();
         log.read(1, usize::MAX, usize::MAX, |r| got.push(r.value.to_vec())).unwrap();
         prop_assert_eq!(got, flushed);
-        prop_assert!(check_partition(&FsStorage, tmp.path(), false).unwrap().is_clean());
+        prop_assert!(check_partition(&FsStorage, tmp.path(), None).unwrap().is_clean());
     }
 }
 
@@ -934,11 +941,11 @@ fn damage_below_the_recovery_point_is_kept_and_damage_above_it_is_cut() {
     assert_eq!(seen, (1..=24).filter(|&s| s != 5).collect::<Vec<_>>());
     drop(log);
     // A repair reads every record: it finds record 5 and keeps it, and what follows.
-    let check = check_partition(&FsStorage, dir, true).unwrap();
+    let mut backup = |_: &Path| Ok(());
+    let check = check_partition(&FsStorage, dir, Some(&mut backup)).unwrap();
     assert_eq!(check.problems[0].position, u64::from(positions[4]));
-    let repaired = check.repaired.unwrap();
-    assert_eq!(repaired.damaged_records_kept, 1);
-    assert!(repaired.is_clean(), "{repaired:?}");
+    assert_eq!(check.plan.damaged_records_kept, 1);
+    assert!(check.plan.is_clean(), "{:?}", check.plan);
     let (mut log, _) = open(dir, cfg(1 << 20));
     assert_holds(&mut log, 6, 24);
 }
