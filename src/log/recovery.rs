@@ -147,6 +147,7 @@ fn list_dir(storage: &dyn Storage, dir: &Path) -> Result<(Vec<u64>, Vec<u64>), S
 }
 
 /// Where a scan stopped. `stop` is None when it reached the end (or its record budget).
+#[derive(Default)]
 pub(crate) struct ScanEnd {
     pub end_pos: u64,
     pub stop: Option<DecodeError>,
@@ -194,10 +195,7 @@ pub(crate) fn scan_records(
     let mut buf = Vec::new();
     let mut end = ScanEnd {
         end_pos: start_pos,
-        stop: None,
-        last_timestamp_ms: None,
-        records: 0,
-        damaged: Vec::new(),
+        ..ScanEnd::default()
     };
     loop {
         let pos = end.end_pos;
@@ -222,31 +220,70 @@ pub(crate) fn scan_records(
             }
             Err(bad) => bad,
         };
-        let index_hints = match resync {
-            Resync::KeepDamaged { index_hints, below } if pos < below => index_hints,
-            _ => {
-                end.stop = Some(bad);
-                return Ok(end);
+        let last_expected = max_records == Some(end.records + 1);
+        let kept = match resync {
+            Resync::KeepDamaged { index_hints, below } if pos < below => {
+                let at = (pos, claimed_end, file_len);
+                keep_damaged(file, at, sequence, (index_hints, below), last_expected)
             }
+            _ => None,
         };
-        let after = index_hints.iter().map(|&p| u64::from(p)).find(|&p| p > pos);
-        let next = [claimed_end, after]
-            .into_iter()
-            .flatten()
-            .filter(|&p| p < file_len)
-            .find_map(|p| whole_record_at(file, p, file_len, sequence + 1).map(|r| (p, r)));
-        let Some((next_pos, (timestamp_ms, total))) = next else {
-            end.stop = Some(bad);
-            return Ok(end);
+        let Some(kept) = kept else {
+            return Ok(ScanEnd {
+                stop: Some(bad),
+                ..end
+            });
         };
         visit(pos);
-        visit(next_pos);
         end.damaged.push((pos, sequence, bad));
-        end.last_timestamp_ms = Some(timestamp_ms);
-        end.end_pos = next_pos + total as u64;
-        end.records += 2;
+        end.records += 1;
+        end.end_pos = match kept {
+            Kept::Alone { end_pos } => end_pos,
+            Kept::WithNext(next_pos, timestamp_ms, total) => {
+                visit(next_pos);
+                end.last_timestamp_ms = Some(timestamp_ms);
+                end.records += 1;
+                next_pos + total as u64
+            }
+        };
         reader = reader_at(end.end_pos);
     }
+}
+
+/// Why a damaged record below the recovery point may be kept.
+enum Kept {
+    /// The whole record after it: its position, timestamp and length.
+    WithNext(u64, u64, usize),
+    /// Nothing follows, but it ends exactly where the durable bytes end.
+    Alone { end_pos: u64 },
+}
+
+/// Whether the damaged record numbered `sequence` at `pos` (whose length field says it
+/// ends at `claimed_end`) is damage in place rather than a torn write: the record after
+/// it is whole where its length says or where the first index hint past it says (the
+/// length itself may be what is damaged). When nothing follows, it still is when it ends
+/// where the durable bytes end: at `below` (the last record the point vouches for), or,
+/// for the last record of a closed segment (`last_expected`), at the end of the file.
+/// Cutting there would lose a durable record, and for a closed segment every later
+/// segment; start-up, which does not read it, keeps it too.
+fn keep_damaged(
+    file: &dyn StorageFile,
+    (pos, claimed_end, file_len): (u64, Option<u64>, u64),
+    sequence: u64,
+    (index_hints, below): (&[u32], u64),
+    last_expected: bool,
+) -> Option<Kept> {
+    let after = index_hints.iter().map(|&p| u64::from(p)).find(|&p| p > pos);
+    let next = [claimed_end, after]
+        .into_iter()
+        .flatten()
+        .filter(|&p| p < file_len)
+        .find_map(|p| whole_record_at(file, p, file_len, sequence + 1).map(|r| (p, r)));
+    if let Some((next_pos, (timestamp_ms, total))) = next {
+        return Some(Kept::WithNext(next_pos, timestamp_ms, total));
+    }
+    let end_pos = claimed_end?;
+    (end_pos == below || (last_expected && end_pos == file_len)).then_some(Kept::Alone { end_pos })
 }
 
 /// The timestamp and length of the record at `pos` when it is whole and numbered

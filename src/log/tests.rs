@@ -1015,3 +1015,58 @@ fn a_sync_job_moves_the_recovery_point_only_when_no_other_runs() {
     log.check_invariants();
     assert_eq!(checkpoint::read(&FsStorage, dir), Some(point));
 }
+
+/// Flips a byte inside the value of the record at `position` of segment `first`.
+fn flip_value_byte(dir: &Path, first: u64, position: u32) {
+    let path = segment_path(dir, first);
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[position as usize + RECORD_OVERHEAD_BYTES + 1] ^= 0x01;
+    fs::write(&path, &bytes).unwrap();
+}
+
+#[test]
+fn a_damaged_last_record_of_a_closed_segment_is_kept_and_so_is_every_later_segment() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let (mut log, _) = open(dir, cfg(300));
+    append_range(&mut log, 30, 1);
+    drop(log);
+    drop(open(dir, cfg(300)).0);
+    let segs = log_files(dir);
+    assert!(segs.len() >= 3);
+    let positions = decode_index(&fs::read(index_path(dir, segs[0])).unwrap()).entries;
+    let last = segs[0] + positions.len() as u64 - 1;
+    flip_value_byte(dir, segs[0], *positions.last().unwrap());
+    // The check plans what start-up does: nothing to cut, one record kept damaged.
+    let check = check_partition(&FsStorage, dir, None).unwrap();
+    assert!(check.plan.changes.is_empty(), "{:?}", check.plan);
+    assert_eq!(check.plan.damaged[0].sequence, last);
+    let (mut log, report) = open(dir, cfg(300));
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(log_files(dir), segs, "no later segment removed");
+    assert!(log.read_one(last).is_err());
+    assert_holds(&mut log, last + 1, 30);
+}
+
+#[test]
+fn a_damaged_last_durable_record_is_kept_by_check_as_by_start_up() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let (mut log, _) = open(dir, cfg(1 << 20));
+    append_range(&mut log, 5, 1);
+    drop(log);
+    drop(open(dir, cfg(1 << 20)).0);
+    let positions = decode_index(&fs::read(index_path(dir, 1)).unwrap()).entries;
+    flip_value_byte(dir, 1, positions[4]);
+    let check = check_partition(&FsStorage, dir, None).unwrap();
+    assert!(check.plan.changes.is_empty(), "{:?}", check.plan);
+    assert_eq!(check.plan.damaged.len(), 1);
+    assert_eq!((check.records, check.next_sequence), (5, 6));
+    let (mut log, report) = open(dir, cfg(1 << 20));
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(log.written_sequence(), 5);
+    assert!(log.read_one(5).is_err());
+    for s in 1..=4 {
+        assert_eq!(log.read_one(s).unwrap().unwrap().value, &value_for(s)[..]);
+    }
+}
