@@ -227,8 +227,8 @@ const COMMANDS: &[Command] = &[
     Command {
         words: &["check"],
         synopsis: "DATA_DIR [--repair] [--json]",
-        about: "Verify every segment and index offline: CRCs, sequence continuity, index \
-                agreement. Run it with the broker stopped.",
+        about: "Verify a stopped broker's data offline with start-up recovery as a dry \
+                run: every record and index; prints what recovery would change.",
         via: Via::Offline,
         options: |o| {
             o.optflag(
