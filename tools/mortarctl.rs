@@ -229,14 +229,15 @@ const COMMANDS: &[Command] = &[
     Command {
         words: &["check"],
         synopsis: "DATA_DIR [--repair] [--json]",
-        about: "Verify every segment and index offline: CRCs, sequence continuity, index \
-                agreement. Run it with the broker stopped.",
+        about: "Verify a stopped broker's data offline with start-up recovery as a dry \
+                run: every record and index; prints what recovery would change.",
         via: Via::Offline,
         options: |o| {
             o.optflag(
                 "",
                 "repair",
-                "truncate torn tails and rebuild indexes the way start-up recovery does",
+                "make the changes start-up recovery would (shown by a check without it), \
+                 each changed file backed up first",
             );
             json_option(o);
         },
@@ -652,10 +653,12 @@ fn stat_cell(unit: Unit, v: &Value) -> String {
 // ---- read path ----
 
 /// `check DATA_DIR`: the registry, then every partition directory under
-/// `DATA_DIR/topics/*/`.
+/// `DATA_DIR/topics/*/`, each through start-up recovery as a dry run (with `--repair`,
+/// then for real, after backing up every file it changes).
 fn cmd_check(ctx: &Ctx) -> Outcome {
     let data_dir = std::path::PathBuf::from(&ctx.matches.free[0]);
     let repair = ctx.matches.opt_present("repair");
+    let json = ctx.matches.opt_present("json");
     let topics = data_dir.join(TOPICS_DIR);
     std::fs::metadata(&topics).or_else(|e| runtime_err(format!("{}: {e}", topics.display())))?;
     // A repair writes, so it needs the directory to itself; a plain check only reads,
@@ -668,85 +671,216 @@ fn cmd_check(ctx: &Ctx) -> Outcome {
         }
         None
     };
-    let mut problems = check_registry(&data_dir, repair, ctx.matches.opt_present("json"))?;
-    let listed = std::fs::read_dir(&topics)
-        .or_else(|e| runtime_err(format!("{}: {e}", topics.display())))?;
-    let mut dirs: Vec<std::path::PathBuf> = Vec::new();
-    for topic in listed.flatten() {
-        if let Ok(parts) = std::fs::read_dir(topic.path()) {
-            dirs.extend(parts.flatten().map(|p| p.path()).filter(|p| p.is_dir()));
-        }
-    }
-    dirs.sort();
+    let mut problems = check_registry(&data_dir, repair, json)?;
+    let names = partition_names(&data_dir);
+    let mut backups = CheckBackups::new(&data_dir, json);
     let mut rows = Vec::new();
-    let mut reports = Vec::new();
-    for dir in &dirs {
-        let name = dir
-            .strip_prefix(&topics)
-            .unwrap_or(dir)
-            .display()
-            .to_string();
-        let report = mortarmq::log::check_partition(&FsStorage, dir, repair)
+    let mut docs = Vec::new();
+    for (dir, name) in &names {
+        let backup: Option<mortarmq::log::Backup<'_>> = match repair {
+            true => Some(&mut |path| backups.save(path)),
+            false => None,
+        };
+        let report = mortarmq::log::check_partition(&FsStorage, dir, backup)
             .or_else(|e| runtime_err(format!("{name}: {e}")))?;
         problems += report.problems.len();
-        let verdict = match (&report.repaired, report.is_clean()) {
-            (_, true) => "ok".to_string(),
-            (Some(r), false) => format!("repaired: {} bytes truncated", r.truncated_bytes),
-            (None, false) => format!("{} problems", report.problems.len()),
-        };
-        rows.push(vec![
-            name.clone(),
-            report.segments.to_string(),
-            report.records.to_string(),
-            format!("{}..{}", report.first_sequence, report.next_sequence),
-            verdict,
-        ]);
-        for p in &report.problems {
-            eprintln!(
-                "{name}: {} at byte {}: {}",
-                p.path.display(),
-                p.position,
-                p.reason
-            );
-        }
-        reports.push((name, report));
+        print_check_lines(name, &report, (repair, json));
+        rows.push(check_row(name, &report));
+        docs.push(check_json(name, &report));
     }
-    if ctx.matches.opt_present("json") {
-        let doc: Vec<serde_json::Value> = reports
-            .iter()
-            .map(|(name, r)| {
-                serde_json::json!({
-                    "partition": name,
-                    "segments": r.segments,
-                    "records": r.records,
-                    "first_sequence": r.first_sequence,
-                    "next_sequence": r.next_sequence,
-                    "problems": r.problems.iter().map(|p| serde_json::json!({
-                        "path": p.path.display().to_string(),
-                        "position": p.position,
-                        "reason": p.reason,
-                    })).collect::<Vec<_>>(),
-                    "repaired": r.repaired.as_ref().map(|x| x.truncated_bytes),
-                })
-            })
-            .collect();
-        print_json(&serde_json::Value::Array(doc));
+    if json {
+        print_json(&serde_json::Value::Array(docs));
     } else {
-        print!(
-            "{}",
-            table(
-                &["PARTITION", "SEGMENTS", "RECORDS", "SEQUENCES", "RESULT"],
-                &rows
-            )
-        );
+        let header = ["PARTITION", "SEGMENTS", "RECORDS", "SEQUENCES", "RESULT"];
+        print!("{}", table(&header, &rows));
     }
     if problems > 0 && !repair {
         return runtime_err(format!(
-            "{problems} problems found; --repair truncates torn tails and rebuilds a \
-             missing or unreadable registry"
+            "{problems} problems found, nothing changed; --repair makes the changes listed \
+             (after backing up each file) and rebuilds a missing or unreadable registry"
         ));
     }
     Ok(())
+}
+
+/// Every partition directory under `DATA_DIR/topics/`, sorted, with the name an operator
+/// knows it by: `topic NAME partition P (dir ID-CRC/P)`. Names come from the registry,
+/// or when it is unreadable from the topic directories as a rebuild would register them.
+fn partition_names(data_dir: &std::path::Path) -> Vec<(std::path::PathBuf, String)> {
+    let topics = data_dir.join(TOPICS_DIR);
+    let registry = match meta::read_checked(&FsStorage, &data_dir.join(REGISTRY_FILE)) {
+        Ok(Some(bytes)) => Registry::decode(&bytes).ok(),
+        _ => None,
+    }
+    .or_else(|| {
+        RegistryRebuild::scan(&FsStorage, &topics)
+            .ok()
+            .map(|r| r.registry)
+    });
+    let mut known = std::collections::HashMap::new();
+    for pair in registry.iter().flat_map(|r| r.pairs()) {
+        for (id, name) in pair.topics() {
+            known.insert(
+                mortarmq::broker::topics::topic_dir(&topics, id, &name),
+                name,
+            );
+        }
+    }
+    let mut dirs = Vec::new();
+    for topic in std::fs::read_dir(&topics).into_iter().flatten().flatten() {
+        let Ok(parts) = std::fs::read_dir(topic.path()) else {
+            continue;
+        };
+        for part in parts.flatten().map(|p| p.path()).filter(|p| p.is_dir()) {
+            let rel = part
+                .strip_prefix(&topics)
+                .unwrap_or(&part)
+                .display()
+                .to_string();
+            let index = part
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .to_string();
+            let name = match known.get(&topic.path()) {
+                Some(t) => format!("topic {t} partition {index} (dir {rel})"),
+                None => format!("unregistered dir {rel}"),
+            };
+            dirs.push((part, name));
+        }
+    }
+    dirs.sort();
+    dirs
+}
+
+/// Backups taken by `check --repair`: every file is copied, before its first change,
+/// to the same path under `DATA_DIR/check-backup-UNIXTIME/`, and each copy is named on
+/// a line of its own (standard error under `--json`).
+struct CheckBackups {
+    data_dir: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    json: bool,
+}
+
+impl CheckBackups {
+    fn new(data_dir: &std::path::Path, json: bool) -> CheckBackups {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        CheckBackups {
+            data_dir: data_dir.to_path_buf(),
+            dir: data_dir.join(format!("check-backup-{now}")),
+            json,
+        }
+    }
+
+    fn save(&mut self, path: &std::path::Path) -> io::Result<()> {
+        let rel = path.strip_prefix(&self.data_dir).unwrap_or(path);
+        let to = self.dir.join(rel);
+        std::fs::create_dir_all(to.parent().unwrap_or(&self.dir))?;
+        std::fs::copy(path, &to)?;
+        // The copy must be on disk before the original changes.
+        std::fs::File::open(&to)?.sync_all()?;
+        let line = format!("backed up {} to {}", path.display(), to.display());
+        match self.json {
+            true => eprintln!("{line}"),
+            false => println!("{line}"),
+        }
+        Ok(())
+    }
+}
+
+/// One line per change and per damaged record: what a repair would do, or did.
+fn print_check_lines(name: &str, report: &mortarmq::log::CheckReport, (done, json): (bool, bool)) {
+    use mortarmq::log::ChangeKind;
+    let (would, keep) = match done {
+        true => ("", "kept"),
+        false => ("would ", "would keep"),
+    };
+    let mut lines = Vec::new();
+    for d in &report.plan.damaged {
+        lines.push(format!(
+            "{name}: {keep} damaged record at seq {} ({} byte {}: {}); consumers skip it",
+            d.sequence,
+            d.path.display(),
+            d.position,
+            d.reason
+        ));
+    }
+    for c in &report.plan.changes {
+        let file = c.path.display();
+        lines.push(match (c.what, done) {
+            (ChangeKind::Truncate { to, bytes }, false) => {
+                format!("{name}: would truncate {bytes} bytes of {file} (at byte {to})")
+            }
+            (ChangeKind::Truncate { to, bytes }, true) => {
+                format!("{name}: truncated {bytes} bytes of {file} (at byte {to})")
+            }
+            (ChangeKind::Reset { bytes }, _) => {
+                format!("{name}: {would}reset {file} (bad header; {bytes} bytes)")
+            }
+            (ChangeKind::Remove { bytes }, false) => {
+                format!("{name}: would remove {file} ({bytes} bytes)")
+            }
+            (ChangeKind::Remove { bytes }, true) => {
+                format!("{name}: removed {file} ({bytes} bytes)")
+            }
+            (ChangeKind::RewriteIndex, _) => format!("{name}: {would}rewrite index {file}"),
+        });
+    }
+    for line in lines {
+        match json {
+            true => eprintln!("{line}"),
+            false => println!("{line}"),
+        }
+    }
+}
+
+fn check_row(name: &str, r: &mortarmq::log::CheckReport) -> Vec<String> {
+    let damaged = r.plan.damaged.len();
+    let lost = r.plan.truncated_bytes;
+    let verdict = match (&r.repaired, r.plan.changes.is_empty()) {
+        (_, true) if damaged == 0 => "ok".to_string(),
+        (_, true) => format!("{damaged} damaged records kept"),
+        (Some(done), false) => format!(
+            "repaired: {} bytes truncated, {damaged} damaged records kept",
+            done.truncated_bytes
+        ),
+        (None, false) => format!(
+            "{} changes to make ({lost} bytes to truncate), {damaged} damaged records",
+            r.plan.changes.len()
+        ),
+    };
+    vec![
+        name.to_string(),
+        r.segments.to_string(),
+        r.records.to_string(),
+        format!("{}..{}", r.first_sequence, r.next_sequence),
+        verdict,
+    ]
+}
+
+fn check_json(name: &str, r: &mortarmq::log::CheckReport) -> serde_json::Value {
+    serde_json::json!({
+        "partition": name,
+        "segments": r.segments,
+        "records": r.records,
+        "first_sequence": r.first_sequence,
+        "next_sequence": r.next_sequence,
+        "problems": r.problems.iter().map(|p| serde_json::json!({
+            "path": p.path.display().to_string(),
+            "position": p.position,
+            "reason": p.reason,
+        })).collect::<Vec<_>>(),
+        "damaged_records": r.plan.damaged.iter().map(|d| serde_json::json!({
+            "path": d.path.display().to_string(),
+            "position": d.position,
+            "sequence": d.sequence,
+            "reason": d.reason,
+        })).collect::<Vec<_>>(),
+        "truncate_bytes": r.plan.truncated_bytes,
+        "repaired": r.repaired.as_ref().map(|x| x.truncated_bytes),
+    })
 }
 
 /// The registry of `data_dir`: readable, or rebuilt from the topic directories (with

@@ -61,7 +61,10 @@ pub use record::{
     RecordView, RECORD_BYTES_MAX, RECORD_KEY_BYTES_MAX, RECORD_OVERHEAD_BYTES,
     RECORD_VALUE_BYTES_MAX,
 };
-pub use recovery::{check_partition, CheckProblem, CheckReport, RecoveryReport};
+pub use recovery::{
+    check_partition, Backup, Change, ChangeKind, CheckProblem, CheckReport, DamagedRecord,
+    RecoveryReport,
+};
 pub use segment::{
     INDEX_ENTRY_BYTES, SEGMENT_BYTES_MAX, SEGMENT_FORMAT_VERSION, SEGMENT_HEADER_BYTES,
 };
@@ -417,7 +420,8 @@ impl PartitionLog {
         config.validate()?;
         let io = |path: &Path, e: io::Error| StorageError::from_io(path, None, e);
         storage::create_dir_durable(&**storage, dir).map_err(|e| io(dir, e))?;
-        let (recovered, mut report, point) = recovery::recover(&**storage, dir, VerifyMode::Tails)?;
+        let (recovered, mut report, point) =
+            recovery::recover(&**storage, dir, VerifyMode::Tails, true)?;
         let mut segments: Vec<Segment> = recovered
             .iter()
             .map(|r| {

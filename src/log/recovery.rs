@@ -47,12 +47,52 @@ pub struct RecoveryReport {
     pub segments: u32,
     pub first_sequence: u64,
     pub next_sequence: u64,
+    /// Every file changed (or, in a dry run, that would be), in the order of the changes:
+    /// what `mortarctl check` prints and backs up.
+    pub changes: Vec<Change>,
+    /// The damaged records kept in place, for a report that names each one.
+    pub damaged: Vec<DamagedRecord>,
+}
+
+/// One change recovery makes to one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub path: PathBuf,
+    pub what: ChangeKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    /// Cut to `to` bytes, `bytes` bytes lost.
+    Truncate { to: u64, bytes: u64 },
+    /// A segment without a good header restarted empty (`bytes` lost).
+    Reset { bytes: u64 },
+    /// Deleted (`bytes` long).
+    Remove { bytes: u64 },
+    /// An index rewritten to list exactly the records kept.
+    RewriteIndex,
+}
+
+/// A damaged record below the recovery point, kept in place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DamagedRecord {
+    pub path: PathBuf,
+    pub position: u64,
+    pub sequence: u64,
+    pub reason: String,
 }
 
 impl RecoveryReport {
     /// True when nothing was truncated or removed (rebuilt indexes are not data loss).
     pub fn is_clean(&self) -> bool {
         self.truncated_at.is_none() && self.segments_removed == 0 && self.truncated_bytes == 0
+    }
+
+    fn note_change(&mut self, path: &Path, what: ChangeKind) {
+        self.changes.push(Change {
+            path: path.to_path_buf(),
+            what,
+        });
     }
 
     fn note_cut(&mut self, path: &Path, position: u64, first_lost: u64) {
@@ -107,6 +147,7 @@ fn list_dir(storage: &dyn Storage, dir: &Path) -> Result<(Vec<u64>, Vec<u64>), S
 }
 
 /// Where a scan stopped. `stop` is None when it reached the end (or its record budget).
+#[derive(Default)]
 pub(crate) struct ScanEnd {
     pub end_pos: u64,
     pub stop: Option<DecodeError>,
@@ -154,10 +195,7 @@ pub(crate) fn scan_records(
     let mut buf = Vec::new();
     let mut end = ScanEnd {
         end_pos: start_pos,
-        stop: None,
-        last_timestamp_ms: None,
-        records: 0,
-        damaged: Vec::new(),
+        ..ScanEnd::default()
     };
     loop {
         let pos = end.end_pos;
@@ -182,31 +220,70 @@ pub(crate) fn scan_records(
             }
             Err(bad) => bad,
         };
-        let index_hints = match resync {
-            Resync::KeepDamaged { index_hints, below } if pos < below => index_hints,
-            _ => {
-                end.stop = Some(bad);
-                return Ok(end);
+        let last_expected = max_records == Some(end.records + 1);
+        let kept = match resync {
+            Resync::KeepDamaged { index_hints, below } if pos < below => {
+                let at = (pos, claimed_end, file_len);
+                keep_damaged(file, at, sequence, (index_hints, below), last_expected)
             }
+            _ => None,
         };
-        let after = index_hints.iter().map(|&p| u64::from(p)).find(|&p| p > pos);
-        let next = [claimed_end, after]
-            .into_iter()
-            .flatten()
-            .filter(|&p| p < file_len)
-            .find_map(|p| whole_record_at(file, p, file_len, sequence + 1).map(|r| (p, r)));
-        let Some((next_pos, (timestamp_ms, total))) = next else {
-            end.stop = Some(bad);
-            return Ok(end);
+        let Some(kept) = kept else {
+            return Ok(ScanEnd {
+                stop: Some(bad),
+                ..end
+            });
         };
         visit(pos);
-        visit(next_pos);
         end.damaged.push((pos, sequence, bad));
-        end.last_timestamp_ms = Some(timestamp_ms);
-        end.end_pos = next_pos + total as u64;
-        end.records += 2;
+        end.records += 1;
+        end.end_pos = match kept {
+            Kept::Alone { end_pos } => end_pos,
+            Kept::WithNext(next_pos, timestamp_ms, total) => {
+                visit(next_pos);
+                end.last_timestamp_ms = Some(timestamp_ms);
+                end.records += 1;
+                next_pos + total as u64
+            }
+        };
         reader = reader_at(end.end_pos);
     }
+}
+
+/// Why a damaged record below the recovery point may be kept.
+enum Kept {
+    /// The whole record after it: its position, timestamp and length.
+    WithNext(u64, u64, usize),
+    /// Nothing follows, but it ends exactly where the durable bytes end.
+    Alone { end_pos: u64 },
+}
+
+/// Whether the damaged record numbered `sequence` at `pos` (whose length field says it
+/// ends at `claimed_end`) is damage in place rather than a torn write: the record after
+/// it is whole where its length says or where the first index hint past it says (the
+/// length itself may be what is damaged). When nothing follows, it still is when it ends
+/// where the durable bytes end: at `below` (the last record the point vouches for), or,
+/// for the last record of a closed segment (`last_expected`), at the end of the file.
+/// Cutting there would lose a durable record, and for a closed segment every later
+/// segment; start-up, which does not read it, keeps it too.
+fn keep_damaged(
+    file: &dyn StorageFile,
+    (pos, claimed_end, file_len): (u64, Option<u64>, u64),
+    sequence: u64,
+    (index_hints, below): (&[u32], u64),
+    last_expected: bool,
+) -> Option<Kept> {
+    let after = index_hints.iter().map(|&p| u64::from(p)).find(|&p| p > pos);
+    let next = [claimed_end, after]
+        .into_iter()
+        .flatten()
+        .filter(|&p| p < file_len)
+        .find_map(|p| whole_record_at(file, p, file_len, sequence + 1).map(|r| (p, r)));
+    if let Some((next_pos, (timestamp_ms, total))) = next {
+        return Some(Kept::WithNext(next_pos, timestamp_ms, total));
+    }
+    let end_pos = claimed_end?;
+    (end_pos == below || (last_expected && end_pos == file_len)).then_some(Kept::Alone { end_pos })
 }
 
 /// The timestamp and length of the record at `pos` when it is whole and numbered
@@ -274,21 +351,21 @@ fn plausible_prefix_len(entries: &[u32], file_len: u64) -> usize {
 /// Recovers every segment in `dir`, oldest first, truncating at the first bad record past
 /// the recovery point (before it, a bad record is kept in place: `checkpoint.rs`) and
 /// removing everything after a cut. Leaves each surviving segment's index exact. Also
-/// returns the recovery point it went by.
+/// returns the recovery point it went by. Without `write` it changes nothing and only
+/// lists in the report what it would change: `check_partition` shows that plan, then
+/// runs this same code with `write` to carry it out, so the two cannot disagree.
 pub(crate) fn recover(
     storage: &dyn Storage,
     dir: &Path,
     mode: VerifyMode,
+    write: bool,
 ) -> Result<(Vec<RecoveredSegment>, RecoveryReport, Option<RecoveryPoint>), StorageError> {
     let mut report = RecoveryReport::default();
     let point = checkpoint::read(storage, dir);
     let (logs, idxs) = list_dir(storage, dir)?;
     for seq in idxs.iter().filter(|s| logs.binary_search(s).is_err()) {
         // Retention unlinks the .log first, so a crash between the two unlinks leaves this.
-        let path = index_path(dir, *seq);
-        storage
-            .remove_file(&path)
-            .map_err(|e| io_err(&path, None, e))?;
+        remove(storage, &index_path(dir, *seq), write, &mut report)?;
         report.orphan_indexes_removed += 1;
     }
     let mut out: Vec<RecoveredSegment> = Vec::with_capacity(logs.len());
@@ -310,7 +387,8 @@ pub(crate) fn recover(
         }
         let next_first = logs.get(n + 1).copied();
         let range = (first, next_first);
-        let (seg, cut) = recover_segment(storage, dir, range, (mode, point), &mut report)?;
+        let how = (mode, point, write);
+        let (seg, cut) = recover_segment(storage, dir, range, how, &mut report)?;
         out.push(seg);
         if cut {
             cut_after = Some(n + 1);
@@ -320,16 +398,8 @@ pub(crate) fn recover(
     if let Some(from) = cut_after {
         for &first in &logs[from..] {
             let path = segment_path(dir, first);
-            let len = storage.file_len(&path).unwrap_or(0);
-            storage
-                .remove_file(&path)
-                .map_err(|e| io_err(&path, None, e))?;
-            let idx = index_path(dir, first);
-            match storage.remove_file(&idx) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io_err(&idx, None, e)),
-            }
+            let len = remove(storage, &path, write, &mut report)?;
+            remove(storage, &index_path(dir, first), write, &mut report)?;
             log::warn!(
                 "{}: removed ({len} bytes) after a truncation",
                 path.display()
@@ -346,6 +416,30 @@ pub(crate) fn recover(
     Ok((out, report, point))
 }
 
+/// Removes `path` (or, without `write`, only notes that it would) and returns its size;
+/// one already gone is no change.
+fn remove(
+    storage: &dyn Storage,
+    path: &Path,
+    write: bool,
+    report: &mut RecoveryReport,
+) -> Result<u64, StorageError> {
+    let bytes = match storage.file_len(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(io_err(path, None, e)),
+    };
+    if write {
+        match storage.remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(io_err(path, None, e)),
+        }
+    }
+    report.note_change(path, ChangeKind::Remove { bytes });
+    Ok(bytes)
+}
+
 /// One segment file being recovered.
 struct SegmentFile<'s> {
     storage: &'s dyn Storage,
@@ -356,6 +450,8 @@ struct SegmentFile<'s> {
     idx_path: PathBuf,
     first: u64,
     len: u64,
+    /// False in a dry run: every change is only noted in the report.
+    write: bool,
 }
 
 impl<'s> SegmentFile<'s> {
@@ -363,10 +459,11 @@ impl<'s> SegmentFile<'s> {
         storage: &'s dyn Storage,
         dir: &Path,
         (first, next_first): (u64, Option<u64>),
+        write: bool,
     ) -> Result<Self, StorageError> {
         let path = segment_path(dir, first);
         let file = storage
-            .open(&path, Open::ReadWrite)
+            .open(&path, if write { Open::ReadWrite } else { Open::Read })
             .map_err(|e| io_err(&path, None, e))?;
         let len = file.size().map_err(|e| io_err(&path, None, e))?;
         Ok(SegmentFile {
@@ -377,6 +474,7 @@ impl<'s> SegmentFile<'s> {
             idx_path: index_path(dir, first),
             first,
             len,
+            write,
         })
     }
 
@@ -413,6 +511,11 @@ impl<'s> SegmentFile<'s> {
             );
             report.note_cut(&self.path, 0, self.first);
             report.truncated_bytes += self.len;
+        }
+        report.note_change(&self.path, ChangeKind::Reset { bytes: self.len });
+        report.note_change(&self.idx_path, ChangeKind::RewriteIndex);
+        if !self.write {
+            return Ok(());
         }
         let at_start = |e| io_err(&self.path, Some(0), e);
         self.file.set_len(0).map_err(at_start)?;
@@ -455,6 +558,16 @@ impl<'s> SegmentFile<'s> {
             );
         }
         report.damaged_records_kept += end.damaged.len() as u64;
+        report.damaged.extend(
+            end.damaged
+                .iter()
+                .map(|(pos, sequence, why)| DamagedRecord {
+                    path: self.path.clone(),
+                    position: *pos,
+                    sequence: *sequence,
+                    reason: why.to_string(),
+                }),
+        );
     }
 
     /// Cuts the file at the first bad record the scan met.
@@ -462,9 +575,12 @@ impl<'s> SegmentFile<'s> {
         let why = end.stop.as_ref().map(|e| e.to_string()).unwrap_or_default();
         let lost = self.len - end.end_pos;
         report.truncated_bytes += lost;
-        self.file
-            .set_len(end.end_pos)
-            .map_err(|e| io_err(&self.path, Some(end.end_pos), e))?;
+        let to = end.end_pos;
+        report.note_change(&self.path, ChangeKind::Truncate { to, bytes: lost });
+        if self.write {
+            let at_end = |e| io_err(&self.path, Some(to), e);
+            self.file.set_len(to).map_err(at_end)?;
+        }
         if Some(self.first + records) == self.next_first {
             // Every record the segment should hold is there: the bytes after them are a
             // failed write whose undo the power cut lost. Nothing of the log goes.
@@ -512,19 +628,22 @@ impl IndexFile {
         })
     }
 
-    /// Rewrites the index when it does not list exactly `positions` (sealed when the
-    /// segment is closed).
+    /// Rewrites the index of `seg` when it does not list exactly `positions` (sealed when
+    /// the segment is closed).
     fn settle(
         &self,
-        storage: &dyn Storage,
-        path: &Path,
+        seg: &SegmentFile<'_>,
         positions: &[u32],
         (closed, expected_gap): (bool, bool),
-    ) -> Result<bool, StorageError> {
+        report: &mut RecoveryReport,
+    ) -> IoResult {
+        let path = &seg.idx_path;
         let bytes = encode_index(positions, closed);
         if self.bytes == bytes {
-            return Ok(false);
+            return Ok(());
         }
+        report.indexes_rebuilt += 1;
+        report.note_change(path, ChangeKind::RewriteIndex);
         if !expected_gap {
             // A last segment one entry short is the ordinary crash between writing records
             // and writing their index entries; anything else is worth a line in the log.
@@ -540,10 +659,12 @@ impl IndexFile {
                 positions.len()
             );
         }
-        storage
-            .write(path, &bytes)
-            .map_err(|e| io_err(path, None, e))?;
-        Ok(true)
+        if seg.write {
+            seg.storage
+                .write(path, &bytes)
+                .map_err(|e| io_err(path, None, e))?;
+        }
+        Ok(())
     }
 }
 
@@ -582,11 +703,11 @@ fn recover_segment(
     storage: &dyn Storage,
     dir: &Path,
     (first, next_first): (u64, Option<u64>),
-    (mode, point): (VerifyMode, Option<RecoveryPoint>),
+    (mode, point, write): (VerifyMode, Option<RecoveryPoint>, bool),
     report: &mut RecoveryReport,
 ) -> Result<(RecoveredSegment, bool), StorageError> {
     let is_last = next_first.is_none();
-    let mut seg = SegmentFile::open(storage, dir, (first, next_first))?;
+    let mut seg = SegmentFile::open(storage, dir, (first, next_first), write)?;
     let mut header = vec![0u8; (seg.len as usize).min(SEGMENT_HEADER_BYTES)];
     read_exact_at(&*seg.file, 0, &mut header).map_err(|e| io_err(&seg.path, Some(0), e))?;
     if let Err(reason) = check_header(&header, first) {
@@ -642,9 +763,7 @@ fn recover_segment(
     let cut = end.stop.is_some() && !whole;
     let expected_gap = is_last && idx_whole && index.entries.len() + 1 == positions.len();
     let closed = !is_last && !cut;
-    if index.settle(storage, &seg.idx_path, &positions, (closed, expected_gap))? {
-        report.indexes_rebuilt += 1;
-    }
+    index.settle(&seg, &positions, (closed, expected_gap), report)?;
     let ts = end.last_timestamp_ms;
     Ok((seg.segment(end.end_pos, positions.len() as u64, ts), cut))
 }
@@ -673,18 +792,22 @@ pub struct CheckProblem {
     pub reason: String,
 }
 
-/// Result of [`check_partition`]: totals over the good records and every problem found.
+/// Result of [`check_partition`]: the partition as recovery leaves it, and what recovery
+/// does (or, without a repair, would do) to get there.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CheckReport {
     pub segments: u32,
-    /// Good records, counted up to the first bad one in each segment.
+    /// Records recovery keeps, the damaged ones kept in place included.
     pub records: u64,
+    /// Bytes of the segments recovery keeps.
     pub bytes: u64,
     pub first_sequence: u64,
-    /// One past the last good record of the last segment.
     pub next_sequence: u64,
+    /// The dry run: every change recovery would make and every damaged record it keeps.
+    pub plan: RecoveryReport,
+    /// The plan, one line per file changed or record damaged.
     pub problems: Vec<CheckProblem>,
-    /// Set when `repair` was asked for and there was something to repair.
+    /// Set when a repair was asked for and the plan changed something: what it did.
     pub repaired: Option<RecoveryReport>,
 }
 
@@ -694,111 +817,66 @@ impl CheckReport {
     }
 }
 
-/// Verifies every record (length, CRC, sequence), the continuity of sequences across
-/// segments and each index against its segment, without opening anything for writing.
-/// With `repair`, and only if problems were found, then runs full recovery, which
-/// truncates at the first bad record the way `PartitionLog::open` does and rewrites
-/// indexes. Must not run while a broker has the partition open.
+/// Called with each file a repair is about to change, before the change.
+pub type Backup<'a> = &'a mut dyn FnMut(&Path) -> io::Result<()>;
+
+/// Runs start-up recovery over `dir` reading every record, as a dry run: the report says
+/// what recovery would change (a torn tail past the recovery point cut, a damaged record
+/// below it kept, an index rewritten) and changes nothing. With `backup`, and only when
+/// the plan changes a file, it then calls `backup` once for every file the plan names,
+/// before any change, and runs the same recovery for real. Must not run while a broker
+/// has the partition open (the two runs must see the same files).
 pub fn check_partition(
     storage: &dyn Storage,
     dir: &Path,
-    repair: bool,
+    backup: Option<Backup<'_>>,
 ) -> Result<CheckReport, StorageError> {
-    let mut report = CheckReport::default();
-    let (logs, idxs) = list_dir(storage, dir)?;
-    let mut problems = Vec::new();
-    for seq in idxs.iter().filter(|s| logs.binary_search(s).is_err()) {
-        problems.push(report_problem(
-            &index_path(dir, *seq),
-            0,
-            "index without a segment".to_string(),
-        ));
-    }
-    let mut expected_next: Option<u64> = None;
-    for &first in &logs {
-        let path = segment_path(dir, first);
-        let file = storage
-            .open(&path, Open::Read)
-            .map_err(|e| io_err(&path, None, e))?;
-        let file_len = file.size().map_err(|e| io_err(&path, None, e))?;
-        report.segments += 1;
-        report.bytes += file_len;
-        if let Some(exp) = expected_next {
-            if exp != first {
-                problems.push(report_problem(
-                    &path,
-                    0,
-                    format!("sequence gap: expected {exp}, starts at {first}"),
-                ));
-            }
-        } else {
-            report.first_sequence = first;
+    let (segments, plan, _) = recover(storage, dir, VerifyMode::Everything, false)?;
+    let mut problems: Vec<CheckProblem> = plan
+        .damaged
+        .iter()
+        .map(|d| {
+            let why = format!("damaged record, sequence {}: {}", d.sequence, d.reason);
+            report_problem(&d.path, d.position, why)
+        })
+        .collect();
+    problems.extend(plan.changes.iter().map(|c| {
+        let (position, why) = describe_change(c.what);
+        report_problem(&c.path, position, why)
+    }));
+    let mut report = CheckReport {
+        segments: segments.len() as u32,
+        records: segments.iter().map(|s| s.record_count).sum(),
+        bytes: segments.iter().map(|s| s.len_bytes).sum(),
+        first_sequence: plan.first_sequence,
+        next_sequence: plan.next_sequence,
+        problems,
+        repaired: None,
+        plan,
+    };
+    let Some(backup) = backup.filter(|_| !report.plan.changes.is_empty()) else {
+        return Ok(report);
+    };
+    let mut saved: Vec<&Path> = Vec::new();
+    for change in &report.plan.changes {
+        if !saved.contains(&change.path.as_path()) {
+            backup(&change.path).map_err(|e| io_err(&change.path, None, e))?;
+            saved.push(&change.path);
         }
-        let mut header = vec![0u8; (file_len as usize).min(SEGMENT_HEADER_BYTES)];
-        read_exact_at(&*file, 0, &mut header).map_err(|e| io_err(&path, Some(0), e))?;
-        if let Err(reason) = check_header(&header, first) {
-            problems.push(report_problem(&path, 0, reason));
-            expected_next = Some(first);
-            report.next_sequence = first;
-            continue;
-        }
-        let mut positions: Vec<u32> = Vec::new();
-        let end = scan_records(
-            &*file,
-            &path,
-            (SEGMENT_HEADER_BYTES as u64, file_len),
-            first,
-            None,
-            Resync::Never,
-            |p| positions.push(p as u32),
-        )?;
-        if let Some(why) = end.stop {
-            problems.push(report_problem(&path, end.end_pos, why.to_string()));
-        }
-        report.records += end.records;
-        expected_next = Some(first + end.records);
-        report.next_sequence = first + end.records;
-        check_index(storage, &index_path(dir, first), &positions, &mut problems)?;
     }
-    report.problems = problems;
-    if repair && !report.problems.is_empty() {
-        let (_, recovered, _) = recover(storage, dir, VerifyMode::Everything)?;
-        report.repaired = Some(recovered);
-    }
+    let (_, done, _) = recover(storage, dir, VerifyMode::Everything, true)?;
+    report.repaired = Some(done);
     Ok(report)
 }
 
-/// The index of a segment must list exactly the positions of its good records.
-fn check_index(
-    storage: &dyn Storage,
-    idx_path: &Path,
-    positions: &[u32],
-    problems: &mut Vec<CheckProblem>,
-) -> Result<(), StorageError> {
-    let bytes = match storage.read(idx_path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            problems.push(report_problem(idx_path, 0, "index missing".to_string()));
-            return Ok(());
-        }
-        Err(e) => return Err(io_err(idx_path, None, e)),
-    };
-    let entries = decode_index(&bytes).entries;
-    if bytes.len() % 4 != 0 || entries.len() != positions.len() {
-        let why = format!(
-            "{} index bytes for {} records",
-            bytes.len(),
-            positions.len()
-        );
-        problems.push(report_problem(idx_path, 0, why));
-    } else if let Some(i) = (0..entries.len()).find(|&i| entries[i] != positions[i]) {
-        let why = format!(
-            "entry {i} says byte {}, record is at {}",
-            entries[i], positions[i]
-        );
-        problems.push(report_problem(idx_path, (i * 4) as u64, why));
+/// Where a change starts and what it is, for a problem line.
+fn describe_change(what: ChangeKind) -> (u64, String) {
+    match what {
+        ChangeKind::Truncate { to, bytes } => (to, format!("truncate {bytes} bytes")),
+        ChangeKind::Reset { bytes } => (0, format!("bad header: reset, {bytes} bytes lost")),
+        ChangeKind::Remove { bytes } => (0, format!("remove ({bytes} bytes)")),
+        ChangeKind::RewriteIndex => (0, "rewrite the index".to_string()),
     }
-    Ok(())
 }
 
 fn report_problem(path: &Path, position: u64, reason: String) -> CheckProblem {

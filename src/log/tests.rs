@@ -295,7 +295,7 @@ fn missing_short_or_garbage_indexes_are_rebuilt() {
         assert_eq!(log.read_one(s).unwrap().unwrap().value, &value_for(s)[..]);
     }
     drop(log);
-    assert!(check_partition(&FsStorage, dir, false).unwrap().is_clean());
+    assert!(check_partition(&FsStorage, dir, None).unwrap().is_clean());
     let (_, report) = open(dir, cfg(300));
     assert_eq!(
         report.indexes_rebuilt, 0,
@@ -347,11 +347,12 @@ fn a_flipped_byte_in_a_closed_segment_is_reported_as_corrupt_on_read() {
     assert_eq!(got.len(), 29);
     drop(log);
 
-    let check = check_partition(&FsStorage, dir, false).unwrap();
-    // The bad record, the index now longer than the good records, the gap after them.
-    assert_eq!(check.problems.len(), 3, "{:?}", check.problems);
+    let check = check_partition(&FsStorage, dir, None).unwrap();
+    // As recovery would: the bad record is kept in place and nothing is to change.
+    assert_eq!(check.problems.len(), 1, "{:?}", check.problems);
     assert_eq!(check.problems[0].path, path);
     assert_eq!(check.problems[0].position, positions[0] as u64);
+    assert!(check.plan.changes.is_empty(), "{:?}", check.plan);
 }
 
 /// Writes records 1..=n (n >= `n_min`, chosen so the last segment holds at least three
@@ -747,7 +748,7 @@ fn check_partition_finds_and_repairs_a_torn_tail() {
     let (mut log, _) = open(dir, cfg(300));
     append_range(&mut log, 25, 1);
     drop(log);
-    let clean = check_partition(&FsStorage, dir, false).unwrap();
+    let clean = check_partition(&FsStorage, dir, None).unwrap();
     assert!(clean.is_clean(), "{clean:?}");
     assert_eq!(
         (clean.records, clean.first_sequence, clean.next_sequence),
@@ -761,7 +762,7 @@ fn check_partition_finds_and_repairs_a_torn_tail() {
     let f = OpenOptions::new().write(true).open(&path).unwrap();
     f.set_len(len - 3).unwrap();
     drop(f);
-    let found = check_partition(&FsStorage, dir, false).unwrap();
+    let found = check_partition(&FsStorage, dir, None).unwrap();
     assert!(!found.is_clean());
     assert_eq!(found.next_sequence, 25);
     assert_eq!(
@@ -769,10 +770,16 @@ fn check_partition_finds_and_repairs_a_torn_tail() {
         len - 3,
         "check alone changes nothing"
     );
-    let repaired = check_partition(&FsStorage, dir, true).unwrap();
+    let mut backed_up = Vec::new();
+    let mut backup = |p: &Path| {
+        backed_up.push(p.to_path_buf());
+        Ok(())
+    };
+    let repaired = check_partition(&FsStorage, dir, Some(&mut backup)).unwrap();
+    assert_eq!(backed_up, vec![path.clone(), index_path(dir, last)]);
     let r = repaired.repaired.expect("repair ran");
     assert_eq!(r.lost_from_sequence, Some(25));
-    assert!(check_partition(&FsStorage, dir, false).unwrap().is_clean());
+    assert!(check_partition(&FsStorage, dir, None).unwrap().is_clean());
     let (mut log, report) = open(dir, cfg(300));
     assert!(report.is_clean());
     assert_holds(&mut log, 1, 24);
@@ -839,7 +846,7 @@ proptest! {
         let mut got = Vec::new();
         log.read(1, usize::MAX, usize::MAX, |r| got.push(r.value.to_vec())).unwrap();
         prop_assert_eq!(got, flushed);
-        prop_assert!(check_partition(&FsStorage, tmp.path(), false).unwrap().is_clean());
+        prop_assert!(check_partition(&FsStorage, tmp.path(), None).unwrap().is_clean());
     }
 }
 
@@ -934,11 +941,11 @@ fn damage_below_the_recovery_point_is_kept_and_damage_above_it_is_cut() {
     assert_eq!(seen, (1..=24).filter(|&s| s != 5).collect::<Vec<_>>());
     drop(log);
     // A repair reads every record: it finds record 5 and keeps it, and what follows.
-    let check = check_partition(&FsStorage, dir, true).unwrap();
+    let mut backup = |_: &Path| Ok(());
+    let check = check_partition(&FsStorage, dir, Some(&mut backup)).unwrap();
     assert_eq!(check.problems[0].position, u64::from(positions[4]));
-    let repaired = check.repaired.unwrap();
-    assert_eq!(repaired.damaged_records_kept, 1);
-    assert!(repaired.is_clean(), "{repaired:?}");
+    assert_eq!(check.plan.damaged_records_kept, 1);
+    assert!(check.plan.is_clean(), "{:?}", check.plan);
     let (mut log, _) = open(dir, cfg(1 << 20));
     assert_holds(&mut log, 6, 24);
 }
@@ -1007,4 +1014,59 @@ fn a_sync_job_moves_the_recovery_point_only_when_no_other_runs() {
     log.sync_done(first.upto_sequence);
     log.check_invariants();
     assert_eq!(checkpoint::read(&FsStorage, dir), Some(point));
+}
+
+/// Flips a byte inside the value of the record at `position` of segment `first`.
+fn flip_value_byte(dir: &Path, first: u64, position: u32) {
+    let path = segment_path(dir, first);
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[position as usize + RECORD_OVERHEAD_BYTES + 1] ^= 0x01;
+    fs::write(&path, &bytes).unwrap();
+}
+
+#[test]
+fn a_damaged_last_record_of_a_closed_segment_is_kept_and_so_is_every_later_segment() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let (mut log, _) = open(dir, cfg(300));
+    append_range(&mut log, 30, 1);
+    drop(log);
+    drop(open(dir, cfg(300)).0);
+    let segs = log_files(dir);
+    assert!(segs.len() >= 3);
+    let positions = decode_index(&fs::read(index_path(dir, segs[0])).unwrap()).entries;
+    let last = segs[0] + positions.len() as u64 - 1;
+    flip_value_byte(dir, segs[0], *positions.last().unwrap());
+    // The check plans what start-up does: nothing to cut, one record kept damaged.
+    let check = check_partition(&FsStorage, dir, None).unwrap();
+    assert!(check.plan.changes.is_empty(), "{:?}", check.plan);
+    assert_eq!(check.plan.damaged[0].sequence, last);
+    let (mut log, report) = open(dir, cfg(300));
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(log_files(dir), segs, "no later segment removed");
+    assert!(log.read_one(last).is_err());
+    assert_holds(&mut log, last + 1, 30);
+}
+
+#[test]
+fn a_damaged_last_durable_record_is_kept_by_check_as_by_start_up() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let (mut log, _) = open(dir, cfg(1 << 20));
+    append_range(&mut log, 5, 1);
+    drop(log);
+    drop(open(dir, cfg(1 << 20)).0);
+    let positions = decode_index(&fs::read(index_path(dir, 1)).unwrap()).entries;
+    flip_value_byte(dir, 1, positions[4]);
+    let check = check_partition(&FsStorage, dir, None).unwrap();
+    assert!(check.plan.changes.is_empty(), "{:?}", check.plan);
+    assert_eq!(check.plan.damaged.len(), 1);
+    assert_eq!((check.records, check.next_sequence), (5, 6));
+    let (mut log, report) = open(dir, cfg(1 << 20));
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(log.written_sequence(), 5);
+    assert!(log.read_one(5).is_err());
+    for s in 1..=4 {
+        assert_eq!(log.read_one(s).unwrap().unwrap().value, &value_for(s)[..]);
+    }
 }
