@@ -16,6 +16,7 @@
 
 mod http;
 mod metrics;
+mod process;
 mod render;
 
 use std::collections::BTreeMap;
@@ -30,6 +31,7 @@ pub use http::{
     ADMIN_REQUEST_TIMEOUT_MS, ADMIN_THREADS_MAX, REACTOR_STALL_MS, SNAPSHOT_TIMEOUT_MS,
 };
 pub use metrics::{Kind, Metric, Point, Read, Unit, METRICS, STATS_SECTIONS};
+pub use process::ProcessFigures;
 pub use render::{in_stats_order, render_metrics, render_stats, Json};
 
 /// A request for a snapshot; the reactor answers on `reply`.
@@ -69,6 +71,8 @@ pub struct Snapshot {
     /// Resident set size, read by the admin thread when the snapshot arrives.
     pub rss_bytes: u64,
     pub data_dir: PathBuf,
+    /// The `process_*` figures, read by the admin thread like `rss_bytes`.
+    pub process: ProcessFigures,
     pub connections_open: u64,
     pub connections_accepted: u64,
     pub connections_refused: u64,

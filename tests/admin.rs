@@ -2,8 +2,16 @@
 
 mod common;
 
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
 use common::mortard::Mortard;
-use mortarmq::wire::{DeclareFlags, Durability};
+use mortarmq::admin::{Kind, METRICS};
+use mortarmq::client::Client;
+use mortarmq::wire::limits::SUB_PARTITION_ANY;
+use mortarmq::wire::ops::{Frame, Sub, SubResult};
+use mortarmq::wire::{DeclareFlags, Durability, StartPolicy, SubFlags};
 
 #[test]
 fn healthz_metrics_stats_and_errors() {
@@ -70,4 +78,199 @@ fn admin_listen_off_binds_nothing() {
     let broker = Mortard::start(&["--admin-listen", "off"]);
     assert!(broker.admin.is_none());
     broker.client().ping().unwrap();
+}
+
+/// A broker with something in every part of /stats: a topic with records, a group
+/// with a member and partitions. Returns the member's client, which must stay open.
+fn busy_broker() -> (Mortard, Client) {
+    let broker = Mortard::start(&[]);
+    let mut c = broker.client();
+    let topic = c
+        .declare("orders", 2, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
+    for i in 0..5u8 {
+        c.publish_value(topic, u16::from(i % 2), &[i], Some(Durability::Fsynced))
+            .unwrap();
+    }
+    let _: SubResult = c
+        .request(&Frame::Sub(Sub {
+            group: b"billing",
+            topic_id: topic,
+            partition: SUB_PARTITION_ANY,
+            start_policy: StartPolicy::Earliest.as_code(),
+            credit_count: 0,
+            credit_bytes: 0,
+            flags: SubFlags::empty(),
+        }))
+        .unwrap()
+        .typed()
+        .unwrap();
+    (broker, c)
+}
+
+/// The leaves of a /stats document as dotted paths, arrays as `[]` (the table's
+/// notation), with whether the value is a number.
+fn leaves(value: &serde_json::Value, path: String, out: &mut Vec<(String, bool)>) {
+    let join = |key: &str| {
+        if path.is_empty() {
+            key.to_string()
+        } else {
+            format!("{path}.{key}")
+        }
+    };
+    match value {
+        serde_json::Value::Object(fields) => {
+            fields.iter().for_each(|(k, v)| leaves(v, join(k), out));
+        }
+        serde_json::Value::Array(items) => {
+            items
+                .iter()
+                .for_each(|v| leaves(v, format!("{path}[]"), out));
+        }
+        v => out.push((path, v.is_number())),
+    }
+}
+
+/// Every figure a real /stats shows is a row of the table, and /metrics has that row's
+/// family, or the table says where /metrics shows it instead (a label on the samples,
+/// or the family it is derived from); only names, ids and states are shown nowhere.
+#[test]
+fn every_stats_figure_has_a_metrics_family() {
+    let (broker, _member) = busy_broker();
+    let (_, stats) = broker.http("GET", "/stats");
+    let (_, metrics) = broker.http("GET", "/metrics");
+    let mut figures = Vec::new();
+    leaves(
+        &serde_json::from_str(&stats).unwrap(),
+        String::new(),
+        &mut figures,
+    );
+    for needed in [
+        "groups[].members[].credit_bytes",
+        "groups[].partitions[].lag",
+    ] {
+        assert!(
+            figures.iter().any(|(p, _)| p == needed),
+            "no {needed} in {stats}"
+        );
+    }
+    for (path, numeric) in figures {
+        // A by-label figure (connections.closed.peer_closed) is its row's object.
+        let row = METRICS.iter().find(|m| {
+            m.path.is_some_and(|p| {
+                p == path
+                    || path
+                        .strip_prefix(p)
+                        .is_some_and(|r| r.starts_with('.') && !r[1..].contains('.'))
+            })
+        });
+        let row = row.unwrap_or_else(|| panic!("/stats {path}: no row in the table"));
+        let shown_as = row.family.or(row.elsewhere);
+        match shown_as {
+            Some(family) if family.starts_with("mortar_") || family.starts_with("process_") => {
+                let typed = format!("\n# TYPE {family} ");
+                assert!(
+                    metrics.contains(&typed),
+                    "/stats {path}: no {family} in {metrics}"
+                );
+                let sampled = format!("\n{family}");
+                assert!(
+                    metrics.contains(&sampled),
+                    "/stats {path}: {family} has no sample"
+                );
+            }
+            Some(label) => {
+                let labelled = format!("{label}=\"");
+                assert!(
+                    metrics.contains(&labelled),
+                    "/stats {path}: no {label} label"
+                );
+            }
+            None => assert!(
+                row.kind == Kind::Info || !numeric,
+                "/stats {path}: a figure /metrics does not show"
+            ),
+        }
+    }
+}
+
+/// `promtool check metrics` (the Prometheus project's own linter: exposition syntax,
+/// HELP and TYPE, `_total` on counters, base units) finds nothing in a real /metrics.
+/// tools/test.sh installs it (package prometheus) where it is missing.
+#[test]
+fn metrics_pass_promtool_check() {
+    let (broker, _member) = busy_broker();
+    let (status, metrics) = broker.http("GET", "/metrics");
+    assert_eq!(status, 200);
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (package prometheus; tools/test.sh installs it)");
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(metrics.as_bytes())
+        .unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool: {said}\n{metrics}"
+    );
+    for family in [
+        "process_resident_memory_bytes",
+        "process_start_time_seconds",
+    ] {
+        assert!(metrics.contains(&format!("\n{family} ")), "no {family}");
+    }
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(metrics.contains(&format!("\nmortar_build_info{{version=\"{version}\"}} 1\n")));
+    assert!(!metrics.contains("9999999"), "float noise in {metrics}");
+}
+
+/// A refused token closes the connection as `auth_failed`, not as a protocol error.
+#[test]
+fn a_refused_token_is_counted_as_auth_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "s3cret\n").unwrap();
+    let broker = Mortard::start(&["--token-file", tokens.to_str().unwrap()]);
+    assert!(Client::connect(broker.addr, b"wrong").is_err());
+    let counted = "mortar_connections_closed_total{reason=\"auth_failed\"} 1\n";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let metrics = loop {
+        let (_, metrics) = broker.http("GET", "/metrics");
+        if metrics.contains(counted) || Instant::now() > deadline {
+            break metrics;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(metrics.contains(counted), "{metrics}");
+    assert!(metrics.contains("mortar_connections_closed_total{reason=\"protocol_error\"} 0\n"));
+}
+
+/// A connection the broker closes because it stops is closed as `shutdown` (its log
+/// line names the reason /metrics counts), not as a protocol error.
+#[test]
+fn a_shutdown_close_is_counted_as_shutdown() {
+    // Close lines are at debug, and the harness sets RUST_LOG=info: a shell sets it
+    // for the broker (and stays its parent, as `start_wrapped` expects).
+    let script = "RUST_LOG=debug \"$@\"; exit $?";
+    let shell = |_: &std::path::Path| ["sh", "-c", script, "sh"].map(String::from).to_vec();
+    let mut broker = Mortard::start_wrapped(shell, &[]);
+    let mut c = broker.client();
+    c.ping().unwrap();
+    assert!(broker.terminate().success());
+    let log = broker.log_text();
+    assert!(log.contains("closed: shutdown"), "{log}");
+    assert!(!log.contains("closed: protocol_error"), "{log}");
 }

@@ -451,6 +451,7 @@ impl Ctx {
             .ok()?;
         // Read here, not on the reactor thread, which never waits on a file.
         snapshot.rss_bytes = rss_bytes();
+        snapshot.process = super::process::read();
         Some(snapshot)
     }
 }

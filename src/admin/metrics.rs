@@ -12,7 +12,8 @@ use crate::consume::{GroupSnapshot, MemberSnapshot, PartitionSnapshot};
 use crate::wire::ErrorCode;
 
 /// The Prometheus type. `Info` rows name rather than measure (ids, names, flags,
-/// states): `/stats` shows them, `/metrics` never does.
+/// states): `/stats` shows them, `/metrics` shows them only as labels (see
+/// [`Metric::elsewhere`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Counter,
@@ -75,8 +76,6 @@ pub enum Read {
         counts: fn(&Snapshot) -> &[u64],
         sum: fn(&Snapshot) -> u64,
     },
-    /// HELP and TYPE only: a family `/metrics` announces and nothing feeds yet.
-    Declared,
 }
 
 pub struct Metric {
@@ -89,6 +88,11 @@ pub struct Metric {
     /// `None` when only `/metrics` shows the figure.
     pub path: Option<&'static str>,
     pub read: Read,
+    /// For a `/stats` row without a family: where `/metrics` shows it instead, a label
+    /// name (`topic`) or the family it is derived from (`mortar_fsync_seconds`). `None`
+    /// only for `Info` rows that `/metrics` does not show at all (docs/DECISIONS.md,
+    /// "Metrics (issue 17)"). The parity tests walk this column.
+    pub elsewhere: Option<&'static str>,
 }
 
 /// The top-level sections of `/stats`, in document order.
@@ -107,6 +111,8 @@ pub const STATS_SECTIONS: [&str; 8] = [
 const STATS_ONLY: &str = "";
 /// In the path column: not in `/stats`.
 const METRICS_ONLY: &str = "";
+/// In an `Info` row's label column: `/metrics` does not show it.
+const NOT_EXPORTED: &str = "";
 
 const fn row(
     kind: Kind,
@@ -124,12 +130,30 @@ const fn row(
         unit,
         path,
         read,
+        elsewhere: None,
     }
 }
 
-/// A row that names rather than measures, shown in `/stats` only.
-const fn info(path: &'static str, help: &'static str, read: Read) -> Metric {
-    row(Info, Label, STATS_ONLY, path, help, read)
+/// A row that names rather than measures, shown in `/stats`, and in `/metrics` as the
+/// label `label` (or, for [`NOT_EXPORTED`], not at all).
+const fn info(path: &'static str, label: &'static str, help: &'static str, read: Read) -> Metric {
+    let mut m = row(Info, Label, STATS_ONLY, path, help, read);
+    m.elsewhere = non_empty(label);
+    m
+}
+
+/// A `/stats` figure computed from a family `/metrics` exports whole (a mean from a
+/// histogram's `_sum` and `_count`): a second family would only repeat it.
+const fn derived(
+    unit: Unit,
+    path: &'static str,
+    from: &'static str,
+    help: &'static str,
+    read: Read,
+) -> Metric {
+    let mut m = row(Gauge, unit, STATS_ONLY, path, help, read);
+    m.elsewhere = Some(from);
+    m
 }
 
 const fn non_empty(text: &'static str) -> Option<&'static str> {
@@ -141,24 +165,38 @@ const fn non_empty(text: &'static str) -> Option<&'static str> {
 }
 
 use Kind::{Counter, Gauge, Histogram, Info};
-use Read::{
-    ByLabel, Declared, PerGroup, PerGroupPartition, PerMember, PerPartition, PerTopic, Scalar,
-};
+use Read::{ByLabel, PerGroup, PerGroupPartition, PerMember, PerPartition, PerTopic, Scalar};
 use Unit::{Bytes, Count, Epoch, Label, Microseconds, Milliseconds, Records, Sequence};
 
 /// Every figure `/metrics`, `/stats` and `mortarctl stats` show, in `/metrics` order.
 #[rustfmt::skip]
 pub static METRICS: &[Metric] = &[
     // kind, unit, Prometheus family, /stats path, HELP, read from the Snapshot
-    info("broker.version", "Version of the running broker.", Scalar(|s| Str(s.version.into()))),
+    info("broker.version", "version", "Version of the running broker.",
+        Scalar(|s| Str(s.version.into()))),
+    row(Gauge, Label, "mortar_build_info", METRICS_ONLY, "Always 1; the version as a label.",
+        ByLabel("version", |s| vec![(s.version, 1)])),
     row(Gauge, Milliseconds, "mortar_uptime_seconds", "broker.uptime_ms", "Seconds since start.",
         Scalar(|s| Num(s.uptime_ms))),
     row(Gauge, Epoch, "mortar_leader_epoch", "broker.leader_epoch", "The broker's leader epoch.",
         Scalar(|s| Num(s.leader_epoch))),
     row(Gauge, Bytes, "mortar_rss_bytes", "broker.rss_bytes", "Resident set size.",
         Scalar(|s| Num(s.rss_bytes))),
-    info("broker.data_dir", "The data directory.",
+    info("broker.data_dir", NOT_EXPORTED, "The data directory.",
         Scalar(|s| Str(s.data_dir.display().to_string()))),
+    row(Gauge, Bytes, "process_resident_memory_bytes", METRICS_ONLY, "Resident memory size.",
+        Scalar(|s| Num(s.process.resident_bytes))),
+    row(Gauge, Bytes, "process_virtual_memory_bytes", METRICS_ONLY, "Virtual memory size.",
+        Scalar(|s| Num(s.process.virtual_bytes))),
+    row(Gauge, Count, "process_open_fds", METRICS_ONLY, "Open file descriptors.",
+        Scalar(|s| Num(s.process.open_fds))),
+    row(Gauge, Count, "process_max_fds", METRICS_ONLY, "Limit on open file descriptors.",
+        Scalar(|s| Num(s.process.max_fds))),
+    row(Gauge, Microseconds, "process_start_time_seconds", METRICS_ONLY,
+        "Start time of the process since the Unix epoch, in seconds.",
+        Scalar(|s| Num(s.process.start_time_us))),
+    row(Counter, Microseconds, "process_cpu_seconds_total", METRICS_ONLY,
+        "User and system CPU time spent, in seconds.", Scalar(|s| Num(s.process.cpu_us))),
     row(Gauge, Count, "mortar_connections_open", "connections.open", "Open client connections.",
         Scalar(|s| Num(s.connections_open))),
     row(Counter, Count, "mortar_connections_accepted_total", "connections.accepted",
@@ -180,7 +218,7 @@ pub static METRICS: &[Metric] = &[
     row(Counter, Count, "mortar_backpressure_pauses_total", "connections.backpressure_pauses",
         "Times a connection stopped being read (output or pending-request high water).",
         Scalar(|s| Num(s.backpressure_pauses))),
-    row(Gauge, Bytes, STATS_ONLY, "connections.buffered_bytes",
+    row(Gauge, Bytes, "mortar_buffered_bytes", "connections.buffered_bytes",
         "Bytes held by connection buffers (what --max-memory limits).",
         Scalar(|s| Num(s.buffered_bytes))),
     row(Counter, Count, "mortar_pubs_total", "publish.pubs", "PUB requests accepted for checking.",
@@ -193,17 +231,17 @@ pub static METRICS: &[Metric] = &[
     row(Counter, Count, "mortar_producers_evicted_total", "publish.producers_evicted",
         "Idempotent producers forgotten past --max-producers (the idlest first).",
         Scalar(|s| Num(s.broker.producers_evicted))),
-    row(Counter, Records, STATS_ONLY, "publish.records_appended", "Records appended since start.",
-        Scalar(|s| Num(s.broker.records_appended))),
+    row(Counter, Records, "mortar_broker_records_appended_total", "publish.records_appended",
+        "Records appended since start, all topics.", Scalar(|s| Num(s.broker.records_appended))),
     row(Counter, Count, "mortar_fsyncs_total", "fsync.count", "Completed group-commit fdatasyncs.",
         Scalar(|s| Num(s.broker.fsyncs))),
     row(Counter, Count, "mortar_fsync_failures_total", "fsync.failures", "Failed fdatasyncs.",
         Scalar(|s| Num(s.broker.fsync_failures))),
-    row(Counter, Records, STATS_ONLY, "fsync.records", "Records made durable by fdatasyncs.",
-        Scalar(|s| Num(s.broker.fsync_records))),
-    row(Gauge, Milliseconds, STATS_ONLY, "fsync.mean_ms", "Mean fdatasync latency.",
+    row(Counter, Records, "mortar_fsync_records_total", "fsync.records",
+        "Records made durable by fdatasyncs.", Scalar(|s| Num(s.broker.fsync_records))),
+    derived(Milliseconds, "fsync.mean_ms", "mortar_fsync_seconds", "Mean fdatasync latency.",
         Scalar(|s| Float(per_fsync(s, s.broker.fsync_micros_total) / MICROSECONDS_PER_MS))),
-    row(Gauge, Records, STATS_ONLY, "fsync.mean_batch_records",
+    derived(Records, "fsync.mean_batch_records", "mortar_fsync_batch_records",
         "Mean records made durable by one fdatasync.",
         Scalar(|s| Float(per_fsync(s, s.broker.fsync_records)))),
     row(Histogram, Microseconds, "mortar_fsync_seconds", METRICS_ONLY, "fdatasync latency.",
@@ -213,42 +251,43 @@ pub static METRICS: &[Metric] = &[
         "Records made durable by one fdatasync (group commit).",
         Read::Histogram { bounds: &FSYNC_BATCH_BUCKETS, counts: |s| &s.broker.fsync_batch,
                           sum: |s| s.broker.fsync_records }),
-    row(Gauge, Bytes, STATS_ONLY, "storage.bytes", "Bytes in segment files.",
+    row(Gauge, Bytes, "mortar_storage_bytes", "storage.bytes", "Bytes in segment files.",
         Scalar(|s| Num(partitions(s).map(|p| p.bytes).sum()))),
-    row(Gauge, Count, STATS_ONLY, "storage.segments", "Segment files.",
+    row(Gauge, Count, "mortar_storage_segments", "storage.segments", "Segment files.",
         Scalar(|s| Num(partitions(s).map(|p| u64::from(p.segments)).sum()))),
     row(Counter, Count, "mortar_recovery_truncations_total", "storage.recovery_truncations",
         "Partitions whose torn or corrupt tail recovery truncated at start.",
         Scalar(|s| Num(s.broker.recovery_truncations))),
-    row(Counter, Bytes, STATS_ONLY, "storage.recovery_truncated_bytes",
+    row(Counter, Bytes, "mortar_recovery_truncated_bytes_total",
+        "storage.recovery_truncated_bytes",
         "Bytes recovery cut off torn or corrupt tails at start.",
         Scalar(|s| Num(s.broker.recovery_truncated_bytes))),
     row(Counter, Records, "mortar_corrupt_records_total", "storage.corrupt_records",
         "Records that failed their CRC when read (never delivered).",
         Scalar(|s| Num(s.broker.corrupt_records_found))),
-    info("topics[].topic_id", "Topic id.", PerTopic(|t| Num(t.topic_id.into()))),
-    info("topics[].name", "Topic name.", PerTopic(|t| Str(t.name.clone()))),
-    info("topics[].dlq_twin", "Whether it is a dead-letter twin.", PerTopic(|t| Bool(t.dlq_twin))),
+    info("topics[].topic_id", NOT_EXPORTED, "Topic id.", PerTopic(|t| Num(t.topic_id.into()))),
+    info("topics[].name", "topic", "Topic name.", PerTopic(|t| Str(t.name.clone()))),
+    info("topics[].dlq_twin", NOT_EXPORTED, "Whether it is a dead-letter twin.",
+        PerTopic(|t| Bool(t.dlq_twin))),
     row(Counter, Records, "mortar_records_appended_total", METRICS_ONLY,
         "Records appended, by topic.",
         PerTopic(|t| Num(t.partitions.iter().map(|p| p.last_sequence).sum()))),
-    row(Gauge, Sequence, "mortar_partition_last_sequence", METRICS_ONLY,
-        "Last written sequence, by partition.", Declared),
-    info("topics[].partitions[].partition", "Partition index.",
+    info("topics[].partitions[].partition", "partition", "Partition index.",
         PerPartition(|p| Num(p.partition.into()))),
-    row(Gauge, Sequence, STATS_ONLY, "topics[].partitions[].first_sequence",
+    row(Gauge, Sequence, "mortar_partition_first_sequence", "topics[].partitions[].first_sequence",
         "Oldest retained sequence.", PerPartition(|p| Num(p.first_sequence))),
-    row(Gauge, Sequence, STATS_ONLY, "topics[].partitions[].last_sequence",
-        "Last written sequence.", PerPartition(|p| Num(p.last_sequence))),
-    row(Gauge, Sequence, STATS_ONLY, "topics[].partitions[].commit_sequence",
-        "Last fsynced sequence.", PerPartition(|p| Num(p.commit_sequence))),
-    row(Gauge, Bytes, STATS_ONLY, "topics[].partitions[].bytes", "Bytes in segment files.",
-        PerPartition(|p| Num(p.bytes))),
-    row(Gauge, Count, STATS_ONLY, "topics[].partitions[].segments", "Segment files.",
-        PerPartition(|p| Num(p.segments.into()))),
-    info("topics[].partitions[].poisoned", "Whether an I/O error stopped its appends.",
-        PerPartition(|p| Bool(p.poisoned))),
-    row(Gauge, Count, STATS_ONLY, "topics[].partitions[].producers",
+    row(Gauge, Sequence, "mortar_partition_last_sequence", "topics[].partitions[].last_sequence",
+        "Last written sequence, by partition.", PerPartition(|p| Num(p.last_sequence))),
+    row(Gauge, Sequence, "mortar_partition_commit_sequence",
+        "topics[].partitions[].commit_sequence", "Last fsynced sequence.",
+        PerPartition(|p| Num(p.commit_sequence))),
+    row(Gauge, Bytes, "mortar_partition_bytes", "topics[].partitions[].bytes",
+        "Bytes in segment files.", PerPartition(|p| Num(p.bytes))),
+    row(Gauge, Count, "mortar_partition_segments", "topics[].partitions[].segments",
+        "Segment files.", PerPartition(|p| Num(p.segments.into()))),
+    row(Gauge, Label, "mortar_partition_poisoned", "topics[].partitions[].poisoned",
+        "1 when an I/O error stopped its appends.", PerPartition(|p| Bool(p.poisoned))),
+    row(Gauge, Count, "mortar_partition_producers", "topics[].partitions[].producers",
         "Idempotent producers remembered (at most --max-producers).",
         PerPartition(|p| Num(p.producers))),
     row(Counter, Count, "mortar_deliveries_total", "delivery.deliveries",
@@ -272,43 +311,51 @@ pub static METRICS: &[Metric] = &[
         Scalar(|s| Num(frames_in(s, "ACK")))),
     row(Counter, Count, "mortar_nacks_total", METRICS_ONLY, "NACK frames received.",
         Scalar(|s| Num(frames_in(s, "NACK")))),
-    info("groups[].group", "Group name.", PerGroup(|_, g| Str(group_name(g).into_owned()))),
-    info("groups[].group_id", "Group id (0: read back at start, no member since).",
+    info("groups[].group", "group", "Group name.",
+        PerGroup(|_, g| Str(group_name(g).into_owned()))),
+    info("groups[].group_id", NOT_EXPORTED, "Group id (0: read back at start, no member since).",
         PerGroup(|_, g| Num(g.group_id.into()))),
-    info("groups[].topic_id", "Topic id.", PerGroup(|_, g| Num(g.topic_id.into()))),
-    info("groups[].topic", "Topic name.", PerGroup(|s, g| Str(topic_name(s, g).into()))),
-    info("groups[].members[].member_id", "Member id.", PerMember(|m| Num(m.member_id))),
-    row(Gauge, Epoch, STATS_ONLY, "groups[].members[].membership_epoch",
+    info("groups[].topic_id", NOT_EXPORTED, "Topic id.", PerGroup(|_, g| Num(g.topic_id.into()))),
+    info("groups[].topic", "topic", "Topic name.", PerGroup(|s, g| Str(topic_name(s, g).into()))),
+    row(Gauge, Count, "mortar_group_members", METRICS_ONLY, "Members of the group.",
+        PerGroup(|_, g| Num(g.members.len() as u64))),
+    info("groups[].members[].member_id", "member", "Member id.", PerMember(|m| Num(m.member_id))),
+    row(Gauge, Epoch, "mortar_member_membership_epoch", "groups[].members[].membership_epoch",
         "Epoch of the membership.", PerMember(|m| Num(m.membership_epoch.into()))),
-    row(Gauge, Epoch, STATS_ONLY, "groups[].members[].assignment_epoch",
+    row(Gauge, Epoch, "mortar_member_assignment_epoch", "groups[].members[].assignment_epoch",
         "Epoch of the member's assignment.", PerMember(|m| Num(m.assignment_epoch.into()))),
-    info("groups[].members[].subscription_id", "Subscription id on its connection.",
+    info("groups[].members[].subscription_id", NOT_EXPORTED, "Subscription id on its connection.",
         PerMember(|m| Num(m.subscription_id.into()))),
-    info("groups[].members[].pull_mode", "Whether it pulls.", PerMember(|m| Bool(m.pull_mode))),
-    row(Gauge, Records, STATS_ONLY, "groups[].members[].credit_count", "Records of credit left.",
-        PerMember(|m| Num(m.credit_count.into()))),
-    row(Gauge, Bytes, STATS_ONLY, "groups[].members[].credit_bytes", "Bytes of credit left.",
-        PerMember(|m| Num(m.credit_bytes.into()))),
-    row(Gauge, Records, STATS_ONLY, "groups[].members[].outstanding_count",
-        "Deliveries not yet settled.", PerMember(|m| Num(m.outstanding_count.into()))),
-    row(Gauge, Bytes, STATS_ONLY, "groups[].members[].outstanding_bytes",
+    row(Gauge, Label, "mortar_member_pull_mode", "groups[].members[].pull_mode",
+        "1 when it pulls.", PerMember(|m| Bool(m.pull_mode))),
+    row(Gauge, Records, "mortar_member_credit_records", "groups[].members[].credit_count",
+        "Records of credit left.", PerMember(|m| Num(m.credit_count.into()))),
+    row(Gauge, Bytes, "mortar_member_credit_bytes", "groups[].members[].credit_bytes",
+        "Bytes of credit left.", PerMember(|m| Num(m.credit_bytes.into()))),
+    row(Gauge, Records, "mortar_member_outstanding_records",
+        "groups[].members[].outstanding_count", "Deliveries not yet settled.",
+        PerMember(|m| Num(m.outstanding_count.into()))),
+    row(Gauge, Bytes, "mortar_member_outstanding_bytes", "groups[].members[].outstanding_bytes",
         "Bytes of deliveries not yet settled.", PerMember(|m| Num(m.outstanding_bytes))),
-    info("groups[].partitions[].partition", "Partition index.",
+    info("groups[].partitions[].partition", "partition", "Partition index.",
         PerGroupPartition(|_, _, p| Num(p.partition.into()))),
-    info("groups[].partitions[].owner", "Owning member id (0: none).",
-        PerGroupPartition(|_, _, p| Num(p.owner.unwrap_or(0)))),
-    info("groups[].partitions[].state", "Ownership state.",
+    row(Gauge, Label, "mortar_group_partition_owner", "groups[].partitions[].owner",
+        "Owning member id (0: none).", PerGroupPartition(|_, _, p| Num(p.owner.unwrap_or(0)))),
+    info("groups[].partitions[].state", NOT_EXPORTED, "Ownership state.",
         PerGroupPartition(|_, _, p| Str(format!("{:?}", p.state).to_lowercase()))),
-    row(Gauge, Epoch, STATS_ONLY, "groups[].partitions[].ownership_epoch", "Ownership epoch.",
+    row(Gauge, Epoch, "mortar_group_partition_ownership_epoch",
+        "groups[].partitions[].ownership_epoch", "Ownership epoch.",
         PerGroupPartition(|_, _, p| Num(p.ownership_epoch))),
-    row(Gauge, Sequence, STATS_ONLY, "groups[].partitions[].committed",
-        "Committed position.", PerGroupPartition(|_, _, p| Num(p.committed))),
+    row(Gauge, Sequence, "mortar_group_partition_committed_sequence",
+        "groups[].partitions[].committed", "Committed position.",
+        PerGroupPartition(|_, _, p| Num(p.committed))),
     row(Gauge, Records, "mortar_consumer_lag_records", "groups[].partitions[].lag",
         "Records above the committed position.", PerGroupPartition(|s, g, p| Num(lag(s, g, p)))),
-    row(Gauge, Records, STATS_ONLY, "groups[].partitions[].outstanding",
-        "Deliveries not yet settled.", PerGroupPartition(|_, _, p| Num(p.outstanding as u64))),
-    row(Gauge, Records, STATS_ONLY, "groups[].partitions[].pending_redeliveries",
-        "Deliveries waiting to be sent again.",
+    row(Gauge, Records, "mortar_group_partition_outstanding_records",
+        "groups[].partitions[].outstanding", "Deliveries not yet settled.",
+        PerGroupPartition(|_, _, p| Num(p.outstanding as u64))),
+    row(Gauge, Records, "mortar_group_partition_pending_redeliveries",
+        "groups[].partitions[].pending_redeliveries", "Deliveries waiting to be sent again.",
         PerGroupPartition(|_, _, p| Num(p.pending_redeliveries as u64))),
 ];
 
@@ -376,7 +423,7 @@ impl Read {
                     }
                 }
             }
-            Read::Histogram { .. } | Read::Declared => {}
+            Read::Histogram { .. } => {}
         }
         out
     }

@@ -9,8 +9,9 @@ use super::{Metric, Read, Snapshot, Unit, METRICS, STATS_SECTIONS};
 /// Prometheus shows time in seconds; whole milliseconds become whole seconds, as
 /// `mortar_uptime_seconds` always has.
 const MILLISECONDS_PER_SECOND: u64 = 1_000;
-const SECONDS_PER_MILLISECOND: f64 = 1e-3;
-const SECONDS_PER_MICROSECOND: f64 = 1e-6;
+/// Decimal places of a second in a millisecond and a microsecond.
+const MILLISECOND_DIGITS: usize = 3;
+const MICROSECOND_DIGITS: usize = 6;
 
 pub fn render_metrics(s: &Snapshot) -> String {
     let mut out = String::new();
@@ -34,7 +35,7 @@ fn sample_value(unit: Unit, value: Option<Json>) -> Option<String> {
         Json::Num(n) if unit == Unit::Milliseconds => {
             Some((n / MILLISECONDS_PER_SECOND).to_string())
         }
-        Json::Num(n) => Some(n.to_string()),
+        Json::Num(n) => Some(in_seconds(n, unit)),
         Json::Float(f) => Some(f.to_string()),
         Json::Bool(b) => Some(u8::from(b).to_string()),
         Json::Str(_) | Json::Arr(_) | Json::Obj(_) => None,
@@ -50,12 +51,12 @@ fn histogram(out: &mut String, name: &str, m: &Metric, s: &Snapshot) {
     else {
         return;
     };
-    let (scale, mut cumulative) = (to_seconds(m.unit), 0);
+    let mut cumulative = 0;
     for (i, count) in counts(s).iter().enumerate() {
         cumulative += count;
         let le = bounds
             .get(i)
-            .map_or("+Inf".to_string(), |b| format!("{}", *b as f64 * scale));
+            .map_or("+Inf".to_string(), |b| in_seconds(*b, m.unit));
         sample(
             out,
             &format!("{name}_bucket"),
@@ -63,20 +64,33 @@ fn histogram(out: &mut String, name: &str, m: &Metric, s: &Snapshot) {
             cumulative,
         );
     }
-    sample(out, &format!("{name}_sum"), &[], sum(s) as f64 * scale);
+    sample(out, &format!("{name}_sum"), &[], in_seconds(sum(s), m.unit));
     sample(out, &format!("{name}_count"), &[], cumulative);
 }
 
-/// How many seconds one unit is (1 for what is not a time).
-fn to_seconds(unit: Unit) -> f64 {
-    match unit {
-        Unit::Milliseconds => SECONDS_PER_MILLISECOND,
-        Unit::Microseconds => SECONDS_PER_MICROSECOND,
-        _ => 1.0,
+/// `n` of `unit` as Prometheus shows it: a time in seconds, written from the integer
+/// as a decimal (0.025, never the 0.024999999999999998 of `25e3 as f64 * 1e-6`), so
+/// bucket bounds match what dashboards and recording rules name.
+pub fn in_seconds(n: u64, unit: Unit) -> String {
+    let digits = match unit {
+        Unit::Milliseconds => MILLISECOND_DIGITS,
+        Unit::Microseconds => MICROSECOND_DIGITS,
+        _ => return n.to_string(),
+    };
+    let text = format!("{n:0>width$}", width = digits + 1);
+    let (whole, fraction) = text.split_at(text.len() - digits);
+    match fraction.trim_end_matches('0') {
+        "" => whole.to_string(),
+        fraction => format!("{whole}.{fraction}"),
     }
 }
 
-fn sample(out: &mut String, name: &str, labels: &[(&str, Cow<str>)], value: impl Display) {
+pub(super) fn sample(
+    out: &mut String,
+    name: &str,
+    labels: &[(&str, Cow<str>)],
+    value: impl Display,
+) {
     out.push_str(name);
     for (i, (k, v)) in labels.iter().enumerate() {
         out.push(if i == 0 { '{' } else { ',' });

@@ -163,10 +163,23 @@ fn busy() -> Snapshot {
         leader_epoch: 3,
         rss_bytes: 6_680_576,
         data_dir: PathBuf::from("/var/lib/mortar \"q\""),
+        process: ProcessFigures {
+            resident_bytes: 6_680_576,
+            virtual_bytes: 120_000_000,
+            open_fds: 12,
+            max_fds: 1_024,
+            start_time_us: 1_764_590_400_010_000,
+            cpu_us: 1_230_000,
+        },
         connections_open: 4,
         connections_accepted: 17,
         connections_refused: 2,
-        connections_closed: vec![("peer_closed", 9), ("protocol_error", 1), ("shutdown", 0)],
+        connections_closed: vec![
+            ("peer_closed", 9),
+            ("protocol_error", 1),
+            ("auth_failed", 2),
+            ("shutdown", 0),
+        ],
         frames_in: vec![
             ("PUB", 120),
             ("ACK", 30),
@@ -282,7 +295,8 @@ fn every_row_of_the_table_is_consistent() {
         if let Some(family) = m.family {
             assert!(!families.contains(&family), "{family} twice");
             families.push(family);
-            assert!(family.starts_with("mortar_"), "{family}");
+            let standard = family.starts_with("process_");
+            assert!(family.starts_with("mortar_") || standard, "{family}");
             assert_ne!(m.kind, Kind::Info, "{family}: Info rows are never exported");
             let counter = m.kind == Kind::Counter;
             assert_eq!(
@@ -292,7 +306,7 @@ fn every_row_of_the_table_is_consistent() {
             );
             if matches!(m.unit, Unit::Milliseconds | Unit::Microseconds) {
                 assert!(
-                    family.ends_with("_seconds"),
+                    family.ends_with("_seconds") || family.ends_with("_seconds_total"),
                     "{family}: exported in seconds"
                 );
             }
@@ -309,7 +323,7 @@ fn every_row_of_the_table_is_consistent() {
             Read::PerGroup(_) => "groups[].",
             Read::PerMember(_) => "groups[].members[].",
             Read::PerGroupPartition(_) => "groups[].partitions[].",
-            Read::Histogram { .. } | Read::Declared => panic!("{path}: only /metrics shows it"),
+            Read::Histogram { .. } => panic!("{path}: only /metrics shows it"),
         };
         let rest = path
             .strip_prefix(through)
@@ -318,5 +332,118 @@ fn every_row_of_the_table_is_consistent() {
             !rest.contains("[]"),
             "{path}: more arrays than its Read walks"
         );
+    }
+}
+
+#[test]
+fn time_bounds_are_written_as_exact_decimals() {
+    let us = |n| render::in_seconds(n, Unit::Microseconds);
+    assert_eq!(us(100), "0.0001");
+    assert_eq!(us(25_000), "0.025");
+    assert_eq!(us(50_000), "0.05");
+    assert_eq!(us(1_000_000), "1");
+    assert_eq!(us(2_500_000), "2.5");
+    assert_eq!(us(0), "0");
+    assert_eq!(render::in_seconds(1_500, Unit::Milliseconds), "1.5");
+    assert_eq!(render::in_seconds(7, Unit::Records), "7");
+    for b in FSYNC_LATENCY_BUCKETS_US {
+        let text = us(b);
+        assert_eq!(text.parse::<f64>().unwrap(), b as f64 / 1e6, "{text}");
+        assert!(
+            text.len() <= "0.000001".len().max(b.to_string().len()),
+            "{text}"
+        );
+    }
+    let metrics = render_metrics(&busy());
+    let bounds = metrics.lines().filter_map(|l| l.split("le=\"").nth(1));
+    for le in bounds.map(|rest| rest.split('"').next().unwrap()) {
+        assert!(
+            !le.contains("9999") && !le.contains("0000001"),
+            "float noise: {le}"
+        );
+    }
+}
+
+/// The samples of a /metrics text: series (name and labels, as rendered) to value.
+fn samples(text: &str) -> BTreeMap<String, String> {
+    let lines = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty());
+    let split = |l: &str| {
+        l.rsplit_once(' ')
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+    };
+    lines.map(|l| split(l).unwrap()).collect()
+}
+
+/// The /stats value on `path`, entering element `at[k]` of the k-th array.
+fn stats_value<'a>(doc: &'a serde_json::Value, path: &str, at: &[usize]) -> &'a serde_json::Value {
+    let mut at = at.iter();
+    let mut node = doc;
+    for step in path.split('.') {
+        node = &node[step.trim_end_matches("[]")];
+        if step.ends_with("[]") {
+            node = &node[*at.next().unwrap()];
+        }
+    }
+    node
+}
+
+/// Every /stats figure is in /metrics with the same value (times in seconds), or the
+/// table says where /metrics shows it instead: as a label, or as the family it is
+/// derived from. Only rows that name rather than measure may be shown nowhere.
+#[test]
+fn every_stats_figure_is_in_the_metrics() {
+    let s = busy();
+    let (text, doc) = (render_metrics(&s), render_stats(&s, false));
+    let (metrics, doc) = (samples(&text), serde_json::from_str(&doc).unwrap());
+    for m in METRICS.iter().filter(|m| m.path.is_some()) {
+        let path = m.path.unwrap();
+        let Some(family) = m.family else {
+            match m.elsewhere {
+                Some(f) if f.starts_with("mortar_") => {
+                    let from = METRICS.iter().find(|r| r.family == Some(f));
+                    assert!(
+                        from.is_some_and(|r| r.kind == Kind::Histogram),
+                        "{path}: {f}"
+                    );
+                }
+                Some(label) => {
+                    let label = format!("{label}=\"");
+                    assert!(text.contains(&label), "{path}: no sample labelled {label}");
+                }
+                None => assert_eq!(m.kind, Kind::Info, "{path}: a figure /metrics lacks"),
+            }
+            continue;
+        };
+        // Each value's labels and its place in /stats: a by-label figure is one field
+        // of its row's object; the others are walked as the renderers walk them.
+        let points: Vec<(metrics::Labels, String, Vec<usize>)> = match &m.read {
+            Read::ByLabel(label, read) => read(&s)
+                .into_iter()
+                .map(|(k, _)| (vec![(*label, k.into())], format!("{path}.{k}"), vec![]))
+                .collect(),
+            read => read
+                .points(&s)
+                .into_iter()
+                .filter(|p| p.value.is_some())
+                .map(|p| (p.labels, path.to_string(), p.at))
+                .collect(),
+        };
+        for (labels, path, at) in points {
+            let mut series = String::new();
+            render::sample(&mut series, family, &labels, "");
+            let series = series.trim_end();
+            let shown = metrics
+                .get(series)
+                .unwrap_or_else(|| panic!("no {series} in /metrics"));
+            let stats = stats_value(&doc, &path, &at);
+            let expected = match (stats, m.unit) {
+                (serde_json::Value::Bool(b), _) => u8::from(*b).to_string(),
+                (n, Unit::Milliseconds) => (n.as_u64().unwrap() / 1_000).to_string(),
+                (n, _) => n.to_string(),
+            };
+            assert_eq!(*shown, expected, "{series} against /stats {path}");
+        }
     }
 }

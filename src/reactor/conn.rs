@@ -5,12 +5,15 @@ use std::net::SocketAddr;
 use mio::net::TcpStream;
 
 use crate::session::{Session, Slots};
+use crate::wire::ErrorCode;
 
 /// Why the broker closes a connection (logged, counted per reason in /metrics).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CloseReason {
     PeerClosed,
     ProtocolError,
+    /// CONNECT with a token not accepted (AUTH_FAILED), told apart from a broken client.
+    AuthFailed,
     IdleTimeout,
     HalfFrameTimeout,
     ConnectTimeout,
@@ -20,9 +23,10 @@ pub enum CloseReason {
 }
 
 impl CloseReason {
-    pub const ALL: [CloseReason; 8] = [
+    pub const ALL: [CloseReason; 9] = [
         CloseReason::PeerClosed,
         CloseReason::ProtocolError,
+        CloseReason::AuthFailed,
         CloseReason::IdleTimeout,
         CloseReason::HalfFrameTimeout,
         CloseReason::ConnectTimeout,
@@ -31,10 +35,21 @@ impl CloseReason {
         CloseReason::Shutdown,
     ];
 
+    /// Why a connection closes after an ERR with `code` that closes it: a refused token
+    /// or the broker stopping is not the client's protocol error (issue 17).
+    pub fn after_error(code: ErrorCode) -> CloseReason {
+        match code {
+            ErrorCode::AuthFailed => CloseReason::AuthFailed,
+            ErrorCode::ShuttingDown => CloseReason::Shutdown,
+            _ => CloseReason::ProtocolError,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             CloseReason::PeerClosed => "peer_closed",
             CloseReason::ProtocolError => "protocol_error",
+            CloseReason::AuthFailed => "auth_failed",
             CloseReason::IdleTimeout => "idle_timeout",
             CloseReason::HalfFrameTimeout => "half_frame_timeout",
             CloseReason::ConnectTimeout => "connect_timeout",

@@ -72,7 +72,7 @@ impl Reactor {
             conn.session.peer
         );
         let slot = conn.slots.wait();
-        conn.state = ConnState::Flushing(CloseReason::ProtocolError);
+        conn.state = ConnState::Flushing(CloseReason::AuthFailed);
         conn.close_deadline_ms = now.mono_ms + delay_ms + CLOSE_FLUSH_MS;
         let serial = conn.serial;
         self.schedule_timer(key);

@@ -46,7 +46,7 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
-use crate::admin::{AdminRequest, PartitionFigures, Snapshot, TopicFigures};
+use crate::admin::{AdminRequest, PartitionFigures, ProcessFigures, Snapshot, TopicFigures};
 use crate::broker::{Broker, ConnRef, DurableJob, Effect, Handled, JobDone, Now};
 use crate::fsync::{FsyncPool, Submitter};
 use crate::session::{dispatch, Admit, Answer, AuthFailures, Call};
@@ -541,7 +541,7 @@ impl Reactor {
         conn.slots.answer_now(response, &mut conn.output);
         self.queue_flush(key);
         if let Some(code) = closes {
-            self.begin_close(key, CloseReason::ProtocolError, code);
+            self.begin_close(key, CloseReason::after_error(code), code);
         }
     }
 
@@ -693,7 +693,12 @@ impl Reactor {
             .map(|s| s + self.config.half_frame_timeout_ms);
         let idle_at = conn.last_frame_ms + self.config.idle_timeout_ms;
         let (reason, why) = if now.mono_ms >= conn.close_deadline_ms {
-            (CloseReason::Shutdown, None)
+            // Only a flushing connection has a close deadline: it closes for the reason
+            // it began to (a refused token is not a shutdown).
+            match conn.state {
+                ConnState::Flushing(reason) => (reason, None),
+                _ => (CloseReason::Shutdown, None),
+            }
         } else if due(self.connect_deadline(conn)) {
             let why = "no CONNECT within the connect timeout";
             (CloseReason::ConnectTimeout, Some(why))
@@ -813,6 +818,7 @@ impl Reactor {
             // Filled in by the admin thread: reading /proc is no work for the reactor.
             rss_bytes: 0,
             data_dir: self.broker.data_dir().to_path_buf(),
+            process: ProcessFigures::default(),
             connections_open: self.conns.len() as u64,
             connections_accepted: c.accepted,
             connections_refused: c.refused_connection_limit,
