@@ -90,6 +90,18 @@ fn log_files(dir: &Path) -> Vec<u64> {
     v
 }
 
+/// 30 records in segments of 300 bytes (at least 3 segments), then opened once more:
+/// opening makes every segment durable and puts the recovery point in the last one.
+fn durable_segments(dir: &Path) -> Vec<u64> {
+    let (mut log, _) = open(dir, cfg(300));
+    append_range(&mut log, 30, 1);
+    drop(log);
+    drop(open(dir, cfg(300)).0);
+    let segs = log_files(dir);
+    assert!(segs.len() >= 3);
+    segs
+}
+
 fn open(dir: &Path, config: LogConfig) -> (PartitionLog, RecoveryReport) {
     PartitionLog::open(&FsStorage::shared(), dir, config).unwrap()
 }
@@ -307,13 +319,8 @@ fn missing_short_or_garbage_indexes_are_rebuilt() {
 fn a_flipped_byte_in_a_closed_segment_is_reported_as_corrupt_on_read() {
     let tmp = TempDir::new().unwrap();
     let dir = tmp.path();
-    let (mut log, _) = open(dir, cfg(300));
-    append_range(&mut log, 30, 1);
-    drop(log);
-    // Opening makes every segment durable and puts the recovery point in the last one:
-    // only segments before the point may skip the full read.
-    drop(open(dir, cfg(300)).0);
-    let segs = log_files(dir);
+    // Only segments before the recovery point may skip the full read.
+    let segs = durable_segments(dir);
     let positions = decode_index(&fs::read(index_path(dir, segs[0])).unwrap()).entries;
     assert!(
         positions.len() >= 2,
@@ -954,13 +961,7 @@ fn damage_below_the_recovery_point_is_kept_and_damage_above_it_is_cut() {
 fn a_damaged_length_in_a_durable_segment_is_stepped_over_by_the_index() {
     let tmp = TempDir::new().unwrap();
     let dir = tmp.path();
-    let (mut log, _) = open(dir, cfg(300));
-    append_range(&mut log, 30, 1);
-    drop(log);
-    // Opening makes every segment durable and puts the point in the last one.
-    drop(open(dir, cfg(300)).0);
-    let segs = log_files(dir);
-    assert!(segs.len() >= 3);
+    let segs = durable_segments(dir);
     let idx_path = index_path(dir, segs[0]);
     let mut idx = fs::read(&idx_path).unwrap();
     let positions = decode_index(&idx).entries;
@@ -1028,12 +1029,7 @@ fn flip_value_byte(dir: &Path, first: u64, position: u32) {
 fn a_damaged_last_record_of_a_closed_segment_is_kept_and_so_is_every_later_segment() {
     let tmp = TempDir::new().unwrap();
     let dir = tmp.path();
-    let (mut log, _) = open(dir, cfg(300));
-    append_range(&mut log, 30, 1);
-    drop(log);
-    drop(open(dir, cfg(300)).0);
-    let segs = log_files(dir);
-    assert!(segs.len() >= 3);
+    let segs = durable_segments(dir);
     let positions = decode_index(&fs::read(index_path(dir, segs[0])).unwrap()).entries;
     let last = segs[0] + positions.len() as u64 - 1;
     flip_value_byte(dir, segs[0], *positions.last().unwrap());
