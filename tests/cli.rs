@@ -33,9 +33,28 @@ fn man_page(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
+/// The variables mortarctl reads; cleared for every run so that the caller's shell
+/// cannot change what a test sees.
+const ENV_VARS: &[&str] = &[
+    "MORTAR_BROKER",
+    "MORTAR_ADMIN",
+    "MORTAR_TOKEN",
+    "MORTAR_TOKEN_FILE",
+];
+
 /// Runs `mortarctl` with `args` and `stdin`, killing it after RUN_TIMEOUT.
 fn run(args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mortarctl"))
+    run_env(args, stdin, &[])
+}
+
+/// `run` with these environment variables set (and no other MORTAR_ ones).
+fn run_env(args: &[&str], stdin: &str, env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mortarctl"));
+    for var in ENV_VARS {
+        cmd.env_remove(var);
+    }
+    let mut child = cmd
+        .envs(env.iter().copied())
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -260,6 +279,18 @@ fn usage_errors_exit_2() {
         &["ping", "extra"],
         &["stats", "--no-such-flag"],
         &["ping", "--token", "a", "--token-file", "b"],
+        // Names the broker would refuse, refused before connecting.
+        &["pub", "a b", "--value", "x"],
+        &["topics", "create", "a/b", "--partitions", "1"],
+        &["topics", "delete", ""],
+        &["sub", "t!", "--group", "g"],
+        &["sub", "t", "--group", "g h"],
+        &["ping", "--timeout", "5"],
+        &["ping", "--timeout", "0s"],
+        &["stats", "--timeout", "soon"],
+        &["stats", "--admin", "https://127.0.0.1:7412"],
+        &["stats", "--admin", "http://127.0.0.1:7412/stats"],
+        &["stats", "--admin", "127.0.0.1"],
     ] {
         let out = run(args, "");
         assert_eq!(out.status.code(), Some(2), "mortarctl {args:?}");
@@ -658,4 +689,118 @@ fn sub_goes_on_after_a_broker_restart() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let want: Vec<String> = (0..10).map(|i| format!("v{i}")).collect();
     assert_eq!(got, want);
+}
+
+#[test]
+fn environment_gives_addresses_and_token_and_flags_win() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "s3cret\n").unwrap();
+    let broker = Mortard::start(&["--token-file", tokens.to_str().unwrap()]);
+    let addr = broker.addr.to_string();
+    let admin = broker.admin.expect("admin listener").to_string();
+    let env = [
+        ("MORTAR_BROKER", addr.as_str()),
+        ("MORTAR_ADMIN", admin.as_str()),
+        ("MORTAR_TOKEN", "s3cret"),
+    ];
+    let code = |args: &[&str], env: &[(&str, &str)]| run_env(args, "", env).status.code();
+    assert_eq!(code(&["ping"], &env), Some(0));
+    assert_eq!(
+        code(&["topics", "create", "t", "--partitions", "1"], &env),
+        Some(0)
+    );
+    assert_eq!(code(&["topics", "list"], &env), Some(0));
+    // Each flag wins over its variable.
+    let refused = run_env(&["ping", "--token", "wrong"], "", &env);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(text(&refused.stderr).contains("AUTH_FAILED"));
+    assert_eq!(code(&["ping", "--broker", "127.0.0.1:1"], &env), Some(1));
+    assert_eq!(code(&["stats", "--admin", "127.0.0.1:1"], &env), Some(1));
+    // MORTAR_TOKEN_FILE mirrors --token-file; given both variables, mortarctl refuses.
+    let file_env = [env[0], ("MORTAR_TOKEN_FILE", tokens.to_str().unwrap())];
+    assert_eq!(code(&["ping"], &file_env), Some(0));
+    let both = [env[0], env[2], file_env[1]];
+    assert_eq!(code(&["ping"], &both), Some(2));
+    assert_eq!(code(&["ping", "--token", "s3cret"], &both), Some(0));
+}
+
+#[test]
+fn a_broker_named_without_its_admin_listener_is_a_usage_error() {
+    let broker = Mortard::start(&[]);
+    let addr = broker.addr.to_string();
+    for (args, env) in [
+        (&["--broker", addr.as_str(), "stats"][..], &[][..]),
+        (&["groups", "list"], &[("MORTAR_BROKER", addr.as_str())][..]),
+    ] {
+        let out = run_env(args, "", env);
+        assert_eq!(out.status.code(), Some(2), "{args:?} {env:?}");
+        let err = text(&out.stderr);
+        assert!(err.contains("needs --admin or MORTAR_ADMIN"), "{err}");
+    }
+    // Write commands need no admin address.
+    let out = run_env(&["--broker", addr.as_str(), "ping"], "", &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+#[test]
+fn admin_address_may_be_an_http_url() {
+    let broker = Mortard::start(&[]);
+    let admin = broker.admin.expect("admin listener");
+    for given in [
+        admin.to_string(),
+        format!("http://{admin}"),
+        format!("http://{admin}/"),
+    ] {
+        let out = run(&["stats", "--admin", &given, "--json"], "");
+        assert_eq!(out.status.code(), Some(0), "{given}: {}", text(&out.stderr));
+        let env = [("MORTAR_ADMIN", given.as_str())];
+        assert_eq!(
+            run_env(&["topics", "list"], "", &env).status.code(),
+            Some(0)
+        );
+    }
+    for given in [format!("https://{admin}"), format!("http://{admin}/stats")] {
+        let out = run(&["stats", "--admin", &given], "");
+        assert_eq!(out.status.code(), Some(2), "{given}");
+        assert!(text(&out.stderr).contains(&given), "{}", text(&out.stderr));
+    }
+}
+
+/// A peer that accepts and never answers: every command gives up after `--timeout`,
+/// naming it. Without a timeout each of these hung for as long as the peer stayed.
+#[test]
+fn every_command_gives_up_after_its_timeout() {
+    // The kernel completes connections into the backlog, so nobody needs to accept.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = silent.local_addr().unwrap().to_string();
+    let broker = Mortard::start(&[]);
+    // The mistake from issue 17: the admin port given as the broker's.
+    let admin = broker.admin.expect("admin listener").to_string();
+    let limit = Duration::from_secs(8);
+    for (args, peer) in [
+        (&["ping"][..], &silent),
+        (&["ping"], &admin),
+        (&["topics", "create", "t", "--partitions", "1"], &silent),
+        (&["topics", "delete", "t"], &admin),
+        (&["pub", "t", "--value", "v"], &silent),
+        (&["sub", "t", "--group", "g"], &admin),
+        (&["stats"], &silent),
+        (&["groups", "list"], &silent),
+    ] {
+        let flag = if args[0] == "stats" || args[0] == "groups" {
+            "--admin"
+        } else {
+            "--broker"
+        };
+        let mut all = vec![flag, peer.as_str(), "--timeout", "1s"];
+        all.extend_from_slice(args);
+        let started = Instant::now();
+        let out = run(&all, "");
+        let took = started.elapsed();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{all:?}: {err}");
+        assert!(took < limit, "{all:?} took {took:?}");
+        assert!(err.contains("timeout"), "{all:?}: {err}");
+    }
 }

@@ -12,31 +12,39 @@
 
 use std::collections::VecDeque;
 use std::io::{self, BufRead, IsTerminal, Read, Write};
-use std::net::TcpStream;
+use std::net::{TcpStream, ToSocketAddrs};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use getopts::{Matches, Options, ParsingStyle};
 use mortarmq::admin::Unit;
 use mortarmq::broker::registry::REGISTRY_FILE;
-use mortarmq::broker::topics::{Registry, RegistryRebuild};
+use mortarmq::broker::topics::{valid_name, Registry, RegistryRebuild};
 use mortarmq::broker::{DataDirLock, TOPICS_DIR};
 use mortarmq::client::{
     Client, ClientError, Consumer, Error as ApiError, Message, Producer, Record, SendHandle,
 };
+use mortarmq::config::{format_duration, parse_duration};
 use mortarmq::log::{meta, FsStorage};
-use mortarmq::wire::{DeclareCreated, DeclareFlags, Durability, ErrorCode, StartPolicy};
+use mortarmq::wire::limits::WIRE_VERSION;
+use mortarmq::wire::ops::Connect;
+use mortarmq::wire::{DeclareCreated, DeclareFlags, Durability, ErrorCode, Frame, StartPolicy};
 use serde_json::Value;
 
 const EXIT_ERROR: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 const BROKER_DEFAULT: &str = "127.0.0.1:7411";
 const ADMIN_DEFAULT: &str = "127.0.0.1:7412";
+/// Used when the flag of the same meaning is absent (flags win).
+const ENV_BROKER: &str = "MORTAR_BROKER";
+const ENV_ADMIN: &str = "MORTAR_ADMIN";
+const ENV_TOKEN: &str = "MORTAR_TOKEN";
+const ENV_TOKEN_FILE: &str = "MORTAR_TOKEN_FILE";
+/// `--timeout` unless given: the client library's own default.
+const TIMEOUT_DEFAULT: Duration = mortarmq::client::DEFAULT_TIMEOUT;
 /// PUBs sent and not yet answered, at most.
 const PUB_WINDOW: usize = 64;
 const STDIN_BUFFER_BYTES: usize = 64 * 1024;
-/// Admin HTTP connect/read limit.
-const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 /// `stats` also shows byte counts from this size up in KiB, MiB or GiB.
 const HUMAN_BYTES_MIN: u64 = 1024;
 /// Most records a bounded `sub --count` asks credit for at once (the broker's default).
@@ -261,7 +269,7 @@ fn connection_options(o: &mut Options, via: Via) {
             o.optopt(
                 "",
                 "admin",
-                &format!("admin HTTP address ({ADMIN_DEFAULT})"),
+                &format!("admin HTTP address, HOST:PORT or http://HOST:PORT/ (${ENV_ADMIN})"),
                 "ADDR",
             );
         }
@@ -269,13 +277,31 @@ fn connection_options(o: &mut Options, via: Via) {
             o.optopt(
                 "",
                 "broker",
-                &format!("broker address ({BROKER_DEFAULT})"),
+                &format!("broker address (${ENV_BROKER}, else {BROKER_DEFAULT})"),
                 "ADDR",
             );
-            o.optopt("", "token", "CONNECT token (default: empty)", "TOKEN");
-            o.optopt("", "token-file", "read the CONNECT token from PATH", "PATH");
+            o.optopt(
+                "",
+                "token",
+                &format!("CONNECT token (${ENV_TOKEN})"),
+                "TOKEN",
+            );
+            o.optopt(
+                "",
+                "token-file",
+                &format!("read the CONNECT token from PATH (${ENV_TOKEN_FILE})"),
+                "PATH",
+            );
         }
         Via::Offline => {}
+    }
+    if via != Via::Offline {
+        o.optopt(
+            "",
+            "timeout",
+            "limit on connecting and on each wait for an answer (10s)",
+            "DURATION",
+        );
     }
     o.optflag("h", "help", "print this help and exit");
 }
@@ -286,6 +312,7 @@ fn global_options() -> Options {
     o.optopt("", "broker", "", "ADDR");
     o.optopt("", "token", "", "TOKEN");
     o.optopt("", "token-file", "", "PATH");
+    o.optopt("", "timeout", "", "DURATION");
     o.optflag("V", "version", "");
     o.parsing_style(ParsingStyle::StopAtFirstFree);
     o
@@ -305,11 +332,18 @@ fn main_help() -> String {
         s.push_str(&format!("  {:<width$}  {}\n", c.words.join(" "), c.about));
     }
     s.push_str(&format!(
-        "\nConnection options (before or after the command):\n\
-         \x20 --admin ADDR       admin HTTP address (default {ADMIN_DEFAULT}); read commands\n\
-         \x20 --broker ADDR      broker address (default {BROKER_DEFAULT}); write commands\n\
-         \x20 --token TOKEN      CONNECT token (default empty)\n\
-         \x20 --token-file PATH  read the CONNECT token from the first line of PATH\n\n\
+        "\nConnection options (before or after the command; each flag wins over its\n\
+         environment variable):\n\
+         \x20 --admin ADDR        admin HTTP address, HOST:PORT or http://HOST:PORT/\n\
+         \x20                     ($MORTAR_ADMIN; default {ADMIN_DEFAULT} only while the broker\n\
+         \x20                     address is the default too); read commands\n\
+         \x20 --broker ADDR       broker address ($MORTAR_BROKER, else {BROKER_DEFAULT});\n\
+         \x20                     write commands\n\
+         \x20 --token TOKEN       CONNECT token ($MORTAR_TOKEN; default empty)\n\
+         \x20 --token-file PATH   read the CONNECT token from the first line of PATH\n\
+         \x20                     ($MORTAR_TOKEN_FILE)\n\
+         \x20 --timeout DURATION  limit on connecting and on each wait for an answer\n\
+         \x20                     (default 10s; units ms, s, m, h, d)\n\n\
          `mortarctl COMMAND --help` describes a command. Exit status: 0 success,\n\
          1 error from the broker or the connection, 2 usage error. See mortarctl(1).\n"
     ));
@@ -331,9 +365,11 @@ fn command_help(c: &Command) -> String {
 
 /// Connection settings, from the options given before and after the command.
 struct Ctx {
+    /// Resolved for admin commands only (empty otherwise): see [`admin_address`].
     admin: String,
     broker: String,
     token: Vec<u8>,
+    timeout: Duration,
     matches: Matches,
 }
 
@@ -342,11 +378,53 @@ impl Ctx {
         &self.matches.free[i]
     }
 
+    /// The TOPIC argument, checked as the broker checks names, so that a bad one is a
+    /// usage error (exit 2) before anything is sent.
+    fn topic(&self) -> Result<&str, Failure> {
+        let topic = self.positional(0);
+        check_name("TOPIC", "topic", topic)?;
+        Ok(topic)
+    }
+
+    /// The frame-level client, dialled here so that connecting, each write and each
+    /// answer (CONNECT's first) are bounded by `--timeout`.
     fn connect(&self) -> Result<Client, Failure> {
-        Client::connect(self.broker.as_str(), &self.token).map_err(|e| match e {
-            ClientError::Io(io) => Failure::Runtime(format!("broker {}: {io}", self.broker)),
+        let io_failure = |e| Failure::Runtime(format!("broker {}: {}", self.broker, self.io(&e)));
+        let stream = dial(&self.broker, self.timeout).map_err(io_failure)?;
+        stream
+            .set_read_timeout(Some(self.timeout))
+            .and_then(|()| stream.set_write_timeout(Some(self.timeout)))
+            .map_err(io_failure)?;
+        let mut c = Client::from_stream(stream)?;
+        c.request(&Frame::Connect(Connect {
+            protocol_version: WIRE_VERSION,
+            client_flags: 0,
+            token: &self.token,
+            reserved: 0,
+        }))
+        .map_err(|e| self.client_failure(e))?;
+        Ok(c)
+    }
+
+    fn client_failure(&self, e: ClientError) -> Failure {
+        match e {
+            ClientError::Io(io) => {
+                Failure::Runtime(format!("broker {}: {}", self.broker, self.io(&io)))
+            }
             other => other.into(),
-        })
+        }
+    }
+
+    /// An I/O error's text; a timeout's names `--timeout`, since a peer that accepts and
+    /// never answers (the admin port given as the broker, say) is the usual cause.
+    fn io(&self, e: &io::Error) -> String {
+        match e.kind() {
+            io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => format!(
+                "no answer within --timeout {} (is this the right address?)",
+                format_duration(self.timeout)
+            ),
+            _ => e.to_string(),
+        }
     }
 
     /// A producer for `pub`: idempotent, PUB_WINDOW records in flight.
@@ -355,6 +433,7 @@ impl Ctx {
             .token(&self.token)
             .durability(durability)
             .max_in_flight(PUB_WINDOW)
+            .timeout(self.timeout)
             .connect()
             .map_err(|e| self.connect_failure(e))
     }
@@ -364,19 +443,34 @@ impl Ctx {
         Consumer::builder(self.broker.as_str())
             .token(&self.token)
             .credit(credit, 0)
+            .timeout(self.timeout)
             .connect()
             .map_err(|e| self.connect_failure(e))
     }
 
     fn connect_failure(&self, e: ApiError) -> Failure {
         match e {
-            ApiError::Io(io) => Failure::Runtime(format!("broker {}: {io}", self.broker)),
+            ApiError::Io(io) => {
+                Failure::Runtime(format!("broker {}: {}", self.broker, self.io(&io)))
+            }
+            ApiError::Timeout(what) => Failure::Runtime(format!(
+                "broker {}: timeout: {what} (--timeout {})",
+                self.broker,
+                format_duration(self.timeout)
+            )),
             other => other.into(),
         }
     }
 
+    fn get(&self, path: &str) -> Result<String, Failure> {
+        http_get(&self.admin, path, self.timeout).map_err(|e| match e {
+            HttpError::Io(e) => Failure::Runtime(format!("admin {}: {}", self.admin, self.io(&e))),
+            HttpError::Answer(text) => Failure::Runtime(text),
+        })
+    }
+
     fn stats(&self) -> Result<Value, Failure> {
-        let body = http_get(&self.admin, "/stats")?;
+        let body = self.get("/stats")?;
         serde_json::from_str(&body)
             .or_else(|e| runtime_err(format!("admin {}/stats: not JSON: {e}", self.admin)))
     }
@@ -459,7 +553,7 @@ fn run(args: &[String]) -> Outcome {
     // Only the options of the command's path are defined on `m` (getopts panics otherwise).
     let pick = |flag: &str| {
         let defined = match command.via {
-            Via::Admin => flag == "admin",
+            Via::Admin => flag == "admin" || flag == "timeout",
             Via::Wire => flag != "admin",
             Via::Offline => false,
         };
@@ -468,19 +562,120 @@ fn run(args: &[String]) -> Outcome {
             .flatten()
             .or_else(|| global.opt_str(flag))
     };
-    let token = match (pick("token"), pick("token-file")) {
-        (Some(_), Some(_)) => return usage_err("--token and --token-file exclude each other"),
-        (Some(t), None) => t.into_bytes(),
-        (None, Some(path)) => read_token_file(&path)?,
-        (None, None) => Vec::new(),
+    let broker = pick("broker").or_else(|| env_var(ENV_BROKER));
+    let admin = match command.via {
+        Via::Admin => admin_address(&name, pick("admin"), broker.as_deref())?,
+        Via::Wire | Via::Offline => String::new(),
     };
     let ctx = Ctx {
-        admin: pick("admin").unwrap_or_else(|| ADMIN_DEFAULT.to_string()),
-        broker: pick("broker").unwrap_or_else(|| BROKER_DEFAULT.to_string()),
-        token,
+        admin,
+        broker: broker.unwrap_or_else(|| BROKER_DEFAULT.to_string()),
+        token: token(pick("token"), pick("token-file"))?,
+        timeout: timeout(pick("timeout"))?,
         matches: m,
     };
     (command.run)(&ctx)
+}
+
+/// Topic and group names are 1-255 bytes of `[A-Za-z0-9._-]` (mortarmq(7), DECLARE, SUB).
+fn check_name(what: &str, kind: &str, name: &str) -> Outcome {
+    if valid_name(name.as_bytes()) {
+        return Ok(());
+    }
+    usage_err(format!(
+        "{what}: '{name}' is not a valid {kind} name (1-255 characters of A-Z a-z 0-9 . _ -)"
+    ))
+}
+
+/// A variable set and not empty (an empty one is taken as unset, as shells make it easy
+/// to export one by mistake).
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// `--token`/`--token-file`, else `MORTAR_TOKEN`/`MORTAR_TOKEN_FILE`, else empty. A flag
+/// wins over both variables, so a script's environment cannot override the command line.
+fn token(flag: Option<String>, file_flag: Option<String>) -> Result<Vec<u8>, Failure> {
+    let (token, file, what) = match (flag, file_flag) {
+        (None, None) => (
+            env_var(ENV_TOKEN),
+            env_var(ENV_TOKEN_FILE),
+            format!("{ENV_TOKEN} and {ENV_TOKEN_FILE}"),
+        ),
+        (t, f) => (t, f, "--token and --token-file".to_string()),
+    };
+    match (token, file) {
+        (Some(_), Some(_)) => usage_err(format!("{what} exclude each other")),
+        (Some(t), None) => Ok(t.into_bytes()),
+        (None, Some(path)) => read_token_file(&path),
+        (None, None) => Ok(Vec::new()),
+    }
+}
+
+/// `--timeout`, a duration with a unit as mortard's flags take (`500ms`, `10s`).
+fn timeout(flag: Option<String>) -> Result<Duration, Failure> {
+    let Some(text) = flag else {
+        return Ok(TIMEOUT_DEFAULT);
+    };
+    match parse_duration(&text) {
+        Ok(d) if d.is_zero() => usage_err("--timeout: 0s would fail every request"),
+        Ok(d) => Ok(d),
+        Err(why) => usage_err(format!("--timeout: {why}")),
+    }
+}
+
+/// The admin address: `--admin`, else `MORTAR_ADMIN`, else the local default, but only
+/// while the broker address is the default too. Given another broker, the local admin
+/// port may well be a different broker's, whose topics would be shown as if they were
+/// the named one's; the broker's address says nothing about its admin listener's.
+fn admin_address(
+    command: &str,
+    flag: Option<String>,
+    broker: Option<&str>,
+) -> Result<String, Failure> {
+    let (text, source) = match (flag, env_var(ENV_ADMIN)) {
+        (Some(a), _) => (a, "--admin"),
+        (None, Some(a)) => (a, ENV_ADMIN),
+        (None, None) => {
+            return match broker {
+                None => Ok(ADMIN_DEFAULT.to_string()),
+                Some(b) => usage_err(format!(
+                    "{command} needs --admin or {ENV_ADMIN} (the broker's admin listener, \
+                     mortard --admin-listen): the broker is {b}, so the local default \
+                     {ADMIN_DEFAULT} may be another broker's"
+                )),
+            };
+        }
+    };
+    admin_host_port(&text).or_else(|why| usage_err(format!("{source}: {why}")))
+}
+
+/// `HOST:PORT`, `http://HOST:PORT` or `http://HOST:PORT/` → `HOST:PORT`; anything else
+/// is refused rather than connected to, as the listener serves plain HTTP at its root.
+fn admin_host_port(text: &str) -> Result<String, String> {
+    let addr = match text.split_once("://") {
+        None => text,
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => {
+            rest.strip_suffix('/').unwrap_or(rest)
+        }
+        Some((scheme, _)) => {
+            return Err(format!(
+                "'{text}': the admin listener speaks plain http://, not {scheme}://"
+            ))
+        }
+    };
+    if addr.contains('/') {
+        return Err(format!(
+            "'{text}' has a path; give HOST:PORT or http://HOST:PORT/"
+        ));
+    }
+    let valid = addr
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if !valid {
+        return Err(format!("'{text}' is not HOST:PORT or http://HOST:PORT/"));
+    }
+    Ok(addr.to_string())
 }
 
 /// The token is the first line of the file, without its line ending.
@@ -492,22 +687,44 @@ fn read_token_file(path: &str) -> Result<Vec<u8>, Failure> {
 
 // ---- admin HTTP ----
 
-/// A minimal HTTP/1.1 GET with `Connection: close`; the body of a 200 answer.
-fn http_get(admin: &str, path: &str) -> Result<String, Failure> {
-    let fail = |e: io::Error| Failure::Runtime(format!("admin {admin}: {e}"));
-    let mut s = TcpStream::connect(admin).map_err(fail)?;
-    s.set_read_timeout(Some(HTTP_TIMEOUT)).map_err(fail)?;
+/// Connects to the first of `addr`'s addresses that answers within `timeout`.
+fn dial(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
+    let mut last = io::Error::new(io::ErrorKind::InvalidInput, "resolves to no address");
+    for a in addr.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+enum HttpError {
+    /// Connecting, writing or reading failed (the caller words timeouts).
+    Io(io::Error),
+    /// The whole message.
+    Answer(String),
+}
+
+/// A minimal HTTP/1.1 GET with `Connection: close`; the body of a 200 answer. `timeout`
+/// bounds the connect, the write and each read.
+fn http_get(admin: &str, path: &str, timeout: Duration) -> Result<String, HttpError> {
+    let mut s = dial(admin, timeout).map_err(HttpError::Io)?;
+    s.set_read_timeout(Some(timeout))
+        .and_then(|()| s.set_write_timeout(Some(timeout)))
+        .map_err(HttpError::Io)?;
     write!(
         s,
         "GET {path} HTTP/1.1\r\nHost: {admin}\r\nAccept: application/json\r\n\
          Connection: close\r\n\r\n"
     )
-    .map_err(fail)?;
+    .map_err(HttpError::Io)?;
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).map_err(fail)?;
+    s.read_to_end(&mut raw).map_err(HttpError::Io)?;
     let text = String::from_utf8_lossy(&raw);
     let Some((head, body)) = text.split_once("\r\n\r\n") else {
-        return runtime_err(format!("admin {admin}{path}: truncated HTTP answer"));
+        let text = format!("admin {admin}{path}: truncated HTTP answer");
+        return Err(HttpError::Answer(text));
     };
     let status = head.split(' ').nth(1).unwrap_or("?");
     let chunked = head.lines().any(|l| {
@@ -520,10 +737,8 @@ fn http_get(admin: &str, path: &str) -> Result<String, Failure> {
         body.to_string()
     };
     if status != "200" {
-        return runtime_err(format!(
-            "admin {admin}{path}: HTTP {status}: {}",
-            body.trim()
-        ));
+        let text = format!("admin {admin}{path}: HTTP {status}: {}", body.trim());
+        return Err(HttpError::Answer(text));
     }
     Ok(body)
 }
@@ -963,7 +1178,7 @@ fn check_registry(data_dir: &std::path::Path, repair: bool, json: bool) -> Resul
 
 fn cmd_stats(ctx: &Ctx) -> Outcome {
     if ctx.matches.opt_present("json") {
-        let body = http_get(&ctx.admin, "/stats")?;
+        let body = ctx.get("/stats")?;
         println!("{}", body.trim_end());
         return Ok(());
     }
@@ -1165,7 +1380,7 @@ fn parse_num<T: std::str::FromStr>(flag: &str, text: &str) -> Result<T, Failure>
 }
 
 fn cmd_topics_create(ctx: &Ctx) -> Outcome {
-    let name = ctx.positional(0);
+    let name = ctx.topic()?;
     let partitions = ctx.matches.opt_str("partitions").unwrap_or_default();
     let partitions: u16 = parse_num("partitions", &partitions)?;
     let mut c = ctx.connect()?;
@@ -1184,7 +1399,7 @@ fn cmd_topics_create(ctx: &Ctx) -> Outcome {
 }
 
 fn cmd_topics_delete(ctx: &Ctx) -> Outcome {
-    let name = ctx.positional(0);
+    let name = ctx.topic()?;
     let mut flags = DeclareFlags::DELETE;
     flags.set(
         DeclareFlags::IF_UNUSED,
@@ -1273,7 +1488,7 @@ impl<'a> PubTarget<'a> {
 
 fn cmd_pub(ctx: &Ctx) -> Outcome {
     let m = &ctx.matches;
-    let topic = ctx.positional(0);
+    let topic = ctx.topic()?;
     let partition = match m.opt_str("partition") {
         Some(p) => Some(parse_num::<u16>("partition", &p)?),
         None => None,
@@ -1393,8 +1608,9 @@ fn print_record(out: &mut impl Write, m: &Message, meta: bool) -> io::Result<()>
 
 fn cmd_sub(ctx: &Ctx) -> Outcome {
     let m = &ctx.matches;
-    let topic = ctx.positional(0);
+    let topic = ctx.topic()?;
     let group = m.opt_str("group").unwrap_or_default();
+    check_name("--group", "group", &group)?;
     let start_policy = match m.opt_str("from").as_deref() {
         None | Some("earliest") => StartPolicy::Earliest,
         Some("latest") => StartPolicy::Latest,

@@ -251,7 +251,12 @@ pub struct Client {
 impl Client {
     /// Opens a TCP connection without sending CONNECT.
     pub fn open(addr: impl ToSocketAddrs) -> Result<Client> {
-        let stream = TcpStream::connect(addr)?;
+        Client::from_stream(TcpStream::connect(addr)?)
+    }
+
+    /// Wraps a stream the caller connected itself (with a connect timeout, say) without
+    /// sending CONNECT.
+    pub fn from_stream(stream: TcpStream) -> Result<Client> {
         stream.set_nodelay(true)?;
         Ok(Client {
             stream,
