@@ -804,3 +804,75 @@ fn every_command_gives_up_after_its_timeout() {
         assert!(err.contains("timeout"), "{all:?}: {err}");
     }
 }
+
+/// `sub --count N` takes N records and no more: what it leaves is delivered later as a
+/// first attempt, not handed back as a redelivery. Each run leaves the most records
+/// waiting in its partitions (3 partitions, 40 records), so an over-wide window shows.
+#[test]
+fn sub_count_takes_no_more_than_count() {
+    let broker = Mortard::start(&[]);
+    ok(
+        &broker,
+        &["topics", "create", "few", "--partitions", "3"],
+        "",
+    );
+    let lines: String = (0..40).map(|i| format!("r{i}\n")).collect();
+    ok(&broker, &["pub", "few"], &lines);
+    let mut seen = BTreeSet::new();
+    for count in ["1", "5", "14", "20"] {
+        let args = ["sub", "few", "--group", "g", "--count", count, "--meta"];
+        let got = ok(&broker, &args, "");
+        assert_eq!(got.lines().count().to_string(), count, "{got}");
+        for line in got.lines() {
+            let cells: Vec<&str> = line.split('\t').collect();
+            assert_eq!(cells[2], "1", "a redelivery after --count {count}: {line}");
+            assert!(seen.insert(cells[4].to_string()), "twice: {line}");
+        }
+    }
+    assert_eq!(seen.len(), 40);
+}
+
+/// Records arriving while a bounded `sub` runs: after taking one of its 3, it must ask
+/// for no more than the 2 it still wants, although 5 are waiting by then.
+#[test]
+fn sub_count_narrows_its_window_as_it_goes() {
+    let broker = Mortard::start(&[]);
+    ok(
+        &broker,
+        &["topics", "create", "trickle", "--partitions", "1"],
+        "",
+    );
+    let addr = broker.addr.to_string();
+    let args = [
+        "--broker", &addr, "sub", "trickle", "--group", "g", "--count", "3",
+    ];
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mortarctl"));
+    for var in ENV_VARS {
+        cmd.env_remove(var);
+    }
+    let mut child = cmd
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn mortarctl");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    ok(&broker, &["pub", "trickle", "--value", "first"], "");
+    let mut line = String::new();
+    use std::io::BufRead;
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "first\n");
+    ok(&broker, &["pub", "trickle"], "a\nb\nc\nd\ne\n");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let rest = ok(
+        &broker,
+        &["sub", "trickle", "--group", "g", "--count", "3", "--meta"],
+        "",
+    );
+    let attempts: Vec<&str> = rest
+        .lines()
+        .map(|l| l.split('\t').nth(2).unwrap())
+        .collect();
+    assert_eq!(attempts, ["1", "1", "1"], "{rest}");
+}

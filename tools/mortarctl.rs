@@ -438,11 +438,13 @@ impl Ctx {
             .map_err(|e| self.connect_failure(e))
     }
 
-    /// A consumer for `sub`, with a window of `credit` records (0: the broker's).
-    fn consumer(&self, credit: u16) -> Result<Consumer, Failure> {
+    /// A consumer for `sub`, with a window of `credit` records (0: the broker's); `pull`
+    /// for a bounded `sub`, which must not be sent records it will not take.
+    fn consumer(&self, credit: u16, pull: bool) -> Result<Consumer, Failure> {
         Consumer::builder(self.broker.as_str())
             .token(&self.token)
             .credit(credit, 0)
+            .pull(pull)
             .timeout(self.timeout)
             .connect()
             .map_err(|e| self.connect_failure(e))
@@ -1606,6 +1608,18 @@ fn print_record(out: &mut impl Write, m: &Message, meta: bool) -> io::Result<()>
     out.flush()
 }
 
+/// A bounded `sub` pulls, and the library pulls (with the window as its size) only once
+/// every record delivered so far has been handed out: a window no wider than the records
+/// still wanted, set before the next poll, keeps the broker from sending more than
+/// `--count` in all. Records sent past it would go back to the group as redeliveries,
+/// spending an attempt each. 0 left: nothing more is polled.
+fn narrow_credit(consumer: &mut Consumer, window: &mut u16, left: u64) -> Outcome {
+    if left > 0 && left < u64::from(*window) {
+        *window = consumer.set_credit(left as u16, 0)?.granted_count;
+    }
+    Ok(())
+}
+
 fn cmd_sub(ctx: &Ctx) -> Outcome {
     let m = &ctx.matches;
     let topic = ctx.topic()?;
@@ -1622,7 +1636,7 @@ fn cmd_sub(ctx: &Ctx) -> Outcome {
     };
     let meta = m.opt_present("meta");
     let credit = count.map_or(0, |n| n.clamp(1, SUB_CREDIT_MAX) as u16);
-    let mut consumer = ctx.consumer(credit)?;
+    let mut consumer = ctx.consumer(credit, count.is_some())?;
     consumer
         .subscribe(&group, topic, start_policy)
         .map_err(|e| match e.code() {
@@ -1632,6 +1646,7 @@ fn cmd_sub(ctx: &Ctx) -> Outcome {
     let stdout = io::stdout();
     let mut out = stdout.lock();
     let mut printed = 0u64;
+    let mut window = credit;
     while count.is_none_or(|n| printed < n) {
         let Some(m) = consumer.poll(None)? else {
             break;
@@ -1644,6 +1659,9 @@ fn cmd_sub(ctx: &Ctx) -> Outcome {
         }
         m.ack();
         printed += 1;
+        if let Some(n) = count {
+            narrow_credit(&mut consumer, &mut window, n - printed)?;
+        }
     }
     // Answers awaited, then HEARTBEAT LEAVE: the group rebalances now rather than after
     // --session-timeout. Records read past --count go back to the group unacknowledged.
