@@ -3,12 +3,9 @@
 
 mod common;
 
-use std::time::Duration;
-
+use common::consume::consume_all;
 use common::mortard::Mortard;
-use mortarmq::client::{Client, Push};
-use mortarmq::wire::ops::*;
-use mortarmq::wire::{AckFlags, ControlResult, DeclareFlags, Durability};
+use mortarmq::wire::{DeclareFlags, Durability};
 
 const RECORDS: u64 = 60;
 
@@ -24,42 +21,6 @@ fn files(dir: &std::path::Path, ext: &str) -> Vec<std::path::PathBuf> {
         .collect();
     v.sort();
     v
-}
-
-/// Consumes until `RECORDS - skipped` distinct records arrived or the stream goes quiet.
-fn consume_all(c: &mut Client, topic: u16) -> Vec<(u64, Vec<u8>)> {
-    c.request(&Frame::Sub(Sub {
-        group: b"g",
-        topic_id: topic,
-        partition: 0xFFFF,
-        ..Sub::default()
-    }))
-    .unwrap();
-    c.set_read_timeout(Some(Duration::from_millis(1500)))
-        .unwrap();
-    let mut got = Vec::new();
-    while let Ok(push) = c.next_push() {
-        match push {
-            Push::Notice(n) => {
-                c.request(&Frame::ControlAck(ControlAck::answering(
-                    &n,
-                    ControlResult::Ok,
-                )))
-                .unwrap();
-            }
-            Push::Msg(m) => {
-                c.request(&Frame::Ack(m.ack(AckFlags::empty()))).unwrap();
-                got.push((m.sequence, m.value));
-            }
-        }
-    }
-    got
-}
-
-fn corrupt_records(broker: &Mortard) -> u64 {
-    let (_, body) = broker.http("GET", "/stats");
-    let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
-    stats["storage"]["corrupt_records"].as_u64().unwrap()
 }
 
 fn setup() -> (Mortard, u16, std::path::PathBuf) {
@@ -104,7 +65,7 @@ fn a_flipped_byte_in_a_closed_segment_is_skipped_counted_and_never_delivered() {
         "{delivered} records delivered"
     );
     assert!(
-        corrupt_records(&broker) >= 1,
+        broker.corrupt_records() >= 1,
         "corruption counted in /stats"
     );
     assert!(broker.log_text().contains("crc"), "corruption logged");
@@ -134,7 +95,7 @@ fn a_flipped_byte_in_an_index_delivers_no_wrong_data() {
     // the bad entry is detected on read (that record skipped and counted).
     let delivered = got.len() as u64;
     assert!(
-        delivered == RECORDS || corrupt_records(&broker) >= 1,
+        delivered == RECORDS || broker.corrupt_records() >= 1,
         "{delivered} delivered"
     );
     broker.client().ping().unwrap();
@@ -170,7 +131,7 @@ fn a_flipped_byte_in_a_dead_letter_twin_does_not_stop_the_broker() {
     broker.restart();
     broker.client().ping().unwrap();
     assert!(
-        corrupt_records(&broker) >= 1,
+        broker.corrupt_records() >= 1,
         "corruption counted in /stats"
     );
     println!("bit rot in a dead-letter twin: the broker started, corruption counted");

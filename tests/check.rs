@@ -7,12 +7,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::Duration;
 
+use common::consume::consume_all;
 use common::mortard::Mortard;
-use mortarmq::client::{Client, Push};
-use mortarmq::wire::ops::*;
-use mortarmq::wire::{AckFlags, ControlResult, DeclareFlags, Durability};
+use mortarmq::wire::{DeclareFlags, Durability};
 
 const RECORDS: u64 = 5;
 
@@ -75,39 +73,6 @@ fn setup(name: &str) -> (Mortard, u16, PathBuf) {
     (broker, topic, segment)
 }
 
-/// Every record the broker delivers to a fresh group, until it goes quiet.
-fn consume_all(c: &mut Client, topic: u16) -> Vec<(u64, Vec<u8>)> {
-    c.request(&Frame::Sub(Sub {
-        group: b"g",
-        topic_id: topic,
-        partition: 0xFFFF,
-        ..Sub::default()
-    }))
-    .unwrap();
-    c.set_read_timeout(Some(Duration::from_millis(1500)))
-        .unwrap();
-    let mut got = Vec::new();
-    while let Ok(push) = c.next_push() {
-        match push {
-            Push::Notice(n) => {
-                let ok = ControlAck::answering(&n, ControlResult::Ok);
-                c.request(&Frame::ControlAck(ok)).unwrap();
-            }
-            Push::Msg(m) => {
-                c.request(&Frame::Ack(m.ack(AckFlags::empty()))).unwrap();
-                got.push((m.sequence, m.value));
-            }
-        }
-    }
-    got
-}
-
-fn corrupt_records(broker: &Mortard) -> u64 {
-    let (_, body) = broker.http("GET", "/stats");
-    let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
-    stats["storage"]["corrupt_records"].as_u64().unwrap()
-}
-
 #[test]
 fn a_flipped_byte_in_record_1_is_kept_as_recovery_keeps_it_and_nothing_changes() {
     let (mut broker, topic, segment) = setup("flip");
@@ -141,7 +106,7 @@ fn a_flipped_byte_in_record_1_is_kept_as_recovery_keeps_it_and_nothing_changes()
     let got = consume_all(&mut broker.client(), topic);
     let want: Vec<(u64, Vec<u8>)> = (2..=RECORDS).map(|i| (i, value(i))).collect();
     assert_eq!(got, want, "records 2-5 served, record 1 skipped");
-    assert_eq!(corrupt_records(&broker), 1, "record 1 reported corrupt");
+    assert_eq!(broker.corrupt_records(), 1, "record 1 reported corrupt");
 }
 
 /// Tears the tail past the recovery point with `tear`, then checks and repairs it.

@@ -1,3 +1,4 @@
+pub mod consume;
 pub mod golden;
 pub mod mortard;
 pub mod rng;

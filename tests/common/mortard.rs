@@ -112,6 +112,13 @@ impl Mortard {
         (status, body)
     }
 
+    /// The broker's count of damaged records met so far (`/stats` storage.corrupt_records).
+    pub fn corrupt_records(&self) -> u64 {
+        let (_, body) = self.http("GET", "/stats");
+        let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+        stats["storage"]["corrupt_records"].as_u64().unwrap()
+    }
+
     pub fn log_path(&self) -> PathBuf {
         self.dir.path().join("mortard.log")
     }
