@@ -918,8 +918,21 @@ fn consume(a: &Args) -> Res<Report> {
     }
     let secs = t0.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu0;
+    let counts = (partitions, prefilled, got, errors);
+    Ok(consume_report("consume", a, counts, secs, cpu))
+}
+
+/// The report of a consume run, raw or through the client library, so that the two
+/// compare field by field: `counts` is (partitions, prefilled, messages, errors).
+fn consume_report(
+    workload: &str,
+    a: &Args,
+    (partitions, prefilled, got, errors): (u16, u64, u64, u64),
+    secs: f64,
+    cpu: f64,
+) -> Report {
     let mut r = Report::default();
-    r.text("workload", "consume");
+    r.text("workload", workload);
     r.text("mode", if a.pull { "pull" } else { "push" });
     r.int("credit", u64::from(a.credit));
     r.int("partitions", u64::from(partitions));
@@ -929,7 +942,7 @@ fn consume(a: &Args) -> Res<Report> {
     r.num("msgs_per_sec", got as f64 / secs);
     r.int("errors", errors);
     r.num("tool_cpu_pct", cpu / secs * 100.0);
-    Ok(r)
+    r
 }
 
 // ---- through the client library -----------------------------------------------------
@@ -1080,18 +1093,8 @@ mod api {
         let cpu = cpu_seconds() - cpu0;
         let ignored = c.stats().ignored_errors;
         c.close().map_err(|e| e.to_string())?;
-        let mut r = Report::default();
-        r.text("workload", "consume-api");
-        r.text("mode", if a.pull { "pull" } else { "push" });
-        r.int("credit", u64::from(a.credit));
-        r.int("partitions", u64::from(partitions));
-        r.int("prefilled", prefilled);
-        r.int("msgs", got);
-        r.num("seconds", secs);
-        r.num("msgs_per_sec", got as f64 / secs);
-        r.int("errors", ignored);
-        r.num("tool_cpu_pct", cpu / secs * 100.0);
-        Ok(r)
+        let counts = (partitions, prefilled, got, ignored);
+        Ok(super::consume_report("consume-api", a, counts, secs, cpu))
     }
 }
 
