@@ -44,9 +44,6 @@ const PUBS_PER_CONNECTION: usize = 40;
 /// answer takes, so an answer sent before its fdatasync returned cannot hide.
 const FDATASYNC_DELAY_US: u64 = 30_000;
 
-/// How long a fresh broker may take to fill its first spare journal file.
-const SPARE_TIMEOUT: Duration = Duration::from_secs(60);
-
 /// The first journal file of `data_dir` (it holds every entry of these short tests).
 fn journal_file(data_dir: &Path) -> PathBuf {
     journal_file_path(&data_dir.join(JOURNAL_DIR), 0)
@@ -58,15 +55,7 @@ fn journal_file(data_dir: &Path) -> PathBuf {
 /// as the spare is ready.
 fn wait_for_spare(broker: &Mortard) {
     let spare = broker.data_dir().join(JOURNAL_DIR).join(SPARE_FILE);
-    let deadline = Instant::now() + SPARE_TIMEOUT;
-    while !spare.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "no {} after {SPARE_TIMEOUT:?}",
-            spare.display()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for("the first spare journal file", || spare.exists());
 }
 
 /// `strace` tracing `pwrite64` and `fdatasync` on the journal file only, with `inject`
