@@ -1,11 +1,11 @@
 //! The admin room: an HTTP listener serving `/healthz`, `/metrics` and `/stats`.
 //!
-//! It never touches reactor or broker state. For `/metrics` and `/stats` it sends an
-//! [`AdminRequest`] through a channel, wakes the reactor with its `Waker`, and waits a
-//! bounded time for a [`Snapshot`] (plain copied data) that it renders on its own
-//! thread. `/healthz` needs no reactor turn at all: the reactor stores the time of its
-//! last turn in an atomic, so a stalled reactor makes `/healthz` answer 503 instead
-//! of hanging.
+//! It never touches reactor or broker state. For everything but `/healthz` it sends an
+//! [`AdminRequest`] (an [`AdminAsk`]) through a channel, wakes the reactor with its
+//! `Waker`, and waits a bounded time for the answer (plain copied data, such as a
+//! [`Snapshot`]) that it renders on its own thread. `/healthz` needs no reactor turn at
+//! all: the reactor stores the time of its last turn in an atomic, so a stalled reactor
+//! makes `/healthz` answer 503 instead of hanging.
 //!
 //! Every figure shown is one row of [`METRICS`] (`metrics.rs`): `/metrics` and `/stats`
 //! (`render.rs`) and `mortarctl stats` walk that table, so a new metric is one row
@@ -34,9 +34,24 @@ pub use metrics::{Kind, Metric, Point, Read, Unit, METRICS, STATS_SECTIONS};
 pub use process::ProcessFigures;
 pub use render::{in_stats_order, render_metrics, render_stats, Json};
 
-/// A request for a snapshot; the reactor answers on `reply`.
+/// What the admin thread asks of the reactor, which owns every piece of state.
+#[derive(Debug)]
+pub enum AdminAsk {
+    /// Everything `/stats` and `/metrics` show.
+    Snapshot,
+}
+
+/// The reactor's answer to an [`AdminAsk`], of the same name.
+#[derive(Debug)]
+pub enum AdminAnswer {
+    Snapshot(Box<Snapshot>),
+}
+
+/// One [`AdminAsk`]; the reactor answers on `reply` when it can (at once for a read; a
+/// change may answer only once it is durable). The admin thread waits a bounded time.
 pub struct AdminRequest {
-    pub reply: SyncSender<Box<Snapshot>>,
+    pub ask: AdminAsk,
+    pub reply: SyncSender<AdminAnswer>,
 }
 
 /// One partition's figures.

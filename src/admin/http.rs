@@ -20,7 +20,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{render_metrics, render_stats, AdminRequest, Snapshot};
+use super::{render_metrics, render_stats, AdminAnswer, AdminAsk, AdminRequest, Snapshot};
 
 /// How long a request waits for the reactor's snapshot before answering 503.
 pub const SNAPSHOT_TIMEOUT_MS: u64 = 2_000;
@@ -319,19 +319,50 @@ fn head_end(head: &[u8], from: usize) -> Option<usize> {
     })
 }
 
-/// `METHOD TARGET HTTP/1.x` from the first line of a head.
-fn request_line(head: &[u8]) -> Option<(tiny_http::Method, String)> {
-    let line = head.split(|&b| b == b'\n').next()?;
-    let line = std::str::from_utf8(line).ok()?.trim_end_matches('\r');
+/// One request as the routes see it: its line, split, and its headers.
+#[derive(Debug)]
+pub(super) struct Request {
+    pub method: tiny_http::Method,
+    pub path: String,
+    /// After the `?`, still percent-encoded; empty without one.
+    pub query: String,
+    #[allow(dead_code)]
+    headers: Vec<(String, String)>,
+}
+
+// Read by the routes that change state (their `Authorization`), which are next.
+#[allow(dead_code)]
+impl Request {
+    /// A header's value (names compare case-insensitively, as HTTP says).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let found = self
+            .headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name));
+        found.map(|(_, v)| v.as_str())
+    }
+}
+
+/// `METHOD TARGET HTTP/1.x` and the header lines of a head.
+fn parse_request(head: &[u8]) -> Option<Request> {
+    let mut lines = std::str::from_utf8(head).ok()?.split('\n');
+    let line = lines.next()?.trim_end_matches('\r');
     let mut parts = line.split(' ');
     let (method, target, version) = (parts.next()?, parts.next()?, parts.next()?);
     if parts.next().is_some() || !version.starts_with("HTTP/1.") || !target.starts_with('/') {
         return None;
     }
-    Some((
-        tiny_http::Method::from_str(method).ok()?,
-        target.to_string(),
-    ))
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let headers = lines
+        .filter_map(|l| l.trim_end_matches('\r').split_once(':'))
+        .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
+        .collect();
+    Some(Request {
+        method: tiny_http::Method::from_str(method).ok()?,
+        path: path.to_string(),
+        query: query.to_string(),
+        headers,
+    })
 }
 
 /// Writes one answer with tiny_http, then ends the connection.
@@ -376,8 +407,8 @@ impl Ctx {
         let head = read_head(stream);
         conns.done_reading(id);
         let text = |s: &str| format!("{s}\n");
-        let (status, content_type, body) = match head.as_deref().map(request_line) {
-            Ok(Some((method, target))) => self.answer(&method, &target),
+        let (status, content_type, body) = match head.as_deref().map(parse_request) {
+            Ok(Some(request)) => self.answer(&request),
             Ok(None) => (400, "text/plain", text("not an HTTP/1 request line")),
             Err(HeadError::TooLarge) => {
                 let why =
@@ -395,13 +426,13 @@ impl Ctx {
     }
 
     /// (status, content type, body) for one request.
-    fn answer(&self, method: &tiny_http::Method, url: &str) -> (u16, &'static str, String) {
-        let (path, query) = url.split_once('?').unwrap_or((url, ""));
+    fn answer(&self, request: &Request) -> (u16, &'static str, String) {
+        let (path, query) = (request.path.as_str(), request.query.as_str());
         let known = matches!(path, "/healthz" | "/metrics" | "/stats");
         if !known {
             return (404, "text/plain", "not found\n".to_string());
         }
-        if *method != tiny_http::Method::Get {
+        if request.method != tiny_http::Method::Get {
             return (405, "text/plain", "only GET\n".to_string());
         }
         match path {
@@ -442,13 +473,19 @@ impl Ctx {
         }
     }
 
-    fn snapshot(&self) -> Option<Box<Snapshot>> {
-        let (tx, rx) = mpsc::sync_channel(1);
-        self.requests.send(AdminRequest { reply: tx }).ok()?;
+    /// The reactor's answer to `ask`, or `None` when it gave none within `wait`.
+    fn ask(&self, ask: AdminAsk, wait: Duration) -> Option<AdminAnswer> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        self.requests.send(AdminRequest { ask, reply }).ok()?;
         (self.wake)();
-        let mut snapshot = rx
-            .recv_timeout(Duration::from_millis(SNAPSHOT_TIMEOUT_MS))
-            .ok()?;
+        answer.recv_timeout(wait).ok()
+    }
+
+    fn snapshot(&self) -> Option<Box<Snapshot>> {
+        let wait = Duration::from_millis(SNAPSHOT_TIMEOUT_MS);
+        let Some(AdminAnswer::Snapshot(mut snapshot)) = self.ask(AdminAsk::Snapshot, wait) else {
+            return None;
+        };
         // Read here, not on the reactor thread, which never waits on a file.
         snapshot.rss_bytes = rss_bytes();
         snapshot.process = super::process::read();
@@ -484,13 +521,17 @@ mod tests {
     }
 
     #[test]
-    fn request_lines_are_method_target_version() {
-        let (method, target) = request_line(b"GET /stats?pretty HTTP/1.1\r\nHost: x").unwrap();
+    fn requests_are_method_path_query_and_headers() {
+        let head = b"GET /stats?pretty HTTP/1.1\r\nHost: x\r\nauthorization:  Bearer t ";
+        let r = parse_request(head).unwrap();
         assert_eq!(
-            (method, target.as_str()),
-            (tiny_http::Method::Get, "/stats?pretty")
+            (r.method.clone(), r.path.as_str(), r.query.as_str()),
+            (tiny_http::Method::Get, "/stats", "pretty")
         );
-        assert!(request_line(b"GET /x HTTP/1.0").is_some());
+        assert_eq!(r.header("Authorization"), Some("Bearer t"));
+        assert_eq!(r.header("host"), Some("x"));
+        assert_eq!(r.header("Cookie"), None);
+        assert!(parse_request(b"GET /x HTTP/1.0").is_some());
         for bad in [
             &b"GET /"[..],
             b"GET / HTTP/2",
@@ -499,7 +540,7 @@ mod tests {
             b"",
         ] {
             assert!(
-                request_line(bad).is_none(),
+                parse_request(bad).is_none(),
                 "{:?}",
                 String::from_utf8_lossy(bad)
             );

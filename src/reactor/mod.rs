@@ -46,7 +46,9 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
-use crate::admin::{AdminRequest, PartitionFigures, ProcessFigures, Snapshot, TopicFigures};
+use crate::admin::{
+    AdminAnswer, AdminAsk, AdminRequest, PartitionFigures, ProcessFigures, Snapshot, TopicFigures,
+};
 use crate::broker::{Broker, ConnRef, DurableJob, Effect, Handled, JobDone, Now};
 use crate::fsync::{FsyncPool, Submitter};
 use crate::session::{dispatch, Admit, Answer, AuthFailures, Call};
@@ -795,8 +797,11 @@ impl Reactor {
         };
         let requests: Vec<AdminRequest> = crate::admin::pending_requests(rx).collect();
         for request in requests {
+            let answer = match request.ask {
+                AdminAsk::Snapshot => AdminAnswer::Snapshot(Box::new(self.snapshot(now))),
+            };
             // The admin thread may have given up waiting; nothing to do then.
-            let _ = request.reply.send(Box::new(self.snapshot(now)));
+            let _ = request.reply.send(answer);
         }
     }
 
