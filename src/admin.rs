@@ -1,4 +1,5 @@
-//! The admin room: an HTTP listener serving `/healthz`, `/metrics` and `/stats`.
+//! The admin room: an HTTP listener serving `/healthz`, `/metrics`, `/stats` and the
+//! records of a partition (`/topics/NAME/partitions/P/records`, `records.rs`).
 //!
 //! It never touches reactor or broker state. For everything but `/healthz` it sends an
 //! [`AdminRequest`] (an [`AdminAsk`]) through a channel, wakes the reactor with its
@@ -17,12 +18,14 @@
 mod http;
 mod metrics;
 mod process;
+mod records;
 mod render;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::mpsc::SyncSender;
 
+use crate::broker::peek::{Peek, PeekAsk, PeekError};
 use crate::broker::BrokerCounters;
 use crate::consume::CoordinatorSnapshot;
 
@@ -32,6 +35,7 @@ pub use http::{
 };
 pub use metrics::{Kind, Metric, Point, Read, Unit, METRICS, STATS_SECTIONS};
 pub use process::ProcessFigures;
+pub use records::{render_records, ENCODING_BASE64, ENCODING_TEXT, RECORDS_DEFAULT};
 pub use render::{in_stats_order, render_metrics, render_stats, Json};
 
 /// What the admin thread asks of the reactor, which owns every piece of state.
@@ -39,12 +43,15 @@ pub use render::{in_stats_order, render_metrics, render_stats, Json};
 pub enum AdminAsk {
     /// Everything `/stats` and `/metrics` show.
     Snapshot,
+    /// A bounded page of one partition's records, read without a group (`records.rs`).
+    Records(PeekAsk),
 }
 
 /// The reactor's answer to an [`AdminAsk`], of the same name.
 #[derive(Debug)]
 pub enum AdminAnswer {
     Snapshot(Box<Snapshot>),
+    Records(Result<Box<Peek>, PeekError>),
 }
 
 /// One [`AdminAsk`]; the reactor answers on `reply` when it can (at once for a read; a

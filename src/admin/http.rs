@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use super::{render_metrics, render_stats, AdminAnswer, AdminAsk, AdminRequest, Snapshot};
 
-/// How long a request waits for the reactor's snapshot before answering 503.
+/// How long a request waits for the reactor's snapshot (or page of records) before
+/// answering 503.
 pub const SNAPSHOT_TIMEOUT_MS: u64 = 2_000;
 /// The reactor counts as stalled when it has not turned for this long (it turns at
 /// least once a second, for housekeeping).
@@ -427,6 +428,10 @@ impl Ctx {
 
     /// (status, content type, body) for one request.
     fn answer(&self, request: &Request) -> (u16, &'static str, String) {
+        let wait = Duration::from_millis(SNAPSHOT_TIMEOUT_MS);
+        if let Some(answer) = super::records::answer(request, |ask| self.ask(ask, wait)) {
+            return answer;
+        }
         let (path, query) = (request.path.as_str(), request.query.as_str());
         let known = matches!(path, "/healthz" | "/metrics" | "/stats");
         if !known {

@@ -25,6 +25,7 @@ pub mod dlq;
 pub mod idhash;
 pub mod jobs;
 pub mod partition;
+pub mod peek;
 pub mod positions;
 pub mod producers;
 pub mod publish;

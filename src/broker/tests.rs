@@ -17,7 +17,7 @@ use crate::wire::{DeclareFlags, PubFlags, PubResultFlags};
 
 /// Holds submitted jobs until the test runs them.
 #[derive(Clone, Default)]
-struct HeldJobs(Rc<RefCell<Vec<DurableJob>>>);
+pub(super) struct HeldJobs(Rc<RefCell<Vec<DurableJob>>>);
 
 impl JobSink for HeldJobs {
     fn submit(&self, job: DurableJob) {
@@ -50,9 +50,9 @@ impl HeldJobs {
     }
 }
 
-const CONN: ConnRef = ConnRef { id: 1, serial: 1 };
+pub(super) const CONN: ConnRef = ConnRef { id: 1, serial: 1 };
 
-fn open(dir: &std::path::Path) -> (Broker, HeldJobs) {
+pub(super) fn open(dir: &std::path::Path) -> (Broker, HeldJobs) {
     open_on(dir, crate::log::FsStorage::shared(), 0)
 }
 
@@ -88,7 +88,7 @@ fn answers(broker: &mut Broker) -> Vec<(u64, Response)> {
 }
 
 /// DECLAREs `name` and completes its registry write; returns the topic id.
-fn declare(broker: &mut Broker, jobs: &HeldJobs, name: &str, partitions: u16) -> u16 {
+pub(super) fn declare(broker: &mut Broker, jobs: &HeldJobs, name: &str, partitions: u16) -> u16 {
     let d = Declare {
         topic: name.as_bytes(),
         partition_count: partitions,
@@ -106,7 +106,7 @@ fn declare(broker: &mut Broker, jobs: &HeldJobs, name: &str, partitions: u16) ->
 }
 
 /// Passes and job runs until no job is left (a creation, then its registry write).
-fn settle(broker: &mut Broker, jobs: &HeldJobs) {
+pub(super) fn settle(broker: &mut Broker, jobs: &HeldJobs) {
     loop {
         broker.end_pass(Now::default(), &unlimited_room);
         if jobs.len() == 0 {

@@ -54,6 +54,7 @@ mod recovery;
 mod segment;
 #[cfg(test)]
 mod tests;
+mod time;
 
 pub use error::{is_no_space_io, StorageError};
 pub use journal::{JOURNAL_FILE_BYTES_MAX, JOURNAL_FILE_BYTES_MIN};

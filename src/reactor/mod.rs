@@ -799,6 +799,9 @@ impl Reactor {
         for request in requests {
             let answer = match request.ask {
                 AdminAsk::Snapshot => AdminAnswer::Snapshot(Box::new(self.snapshot(now))),
+                AdminAsk::Records(ask) => {
+                    AdminAnswer::Records(self.broker.peek(&ask).map(Box::new))
+                }
             };
             // The admin thread may have given up waiting; nothing to do then.
             let _ = request.reply.send(answer);
