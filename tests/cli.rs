@@ -26,6 +26,10 @@ const SUBCOMMANDS: &[&[&str]] = &[
     &["sub"],
     &["check"],
     &["ping"],
+    &["peek"],
+    &["tail"],
+    &["dlq", "list"],
+    &["dlq", "replay"],
 ];
 
 fn man_page(name: &str) -> String {

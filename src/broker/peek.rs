@@ -143,10 +143,7 @@ impl Broker {
             .lookup(source_name)
             .filter(|p| self.topics.usable(p.source_id()).is_some());
         let Some(pair) = pair else {
-            let text = format!(
-                "no topic named '{}' (mortarctl topics list shows them)",
-                ask.topic
-            );
+            let text = format!("no topic named '{}'", ask.topic);
             return Err(PeekError::new(ErrorCode::UnknownTopic, text));
         };
         if ask.partition >= pair.partition_count {

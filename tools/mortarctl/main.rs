@@ -26,6 +26,7 @@ use serde_json::Value;
 mod check;
 mod http;
 mod inspect;
+mod records;
 mod wire_cmds;
 
 use check::cmd_check;
@@ -81,6 +82,8 @@ fn runtime_err<T>(text: impl Into<String>) -> Result<T, Failure> {
 enum Via {
     Admin,
     Wire,
+    /// Reads over admin HTTP, writes through the broker (`dlq replay`).
+    AdminAndWire,
     /// Reads files only: no broker needed (and none should be writing them).
     Offline,
 }
@@ -227,6 +230,44 @@ const COMMANDS: &[Command] = &[
         run: cmd_sub,
     },
     Command {
+        words: &["peek"],
+        synopsis: "TOPIC [--partition P] [--from SEQ|--from-time TIME] [--max N] [--meta|--json]",
+        about: "Print records of TOPIC (or TOPIC.dlq) without consuming: no group, no ACK.",
+        via: Via::Admin,
+        options: records::peek_options,
+        positional: 1,
+        run: records::cmd_peek,
+    },
+    Command {
+        words: &["tail"],
+        synopsis: "TOPIC [-f] [-n N] [--partition P] [--poll DURATION] [--meta|--json]",
+        about: "Print the last records of TOPIC; with -f, go on as they arrive (no group).",
+        via: Via::Admin,
+        options: records::tail_options,
+        positional: 1,
+        run: records::cmd_tail,
+    },
+    Command {
+        words: &["dlq", "list"],
+        synopsis: "TOPIC [--partition P] [--from SEQ|--from-time TIME] [--max N] [--json]",
+        about: "List the dead letters in TOPIC.dlq with their origins (read-only).",
+        via: Via::Admin,
+        options: records::dlq_list_options,
+        positional: 1,
+        run: records::cmd_dlq_list,
+    },
+    Command {
+        words: &["dlq", "replay"],
+        synopsis: "TOPIC [--partition P] [--from SEQ|--from-time TIME] [--max N] \
+                   [--durability written|fsync]",
+        about: "Publish TOPIC.dlq's dead letters again to their origin partitions; they stay \
+                in TOPIC.dlq.",
+        via: Via::AdminAndWire,
+        options: records::dlq_replay_options,
+        positional: 1,
+        run: records::cmd_dlq_replay,
+    },
+    Command {
         words: &["check"],
         synopsis: "DATA_DIR [--repair] [--json]",
         about: "Verify a stopped broker's data offline with start-up recovery as a dry \
@@ -256,16 +297,17 @@ const COMMANDS: &[Command] = &[
 ];
 
 fn connection_options(o: &mut Options, via: Via) {
+    if matches!(via, Via::Admin | Via::AdminAndWire) {
+        o.optopt(
+            "",
+            "admin",
+            &format!("admin HTTP address, HOST:PORT or http://HOST:PORT/ (${ENV_ADMIN})"),
+            "ADDR",
+        );
+    }
     match via {
-        Via::Admin => {
-            o.optopt(
-                "",
-                "admin",
-                &format!("admin HTTP address, HOST:PORT or http://HOST:PORT/ (${ENV_ADMIN})"),
-                "ADDR",
-            );
-        }
-        Via::Wire => {
+        Via::Admin | Via::Offline => {}
+        Via::Wire | Via::AdminAndWire => {
             o.optopt(
                 "",
                 "broker",
@@ -285,7 +327,6 @@ fn connection_options(o: &mut Options, via: Via) {
                 "PATH",
             );
         }
-        Via::Offline => {}
     }
     if via != Via::Offline {
         o.optopt(
@@ -549,6 +590,7 @@ fn run(args: &[String]) -> Outcome {
         let defined = match command.via {
             Via::Admin => flag == "admin" || flag == "timeout",
             Via::Wire => flag != "admin",
+            Via::AdminAndWire => true,
             Via::Offline => false,
         };
         defined
@@ -558,7 +600,7 @@ fn run(args: &[String]) -> Outcome {
     };
     let broker = pick("broker").or_else(|| env_var(ENV_BROKER));
     let admin = match command.via {
-        Via::Admin => admin_address(&name, pick("admin"), broker.as_deref())?,
+        Via::Admin | Via::AdminAndWire => admin_address(&name, pick("admin"), broker.as_deref())?,
         Via::Wire | Via::Offline => String::new(),
     };
     let ctx = Ctx {
