@@ -452,3 +452,80 @@ fn dlq_list_shows_origins_and_replay_makes_dead_letters_consumable_again() {
     let future = ["dlq", "replay", "jobs", "--from-time", "99999999999999"];
     assert!(ok(&broker, &future).starts_with("replayed 0 dead letters"));
 }
+
+/// The `sh` block under README heading `heading`, one command a line.
+fn readme_block(heading: &str) -> Vec<String> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+    let readme = std::fs::read_to_string(path).unwrap();
+    let section = readme
+        .split(&format!("\n## {heading}\n"))
+        .nth(1)
+        .expect(heading);
+    let block = section.split("```sh\n").nth(1).expect("an sh block");
+    let block = block.split("```").next().unwrap();
+    block.lines().map(str::to_string).collect()
+}
+
+#[test]
+fn the_readme_peeks_and_replays_dead_letters_as_written() {
+    let broker = Mortard::start(&[]);
+    ok(
+        &broker,
+        &["topics", "create", "orders", "--partitions", "2"],
+    );
+    ok(
+        &broker,
+        &["pub", "orders", "--partition", "0", "--value", "fine"],
+    );
+    ok(
+        &broker,
+        &[
+            "pub",
+            "orders",
+            "--partition",
+            "0",
+            "--key",
+            "k",
+            "--value",
+            "poison",
+        ],
+    );
+    let mut c = Consumer::connect(broker.addr).unwrap();
+    c.subscribe("billing", "orders", StartPolicy::Earliest)
+        .unwrap();
+    for _ in 0..2 {
+        let m = c.poll(Some(RUN_TIMEOUT)).unwrap().expect("a record");
+        let _ = if &*m.value == b"poison" {
+            m.reject()
+        } else {
+            m.ack()
+        };
+    }
+    let twin = "/topics/orders.dlq/partitions/0/records";
+    wait_for("the dead letter", || {
+        !sequences(&get(&broker, twin).1).is_empty()
+    });
+
+    let mut printed = String::new();
+    for heading in ["Look without consuming", "Dead letters"] {
+        for line in readme_block(heading) {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(words[0], "mortarctl", "{line}");
+            printed += &ok(&broker, &words[1..]);
+        }
+    }
+    for shown in [
+        "0\t1\t",
+        "\tfine\n",
+        "\tk\tpoison\n",
+        "from orders/0@2 REJECTED",
+        "replayed 1",
+    ] {
+        assert!(printed.contains(shown), "{shown:?} not in {printed}");
+    }
+    let m = c
+        .poll(Some(RUN_TIMEOUT))
+        .unwrap()
+        .expect("the replayed record");
+    assert_eq!((&*m.value, m.sequence), (&b"poison"[..], 3));
+}

@@ -260,8 +260,7 @@ const COMMANDS: &[Command] = &[
         words: &["dlq", "replay"],
         synopsis: "TOPIC [--partition P] [--from SEQ|--from-time TIME] [--max N] \
                    [--durability written|fsync]",
-        about: "Publish TOPIC.dlq's dead letters again to their origin partitions; they stay \
-                in TOPIC.dlq.",
+        about: "Publish TOPIC.dlq's dead letters again where they came from (not removed).",
         via: Via::AdminAndWire,
         options: records::dlq_replay_options,
         positional: 1,

@@ -483,7 +483,7 @@ fn read_options(o: &mut getopts::Options, max_default: &str) {
     o.optopt(
         "",
         "max",
-        &format!("records of each partition, at most ({max_default})"),
+        &format!("records of each partition, at most (default {max_default})"),
         "N",
     );
 }
