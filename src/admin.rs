@@ -13,7 +13,8 @@
 //! there, plus the `Snapshot` field that feeds it if it is new. The HTTP side lives in
 //! `http.rs`.
 //!
-//! Depends on `broker` and `consume` for the shapes of the snapshot's parts.
+//! Depends on `broker` and `consume` for the shapes of the snapshot's parts and of a
+//! page of records (`broker::peek`), and on `wire` for the error registry's names.
 
 mod http;
 mod metrics;
