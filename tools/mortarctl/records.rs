@@ -43,12 +43,6 @@ impl Start {
     }
 }
 
-/// A topic's partitions as one page of each reports them.
-struct Partitions {
-    /// The partitions to read: `--partition`, else every one.
-    list: Vec<u16>,
-}
-
 /// One record of a page, decoded.
 struct Rec {
     json: Value,
@@ -128,16 +122,14 @@ fn decode(r: &Value, field: &str) -> Result<Vec<u8>, Failure> {
 }
 
 /// The partitions to read: `--partition P` (checked against the topic's count), or all.
-fn partitions(ctx: &Ctx, topic: &str) -> Result<Partitions, Failure> {
+fn partitions(ctx: &Ctx, topic: &str) -> Result<Vec<u16>, Failure> {
     let given = match ctx.matches.opt_str("partition") {
         Some(p) => Some(parse_num::<u16>("partition", &p)?),
         None => None,
     };
     // A one-record page of partition 0 (or the one given) says how many there are.
     let probe = page(ctx, topic, given.unwrap_or(0), Start::Sequence(0), 1)?;
-    Ok(Partitions {
-        list: given.map_or_else(|| (0..probe.partitions).collect(), |p| vec![p]),
-    })
+    Ok(given.map_or_else(|| (0..probe.partitions).collect(), |p| vec![p]))
 }
 
 /// `--from SEQ` or `--from-time TIME` (ms since the Unix epoch, or a duration ago).
@@ -167,10 +159,12 @@ fn time_ms(text: &str) -> Result<u64, Failure> {
     Ok(now.saturating_sub(ago).as_millis() as u64)
 }
 
+/// `--max N` (1 or more) or `default`.
 fn max(ctx: &Ctx, flag: &str, default: u64) -> Result<u64, Failure> {
-    match ctx.matches.opt_str(flag) {
+    match ctx.matches.opt_str(flag).map(|n| parse_num(flag, &n)) {
         None => Ok(default),
-        Some(n) => parse_num(flag, &n),
+        Some(Ok(0)) => usage_err(format!("--{flag} 0 would read nothing; give 1 or more")),
+        Some(n) => n,
     }
 }
 
@@ -252,7 +246,7 @@ fn twin_arg(ctx: &Ctx) -> Result<String, Failure> {
 pub(crate) fn cmd_peek(ctx: &Ctx) -> Outcome {
     let topic = topic_arg(ctx)?;
     let (start, max) = (start(ctx)?, max(ctx, "max", PEEK_MAX_DEFAULT)?);
-    for p in partitions(ctx, topic)?.list {
+    for p in partitions(ctx, topic)? {
         let from = start.unwrap_or(Start::Sequence(0));
         if print_from(ctx, topic, p, from, max)?.is_none() {
             break;
@@ -263,14 +257,21 @@ pub(crate) fn cmd_peek(ctx: &Ctx) -> Outcome {
 
 pub(crate) fn cmd_tail(ctx: &Ctx) -> Outcome {
     let topic = topic_arg(ctx)?;
-    let lines = max(ctx, "lines", TAIL_LINES_DEFAULT)?;
+    let lines = match ctx.matches.opt_str("lines") {
+        Some(n) => parse_num("lines", &n)?,
+        None => TAIL_LINES_DEFAULT,
+    };
     let poll = match ctx.matches.opt_str("poll") {
         None => TAIL_POLL_INTERVAL,
         Some(text) => parse_duration(&text).or_else(|why| usage_err(format!("--poll: {why}")))?,
     };
     let mut next = Vec::new();
-    for p in partitions(ctx, topic)?.list {
+    for p in partitions(ctx, topic)? {
         let last = page(ctx, topic, p, Start::Sequence(0), 1)?.last_sequence;
+        if lines == 0 {
+            next.push((p, last + 1));
+            continue;
+        }
         let from = Start::Sequence((last + 1).saturating_sub(lines));
         match print_from(ctx, topic, p, from, lines)? {
             Some(at) => next.push((p, at)),
@@ -312,7 +313,13 @@ fn stdout_closed(wait: Duration) -> bool {
     let timeout = Timespec::try_from(wait).ok();
     match poll(&mut fds, timeout.as_ref()) {
         Ok(n) if n > 0 => fds[0].revents().intersects(PollFlags::ERR | PollFlags::HUP),
-        _ => false,
+        Ok(_) => false,
+        // Interrupted, or stdout cannot be polled: wait anyway, or the broker would be
+        // asked without pause; a gone reader still shows on the next write.
+        Err(_) => {
+            std::thread::sleep(wait);
+            false
+        }
     }
 }
 
@@ -322,7 +329,7 @@ pub(crate) fn cmd_dlq_list(ctx: &Ctx) -> Outcome {
     let json = ctx.matches.opt_present("json");
     let mut out = io::stdout().lock();
     let mut shown = 0;
-    for p in partitions(ctx, &twin)?.list {
+    for p in partitions(ctx, &twin)? {
         let mut at = start.unwrap_or(Start::Sequence(0));
         let mut left = max;
         while left > 0 {
@@ -392,7 +399,7 @@ pub(crate) fn cmd_dlq_replay(ctx: &Ctx) -> Outcome {
     let mut producer = ctx.producer(Some(durability))?;
     let mut replayed = 0u64;
     let mut spans = Vec::new();
-    for p in partitions(ctx, &twin)?.list {
+    for p in partitions(ctx, &twin)? {
         let first = page(ctx, &twin, p, start, 1)?;
         // Up to the end as it is now: dead letters the replayed records make again are
         // left for the next replay instead of being chased for ever.
