@@ -361,7 +361,10 @@ fn peek_prints_records_without_consuming_them() {
     );
     assert_eq!(both.status.code(), Some(2), "{}", text(&both.stderr));
     assert_eq!(ctl(&broker, &["peek", "bad name"]).status.code(), Some(2));
-    assert_eq!(ctl(&broker, &["peek", "logs", "--max", "0"]).status.code(), Some(2));
+    assert_eq!(
+        ctl(&broker, &["peek", "logs", "--max", "0"]).status.code(),
+        Some(2)
+    );
     assert_eq!(ok(&broker, &["tail", "logs", "-n", "0"]), "");
     assert_eq!(ok(&broker, &["tail", "logs", "-n", "1"]), "a1\nb0\n");
 }
