@@ -10,7 +10,9 @@
 //! the one in `impl Default` of the layer that uses it (`ReactorConfig`, `BrokerConfig`,
 //! `LogConfig`, `ConsumeConfig`), and unit tests of a layer run on the production numbers.
 //! Only the flags no layer owns (`--admin-listen`, `--listen-peer`, `--token-file`,
-//! `--fsync-threads`) have their defaults in [`Config`]'s `Default`.
+//! `--fsync-threads`) have their defaults in [`Config`]'s `Default`, and the cluster flags
+//! theirs in [`ClusterConfig`]'s until the replica room that will run them exists
+//! (`docs/REPLICATION.md` §6, §10).
 //!
 //! Dependencies: `std`, `getopts`, and the config types (and limits) of `wire`, `log`,
 //! `consume`, `broker` and `reactor`; nothing that runs.
@@ -74,6 +76,22 @@ pub const LISTEN_BACKLOG_MAX: u64 = i32::MAX as u64;
 /// Largest `--max-credit-size`: SUB and CREDIT carry `credit_bytes` as a u32.
 pub const CREDIT_SIZE_BYTES_MAX: u64 = u32::MAX as u64;
 
+/// Largest `--node-id`: the spec's ids are 1..=255 (a u8 on the peer links).
+pub const NODE_ID_MAX: u64 = u8::MAX as u64;
+
+/// The cluster sizes `--peers` may name: odd, so that a majority is unambiguous, and small,
+/// because every node holds every record (`docs/REPLICATION.md` §3).
+pub const CLUSTER_NODES_ALLOWED: [usize; 2] = [3, 5];
+
+/// `--raft-tick` bounds. Below 10 ms the tick timer would wake the reactor more often than
+/// a pass takes on a busy host; above 10 s a failover would take minutes.
+pub const RAFT_TICK_MS_MIN: u64 = 10;
+pub const RAFT_TICK_MS_MAX: u64 = 10 * MS_PER_SECOND;
+
+/// Largest `--heartbeat-ticks` and `--election-ticks`: with the longest tick, more would
+/// put an election timeout past a day, which no operator means.
+pub const RAFT_TICKS_MAX: u64 = 10_000;
+
 /// The largest frame on the wire, length prefix included: the least `--max-output-size`.
 const FRAME_BYTES_MAX: u64 = MAX_FRAME_LEN_BYTES as u64 + FRAME_HEADER_BYTES as u64;
 
@@ -97,6 +115,8 @@ pub struct Config {
     pub admin_listen: Option<SocketAddr>,
     /// `--listen-peer`: reserved for replication; accepted and reported, nothing binds it.
     pub listen_peer: Option<SocketAddr>,
+    /// `--node-id`, `--peers` and the replication settings.
+    pub cluster: ClusterConfig,
     /// `--token-file`: one token per line; `None` = every token is accepted.
     pub token_file: Option<PathBuf>,
     /// `--fsync-threads`: fdatasync worker pool size.
@@ -105,6 +125,69 @@ pub struct Config {
     pub log_level: LogLevel,
     /// `--log-format`: how each log line on standard error is written.
     pub log_format: LogFormat,
+}
+
+/// One `--peers` entry: a node's id and the address its peer links are dialled at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    pub id: u8,
+    pub addr: SocketAddr,
+}
+
+/// The cluster flags (`docs/REPLICATION.md` §6). Without `--peers` the broker is a single
+/// node and only the tuning values are checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// `--node-id`: this node's id among `peers`; required with `--peers`.
+    pub node_id: Option<u8>,
+    /// `--peers`: every node of the cluster, this one included, sorted by id; empty = a
+    /// single node.
+    pub peers: Vec<Peer>,
+    /// `--advertise`: the client address peers hand out in NOT_LEADER; `None` = `--listen`.
+    pub advertise: Option<SocketAddr>,
+    /// `--replication-timeout`: how long a REPLICATED PUB waits for a majority, and how
+    /// long a node may be without a leader before LEADER_UNKNOWN becomes
+    /// ELECTION_TIMEOUT.
+    pub replication_timeout_ms: u64,
+    /// `--raft-tick`: raft's logical clock.
+    pub raft_tick_ms: u64,
+    /// `--heartbeat-ticks`: a leader heartbeats every this many ticks.
+    pub heartbeat_ticks: u32,
+    /// `--election-ticks`: a follower that heard no leader for a random time in
+    /// `[election_ticks, 2 * election_ticks)` ticks starts an election.
+    pub election_ticks: u32,
+    /// `--journal-retain`: journal kept for lagging followers before they get a snapshot.
+    pub journal_retain_bytes: u64,
+}
+
+impl Default for ClusterConfig {
+    /// Fails over in about 1.6 s (`docs/REPLICATION.md` §6): an election after 0.5–1.0 s
+    /// of silence, heartbeats every 100 ms.
+    fn default() -> Self {
+        ClusterConfig {
+            node_id: None,
+            peers: Vec::new(),
+            advertise: None,
+            replication_timeout_ms: 5 * MS_PER_SECOND,
+            raft_tick_ms: 50,
+            heartbeat_ticks: 2,
+            election_ticks: 10,
+            journal_retain_bytes: 256 * MIB,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// `--peers` was given: this node is one of a cluster.
+    pub fn is_cluster(&self) -> bool {
+        !self.peers.is_empty()
+    }
+
+    /// This node's own `--peers` entry.
+    pub fn own_peer(&self) -> Option<Peer> {
+        let id = self.node_id?;
+        self.peers.iter().copied().find(|p| p.id == id)
+    }
 }
 
 /// `--log-level`, least to most detailed; `main` maps it onto the `log` crate's levels
@@ -166,6 +249,7 @@ impl Default for Config {
             broker: BrokerConfig::default(),
             admin_listen: Some(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 7412))),
             listen_peer: None,
+            cluster: ClusterConfig::default(),
             token_file: None,
             fsync_threads: 2,
             log_level: LogLevel::Info,
@@ -214,15 +298,17 @@ enum Group {
     Storage,
     Publish,
     Consume,
+    Cluster,
     Limits,
     Logging,
 }
 
-const GROUPS: [(Group, &str); 6] = [
+const GROUPS: [(Group, &str); 7] = [
     (Group::Network, "Network"),
     (Group::Storage, "Storage"),
     (Group::Publish, "Publish"),
     (Group::Consume, "Consume"),
+    (Group::Cluster, "Cluster"),
     (Group::Limits, "Limits"),
     (Group::Logging, "Logging"),
 ];
@@ -244,6 +330,12 @@ struct Num {
 enum Field {
     Addr(At<SocketAddr>),
     AddrOrOff(At<Option<SocketAddr>>),
+    /// An address that may be unset (rendered `none`): another flag supplies it.
+    OptAddr(At<Option<SocketAddr>>),
+    /// `--node-id`: 1..=[`NODE_ID_MAX`], or unset (rendered `none`).
+    NodeId(At<Option<u8>>),
+    /// `--peers`: `ID=IP:PORT,...`, or `off`.
+    Peers(At<Vec<Peer>>),
     Path(At<PathBuf>),
     /// A path that may be unset (rendered `none`).
     OptPath(At<Option<PathBuf>>),
@@ -343,7 +435,7 @@ macro_rules! field {
 #[rustfmt::skip]
 const FLAGS: &[FlagSpec] = {
     use Bounds::{AtLeastOne, Any, Positive, Within};
-    use Group::{Consume, Limits, Logging, Network, Publish, Storage};
+    use Group::{Cluster, Consume, Limits, Logging, Network, Publish, Storage};
     &[
     row("listen", Network, field!(Addr, reactor.listen), Any,
         "client protocol (v1) listener, IP:PORT"),
@@ -416,6 +508,23 @@ const FLAGS: &[FlagSpec] = {
     row("group-ttl", Consume, field!(Dur, broker.consume.group_ttl_ms),
         Positive("0 would remove a group as soon as its last member leaves"),
         "remove a group without members, and its positions"),
+    row("node-id", Cluster, field!(NodeId, cluster.node_id), Any,
+        "this node's id in --peers (1..255); with --peers only"),
+    row("peers", Cluster, field!(Peers, cluster.peers), Any,
+        "every node's peer address, this one too (3 or 5)"),
+    row("advertise", Cluster, field!(OptAddr, cluster.advertise), Any,
+        "client address NOT_LEADER names; none = --listen"),
+    row("replication-timeout", Cluster, field!(Dur, cluster.replication_timeout_ms),
+        Positive("0 would time out every REPLICATED PUB at once"),
+        "REPLICATED wait, then REPLICATION_TIMEOUT"),
+    row("raft-tick", Cluster, field!(Dur, cluster.raft_tick_ms),
+        Within(RAFT_TICK_MS_MIN, RAFT_TICK_MS_MAX, ""), "raft's clock (10ms..10s)"),
+    row("heartbeat-ticks", Cluster, field!(Count(u32::MAX), cluster.heartbeat_ticks),
+        Within(1, RAFT_TICKS_MAX, ""), "the leader heartbeats every N ticks"),
+    row("election-ticks", Cluster, field!(Count(u32::MAX), cluster.election_ticks),
+        Within(1, RAFT_TICKS_MAX, ""), "elect after N..2N ticks without a leader"),
+    row("journal-retain", Cluster, field!(Size, cluster.journal_retain_bytes), Any,
+        "journal kept for laggards, then a snapshot"),
     row("max-memory", Limits, field!(Size, reactor.max_memory_bytes), Any,
         "broker-wide buffer budget, then MEMORY_LIMIT"),
     row("max-output-size", Limits, field!(Size, reactor.max_output_bytes), Any,
@@ -443,8 +552,11 @@ impl FlagSpec {
         match self.field {
             Field::Addr(_) => "ADDR",
             Field::AddrOrOff(_) => "ADDR|off",
+            Field::OptAddr(_) => "ADDR",
+            Field::NodeId(_) => "N",
+            Field::Peers(_) => "ID=ADDR,...",
             Field::Path(_) | Field::OptPath(_) => "PATH",
-            Field::Durability(_) => "written|fsync",
+            Field::Durability(_) => "LEVEL",
             Field::LogLevel(_) => "LEVEL",
             Field::LogFormat(_) => "text|json",
             Field::Dur(_) => "DUR",
@@ -459,6 +571,9 @@ impl FlagSpec {
         match &self.field {
             Field::Addr(at) => *(at.get_mut)(c) = parse_addr(text)?,
             Field::AddrOrOff(at) => *(at.get_mut)(c) = parse_addr_or_off(text)?,
+            Field::OptAddr(at) => *(at.get_mut)(c) = Some(parse_addr(text)?),
+            Field::NodeId(at) => *(at.get_mut)(c) = Some(parse_node_id(text)?),
+            Field::Peers(at) => *(at.get_mut)(c) = parse_peers(text)?,
             Field::Path(at) => *(at.get_mut)(c) = parse_path(text)?,
             Field::OptPath(at) => *(at.get_mut)(c) = Some(parse_path(text)?),
             Field::Durability(at) => *(at.get_mut)(c) = parse_durability(text)?,
@@ -512,6 +627,9 @@ impl FlagSpec {
         let text = match &self.field {
             Field::Addr(at) => (at.get)(c).to_string(),
             Field::AddrOrOff(at) => format_addr_or_off(*(at.get)(c)),
+            Field::OptAddr(at) => return (at.get)(c).map(|a| a.to_string()),
+            Field::NodeId(at) => return (at.get)(c).map(|id| id.to_string()),
+            Field::Peers(at) => format_peers((at.get)(c)),
             Field::Path(at) => (at.get)(c).display().to_string(),
             Field::OptPath(at) => return (at.get)(c).as_ref().map(|p| p.display().to_string()),
             Field::Durability(at) => (at.get)(c).to_string(),
@@ -542,7 +660,93 @@ impl Config {
                 .map_err(|why| flag_error(flag.name, &why))?;
         }
         self.validate_sizes()?;
-        self.validate_listeners()
+        self.validate_listeners()?;
+        self.validate_raft_clock()?;
+        if self.cluster.is_cluster() {
+            self.validate_cluster()
+        } else {
+            self.validate_single_node()
+        }
+    }
+
+    /// Raft's own rule (its `Config::validate`): a follower must hear several heartbeats
+    /// within one election timeout, or it calls elections against a live leader.
+    fn validate_raft_clock(&self) -> Result<(), ConfigError> {
+        let c = &self.cluster;
+        if c.election_ticks <= c.heartbeat_ticks {
+            return Err(flag_error(
+                "election-ticks",
+                &format!(
+                    "{} must be more than --heartbeat-ticks {}",
+                    c.election_ticks, c.heartbeat_ticks
+                ),
+            ));
+        }
+        // A laggard gets a snapshot once it is this far behind: less than one journal file
+        // would send snapshots to a follower that merely restarted.
+        let (retain, file) = (c.journal_retain_bytes, self.broker.journal_file_bytes);
+        not_below("journal-retain", retain, "journal-file-size", file, "")
+    }
+
+    /// Without `--peers`, the flags that only name this node's place in a cluster would
+    /// silently do nothing; they are refused instead.
+    fn validate_single_node(&self) -> Result<(), ConfigError> {
+        let why = "only with --peers (without it this is a single node)";
+        if self.cluster.node_id.is_some() {
+            return Err(flag_error("node-id", why));
+        }
+        if self.cluster.advertise.is_some() {
+            return Err(flag_error("advertise", why));
+        }
+        if self.broker.durability == Durability::Replicated {
+            return Err(flag_error(
+                "durability",
+                "replicated needs --peers (a single node answers REPLICATED with \
+                 0x600B DURABILITY_UNAVAILABLE)",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_cluster(&self) -> Result<(), ConfigError> {
+        let c = &self.cluster;
+        if !CLUSTER_NODES_ALLOWED.contains(&c.peers.len()) {
+            return Err(flag_error(
+                "peers",
+                &format!(
+                    "{} nodes; a cluster has 3 or 5 (an odd number, for a clear majority)",
+                    c.peers.len()
+                ),
+            ));
+        }
+        for (i, a) in c.peers.iter().enumerate() {
+            if let Some(b) = c.peers[i + 1..].iter().find(|b| b.addr == a.addr) {
+                let why = format!("nodes {} and {} share the address {}", a.id, b.id, a.addr);
+                return Err(flag_error("peers", &why));
+            }
+        }
+        let Some(id) = c.node_id else {
+            return Err(flag_error(
+                "peers",
+                "needs --node-id (which of them this node is)",
+            ));
+        };
+        if c.own_peer().is_none() {
+            let ids: Vec<String> = c.peers.iter().map(|p| p.id.to_string()).collect();
+            let why = format!("{id} is not in --peers (ids {})", ids.join(", "));
+            return Err(flag_error("node-id", &why));
+        }
+        let listen = self.reactor.listen;
+        if c.advertise.is_none() && listen.ip().is_unspecified() {
+            return Err(flag_error(
+                "advertise",
+                &format!(
+                    "required with --peers when --listen {listen} is an unspecified \
+                     address: NOT_LEADER must name an address clients can reach"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn validate_sizes(&self) -> Result<(), ConfigError> {
@@ -587,7 +791,11 @@ impl Config {
         let listeners = [
             ("listen", Some(self.reactor.listen)),
             ("admin-listen", self.admin_listen),
-            ("listen-peer", self.listen_peer),
+            // Without --listen-peer, peer links are accepted at this node's --peers entry.
+            match self.listen_peer {
+                Some(addr) => ("listen-peer", Some(addr)),
+                None => ("peers", self.listen_peer_addr()),
+            },
         ];
         for (i, (name_a, addr_a)) in listeners.iter().enumerate() {
             for (name_b, addr_b) in &listeners[i + 1..] {
@@ -602,6 +810,12 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Where peer links are accepted: `--listen-peer`, else this node's `--peers` entry.
+    pub fn listen_peer_addr(&self) -> Option<SocketAddr> {
+        self.listen_peer
+            .or_else(|| self.cluster.own_peer().map(|p| p.addr))
     }
 
     /// Settings that are legal but worth a `warn!` at start; `main` logs each line (this
@@ -704,6 +918,11 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Co
             f.apply(&mut config, &value)
                 .map_err(|why| flag_error(f.name, &why))?;
         }
+    }
+    // In a cluster, a PUB asking for the DEFAULT durability gets REPLICATED: the level
+    // that survives the loss of a node, which is what a cluster is run for.
+    if config.cluster.is_cluster() && !matches.opt_present("durability") {
+        config.broker.durability = Durability::Replicated;
     }
     config.validate()?;
     Ok(Command::Run(config))
@@ -950,6 +1169,50 @@ fn format_addr_or_off(a: Option<SocketAddr>) -> String {
     a.map_or_else(|| "off".to_string(), |a| a.to_string())
 }
 
+fn parse_node_id(s: &str) -> Result<u8, String> {
+    match parse_count(s, NODE_ID_MAX)? {
+        0 => Err(format!(
+            "'{s}' is out of range (node ids are 1..{NODE_ID_MAX})"
+        )),
+        id => Ok(id as u8),
+    }
+}
+
+/// `off`, or `ID=IP:PORT` entries separated by commas, each id once. Sorted by id, so
+/// that every node, whatever order its operator wrote, holds the same list.
+fn parse_peers(s: &str) -> Result<Vec<Peer>, String> {
+    if s == "off" {
+        return Ok(Vec::new());
+    }
+    let mut peers = Vec::new();
+    for item in s.split(',') {
+        let (id, addr) = item.split_once('=').ok_or_else(|| {
+            format!("'{item}' is not ID=IP:PORT (e.g. 1=10.0.0.1:7413,2=10.0.0.2:7413,...)")
+        })?;
+        let peer = Peer {
+            id: parse_node_id(id).map_err(|why| format!("in '{item}': {why}"))?,
+            addr: parse_addr(addr).map_err(|why| format!("in '{item}': {why}"))?,
+        };
+        if peers.iter().any(|p: &Peer| p.id == peer.id) {
+            return Err(format!("node id {} is given more than once", peer.id));
+        }
+        peers.push(peer);
+    }
+    peers.sort_by_key(|p| p.id);
+    Ok(peers)
+}
+
+fn format_peers(peers: &[Peer]) -> String {
+    if peers.is_empty() {
+        return "off".to_string();
+    }
+    let items: Vec<String> = peers
+        .iter()
+        .map(|p| format!("{}={}", p.id, p.addr))
+        .collect();
+    items.join(",")
+}
+
 fn parse_path(s: &str) -> Result<PathBuf, String> {
     if s.is_empty() {
         return Err("an empty path".to_string());
@@ -959,8 +1222,10 @@ fn parse_path(s: &str) -> Result<PathBuf, String> {
 
 fn parse_durability(s: &str) -> Result<Durability, String> {
     match Durability::from_flag_name(s) {
-        Some(d @ (Durability::Written | Durability::Fsynced)) => Ok(d),
-        _ => Err(format!("'{s}' is not a durability (use written or fsync)")),
+        Some(d) => Ok(d),
+        None => Err(format!(
+            "'{s}' is not a durability (use written, fsync or replicated)"
+        )),
     }
 }
 
@@ -1016,6 +1281,14 @@ mod tests {
         "max-credit-size",
         "commit-interval",
         "group-ttl",
+        "node-id",
+        "peers",
+        "advertise",
+        "replication-timeout",
+        "raft-tick",
+        "heartbeat-ticks",
+        "election-ticks",
+        "journal-retain",
         "max-memory",
         "max-output-size",
         "max-pending-requests",
@@ -1274,6 +1547,27 @@ mod tests {
         ("group-ttl", "1h", |c| {
             c.broker.consume.group_ttl_ms == 3_600_000
         }),
+        ("node-id", "2", |c| c.cluster.node_id == Some(2)),
+        (
+            "peers",
+            "3=10.0.0.3:7413,1=10.0.0.1:7413,2=10.0.0.2:7413",
+            |c| {
+                let ids: Vec<u8> = c.cluster.peers.iter().map(|p| p.id).collect();
+                ids == [1, 2, 3] && c.cluster.peers[2].addr == "10.0.0.3:7413".parse().unwrap()
+            },
+        ),
+        ("advertise", "10.0.0.2:9000", |c| {
+            c.cluster.advertise == "10.0.0.2:9000".parse().ok()
+        }),
+        ("replication-timeout", "2s", |c| {
+            c.cluster.replication_timeout_ms == 2_000
+        }),
+        ("raft-tick", "100ms", |c| c.cluster.raft_tick_ms == 100),
+        ("heartbeat-ticks", "3", |c| c.cluster.heartbeat_ticks == 3),
+        ("election-ticks", "20", |c| c.cluster.election_ticks == 20),
+        ("journal-retain", "1GiB", |c| {
+            c.cluster.journal_retain_bytes == 1 << 30
+        }),
         ("max-memory", "512MiB", |c| {
             c.reactor.max_memory_bytes == 512 << 20
         }),
@@ -1296,24 +1590,47 @@ mod tests {
 
     use std::path::Path;
 
+    const PEERS: &str = "1=10.0.0.1:7413,2=10.0.0.2:7413,3=10.0.0.3:7413";
+
+    /// The flags a cluster flag cannot go without, to try it alone.
+    fn needed_with(name: &str) -> Vec<&'static str> {
+        match name {
+            "node-id" => vec!["--peers", PEERS],
+            "peers" => vec!["--node-id", "1"],
+            "advertise" => vec!["--node-id", "1", "--peers", PEERS],
+            _ => vec![],
+        }
+    }
+
     #[test]
     fn every_flag_in_both_forms() {
         let defaults = Config::default();
         for &(name, value, check) in FLAG_CASES {
-            let spaced = run(&[&format!("--{name}"), value]);
-            let joined = run(&[&format!("--{name}={value}")]);
+            let needed = needed_with(name);
+            let spaced_flag = format!("--{name}");
+            let joined_flag = format!("--{name}={value}");
+            let spaced = run(&[&needed[..], &[spaced_flag.as_str(), value]].concat());
+            let joined = run(&[&needed[..], &[joined_flag.as_str()]].concat());
             assert!(check(&spaced), "--{name} {value} did not set its field");
             assert_eq!(spaced, joined, "--{name}");
             assert_ne!(spaced, defaults, "--{name} {value} changed nothing");
-            // Exactly one field moved: render every flag and compare with the defaults.
-            let moved: Vec<_> = spaced
+            // Only this field moved (with what it needs, and the durability a cluster
+            // defaults to): render every flag and compare with the defaults.
+            let mut moved: Vec<_> = spaced
                 .flag_values()
                 .into_iter()
                 .zip(defaults.flag_values())
                 .filter(|(a, b)| a != b)
                 .map(|(a, _)| a.0)
                 .collect();
-            assert_eq!(moved, vec![name], "--{name} {value}");
+            let mut want: Vec<&str> = needed.iter().filter_map(|a| a.strip_prefix("--")).collect();
+            want.push(name);
+            if spaced.cluster.is_cluster() {
+                want.push("durability");
+            }
+            moved.sort_unstable();
+            want.sort_unstable();
+            assert_eq!(moved, want, "--{name} {value}");
         }
     }
 
@@ -1342,7 +1659,12 @@ mod tests {
             .into_iter()
             .filter_map(|(name, value)| value.map(|v| format!("--{name}={v}")))
             .collect();
-        assert_eq!(list.len(), FLAGS.len() - 1, "only --token-file is unset");
+        let unset = ["token-file", "node-id", "advertise"];
+        assert_eq!(
+            list.len(),
+            FLAGS.len() - unset.len(),
+            "only {unset:?} are unset"
+        );
         assert_eq!(parse_args(list), Ok(Command::Run(Config::default())));
     }
 
@@ -1413,8 +1735,10 @@ mod tests {
         let e = err(&["--durability", "always"]);
         assert_eq!(
             e,
-            "mortard: --durability: 'always' is not a durability (use written or fsync)"
+            "mortard: --durability: 'always' is not a durability (use written, fsync or \
+             replicated)"
         );
+        assert!(err(&["--durability", "replicated"]).contains("replicated needs --peers"));
         assert!(err(&["--durability", "FSYNC"]).contains("not a durability"));
     }
 
@@ -1494,6 +1818,13 @@ mod tests {
         assert_eq!(k.max_subscriptions_per_conn, 64);
         assert_eq!(k.max_groups, 1024);
         assert_eq!(k.max_members_per_group, 256);
+        let cl = &c.cluster;
+        assert_eq!((cl.node_id, cl.peers.len(), cl.advertise), (None, 0, None));
+        assert_eq!(cl.replication_timeout_ms, 5_000);
+        assert_eq!(cl.raft_tick_ms, 50);
+        assert_eq!(cl.heartbeat_ticks, 2);
+        assert_eq!(cl.election_ticks, 10);
+        assert_eq!(cl.journal_retain_bytes, 256 << 20);
         assert_eq!(c.validate(), Ok(()));
         assert_eq!(run(&[]), c);
         assert!(c.warnings().is_empty());
@@ -1550,7 +1881,7 @@ mod tests {
         }
         let mut last = 0;
         for title in [
-            "Network:", "Storage:", "Publish:", "Consume:", "Limits:", "Other:",
+            "Network:", "Storage:", "Publish:", "Consume:", "Cluster:", "Limits:", "Other:",
         ] {
             let at = help.find(title).unwrap_or_else(|| panic!("no {title}"));
             assert!(at > last, "{title} out of order");
@@ -1768,6 +2099,185 @@ mod tests {
             "127.0.0.2:7411",
         ]);
         run(&["--admin-listen", "off", "--listen", "127.0.0.1:7412"]);
+    }
+
+    fn cluster(extra: &[&str]) -> Result<Config, String> {
+        let list = [&["--node-id", "2", "--peers", PEERS][..], extra].concat();
+        match parse_args(args(&list)) {
+            Ok(Command::Run(c)) => Ok(c),
+            Err(ConfigError(text)) => Err(text),
+            other => panic!("{list:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_cluster_node_names_itself_among_its_peers() {
+        let c = cluster(&[]).unwrap();
+        assert!(c.cluster.is_cluster());
+        let own = c.cluster.own_peer().unwrap();
+        assert_eq!((own.id, own.addr), (2, "10.0.0.2:7413".parse().unwrap()));
+        assert_eq!(
+            c.listen_peer_addr(),
+            Some(own.addr),
+            "--listen-peer defaults to it"
+        );
+        assert_eq!(
+            c.broker.durability,
+            Durability::Replicated,
+            "the cluster default"
+        );
+        let written = cluster(&["--durability", "written"]).unwrap();
+        assert_eq!(written.broker.durability, Durability::Written);
+        let bound = cluster(&["--listen-peer", "0.0.0.0:7413"]).unwrap();
+        assert_eq!(bound.listen_peer_addr(), "0.0.0.0:7413".parse().ok());
+        // Five nodes, written in any order, come out sorted by id.
+        let five = "5=10.0.0.5:1,4=10.0.0.4:1,3=10.0.0.3:1,2=10.0.0.2:1,1=10.0.0.1:1";
+        let c = run(&["--node-id", "5", "--peers", five]);
+        let ids: Vec<u8> = c.cluster.peers.iter().map(|p| p.id).collect();
+        assert_eq!(ids, [1, 2, 3, 4, 5]);
+        assert_eq!(
+            c.flag_values()[FLAG_NAMES.iter().position(|&n| n == "peers").unwrap()].1,
+            Some("1=10.0.0.1:1,2=10.0.0.2:1,3=10.0.0.3:1,4=10.0.0.4:1,5=10.0.0.5:1".into())
+        );
+        assert!(!run(&[]).cluster.is_cluster());
+        assert!(!run(&["--peers", "off"]).cluster.is_cluster());
+        // --listen on every address needs an address to hand clients.
+        let any = ["--listen", "0.0.0.0:7411", "--token-file", "/t"];
+        assert!(cluster(&any)
+            .unwrap_err()
+            .contains("--advertise: required with --peers"));
+        assert!(cluster(&[&any[..], &["--advertise", "10.0.0.2:7411"]].concat()).is_ok());
+    }
+
+    #[test]
+    fn cluster_flags_are_checked() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--node-id", "1"], "--node-id: only with --peers"),
+            (
+                &["--advertise", "10.0.0.1:7411"],
+                "--advertise: only with --peers",
+            ),
+            (&["--peers", PEERS], "--peers: needs --node-id"),
+            (
+                &["--node-id", "4", "--peers", PEERS],
+                "--node-id: 4 is not in --peers (ids 1, 2, 3)",
+            ),
+            (
+                &["--node-id", "0", "--peers", PEERS],
+                "--node-id: '0' is out of range",
+            ),
+            (
+                &["--node-id", "256"],
+                "--node-id: '256' is too large (max 255)",
+            ),
+            (
+                &["--node-id", "1", "--peers", "1=10.0.0.1:1,2=10.0.0.2:1"],
+                "--peers: 2 nodes; a cluster has 3 or 5",
+            ),
+            (
+                &[
+                    "--node-id",
+                    "1",
+                    "--peers",
+                    "1=10.0.0.1:1,2=10.0.0.2:1,3=10.0.0.3:1,4=10.0.0.4:1",
+                ],
+                "--peers: 4 nodes",
+            ),
+            (
+                &[
+                    "--node-id",
+                    "1",
+                    "--peers",
+                    "1=10.0.0.1:1,2=10.0.0.2:1,1=10.0.0.3:1",
+                ],
+                "--peers: node id 1 is given more than once",
+            ),
+            (
+                &[
+                    "--node-id",
+                    "1",
+                    "--peers",
+                    "1=10.0.0.1:1,2=10.0.0.1:1,3=10.0.0.3:1",
+                ],
+                "--peers: nodes 1 and 2 share the address 10.0.0.1:1",
+            ),
+            (
+                &[
+                    "--node-id",
+                    "1",
+                    "--peers",
+                    "1=localhost:1,2=10.0.0.2:1,3=10.0.0.3:1",
+                ],
+                "--peers: in '1=localhost:1': 'localhost:1' is not an address",
+            ),
+            (
+                &["--node-id", "1", "--peers", "10.0.0.1:1"],
+                "'10.0.0.1:1' is not ID=IP:PORT",
+            ),
+            (
+                &[
+                    "--node-id",
+                    "1",
+                    "--peers",
+                    "1=127.0.0.1:7411,2=10.0.0.2:1,3=10.0.0.3:1",
+                ],
+                "--peers: 127.0.0.1:7411 clashes with --listen 127.0.0.1:7411",
+            ),
+            (
+                &["--election-ticks", "2"],
+                "--election-ticks: 2 must be more than --heartbeat-ticks 2",
+            ),
+            (
+                &["--heartbeat-ticks", "0"],
+                "--heartbeat-ticks: 0 is out of range (allowed 1..10000)",
+            ),
+            (
+                &["--election-ticks", "10001"],
+                "--election-ticks: 10001 is out of range",
+            ),
+            (
+                &["--raft-tick", "5ms"],
+                "--raft-tick: 5ms is out of range (allowed 10ms..10s)",
+            ),
+            (&["--raft-tick", "11s"], "--raft-tick: 11s is out of range"),
+            (
+                &["--replication-timeout", "0s"],
+                "--replication-timeout: must be more than 0s",
+            ),
+            (
+                &["--journal-retain", "1MiB"],
+                "--journal-retain: 1MiB is smaller than --journal-file-size 64MiB",
+            ),
+        ];
+        for (list, want) in cases {
+            let e = err(list);
+            assert!(e.contains(want), "{list:?}: {e}");
+        }
+        run(&[
+            "--heartbeat-ticks",
+            "1",
+            "--election-ticks",
+            "2",
+            "--raft-tick",
+            "10ms",
+        ]);
+        run(&["--journal-retain", "64KiB", "--journal-file-size", "64KiB"]);
+    }
+
+    /// Issue 15: the defaults fail over in at most 3 s. A follower calls an election at
+    /// most two election timeouts (the randomized upper end) after the leader's last
+    /// heartbeat; even one split vote (a second round) fits.
+    #[test]
+    fn the_default_raft_clock_fails_over_within_3_seconds() {
+        let c = ClusterConfig::default();
+        let election_ms_max = 2 * u64::from(c.election_ticks) * c.raft_tick_ms;
+        assert_eq!(election_ms_max, 1_000);
+        assert!(2 * election_ms_max <= 3_000);
+        let heartbeat_ms = u64::from(c.heartbeat_ticks) * c.raft_tick_ms;
+        assert!(
+            5 * heartbeat_ms <= election_ms_max / 2,
+            "several heartbeats per timeout"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! | [`fsync`] | the worker pool that runs durable I/O off the reactor thread | nothing |
 //! | [`consume`] | consumer groups, credit, delivery, redelivery: a pure state machine | `wire` |
 //! | [`broker`] | registry, publish, group commit, consume; blocking I/O as jobs | those four |
+//! | [`broker::replica`] | replication: the raft group and its storage | `broker`'s, `raft`† |
 //! | [`session`] | CONNECT, the one dispatch, response slots in order | `wire`, `broker` |
 //! | [`reactor`] | the mio loop: sockets, buffers, timers, backpressure | all above |
 //! | [`admin`] | HTTP threads rendering snapshots and record pages | `broker`, `consume`, `wire` |
@@ -24,6 +25,8 @@
 //! `consume` take the time as an argument and return effects, so they are tested
 //! without sockets or clocks; the reactor thread never blocks (no fsync, no DNS, no
 //! sleep).
+//!
+//! † and `slog`, raft's logging interface; no other room names `raft` or `slog`.
 //!
 //! \* `config` may name `wire`'s limits and `Durability` and the config types of `log`,
 //! `consume`, `broker` and `reactor` (each owns its defaults there), never code that runs.

@@ -19,6 +19,9 @@ use mortarmq::session::parse_token_file;
 
 /// Exit status for a usage error (bad flag or value).
 const EXIT_USAGE: u8 = 2;
+/// What `--peers` gets until replication is built.
+const REPLICATION_NOT_BUILT: &str = "mortard: --peers: replication is not built yet \
+    (docs/REPLICATION.md, issue 15); start without --peers for a single node";
 /// Exit status for a failure at run time (data dir unusable, cannot bind).
 const EXIT_FAILURE: u8 = 1;
 /// Descriptors a partition holds: its active segment and its index.
@@ -41,6 +44,14 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    // The cluster flags are parsed and checked, but nothing runs them yet
+    // (docs/REPLICATION.md §10): refused before the data directory is touched, so that
+    // no epoch is taken and no cluster-looking state is written by a node that would
+    // then serve as a single node.
+    if config.cluster.is_cluster() {
+        eprintln!("{REPLICATION_NOT_BUILT}");
+        return ExitCode::from(EXIT_USAGE);
+    }
     let filter_override = mortarmq::logging::init(config.log_level, config.log_format);
     if let Some(filter) = filter_override {
         log::info!(
@@ -209,6 +220,8 @@ fn run(config: Config) -> Result<(), String> {
         log_format: _,
         // Reserved for replication: checked and warned about, nothing binds it yet.
         listen_peer: _,
+        // Refused in `main` when it names a cluster; the rest is tuning nothing reads yet.
+        cluster: _,
     } = config;
     reactor.tokens = load_tokens(token_file.as_deref())?;
     let descriptor_limit = raise_descriptor_limit();

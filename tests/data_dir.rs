@@ -311,3 +311,57 @@ fn a_live_data_directory_is_locked_against_a_second_broker_and_a_repair() {
     assert_eq!(lock.trim(), broker.pid().to_string());
     broker.client().ping().unwrap();
 }
+
+/// Issue 15, increment 1: the cluster flags parse, but `--peers` is refused (exit 2, a
+/// usage error) until replication is built, before the data directory is touched: no
+/// epoch taken, no lock written, nothing made.
+#[test]
+fn a_start_with_peers_is_refused_and_leaves_the_data_directory_alone() {
+    let mut broker = Mortard::start(&[]);
+    broker
+        .client()
+        .declare("orders", 1, DeclareFlags::empty())
+        .unwrap();
+    assert!(broker.terminate().success());
+    let data = broker.data_dir();
+    let before = tree(&data);
+    let lock = std::fs::read(data.join("lock")).unwrap();
+    assert!(before.contains_key(&data.join("epoch")), "{before:?}");
+
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mortard"));
+    cmd.args(["--listen", "127.0.0.1:0", "--admin-listen", "off"])
+        .args(["--node-id", "2", "--peers"])
+        .arg("1=127.0.0.1:1,2=127.0.0.1:2,3=127.0.0.1:3")
+        .arg("--data-dir")
+        .arg(&data);
+    let out = run_to_end(cmd).expect("mortard served with --peers instead of refusing");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains("--peers: replication is not built yet"),
+        "{err}"
+    );
+    assert_eq!(tree(&data), before, "no epoch taken, nothing written");
+    assert_eq!(
+        std::fs::read(data.join("lock")).unwrap(),
+        lock,
+        "lock untouched"
+    );
+
+    // A data directory that does not exist is not made.
+    let fresh = data.with_file_name("never-made");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mortard"));
+    cmd.args(["--listen", "127.0.0.1:0", "--admin-listen", "off"])
+        .args(["--node-id", "1", "--peers"])
+        .arg("1=127.0.0.1:1,2=127.0.0.1:2,3=127.0.0.1:3")
+        .arg("--data-dir")
+        .arg(&fresh);
+    let out = run_to_end(cmd).expect("refused");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!fresh.exists());
+
+    // The same directory still serves as a single node.
+    broker.restart();
+    broker.client().ping().unwrap();
+}

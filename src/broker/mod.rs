@@ -30,6 +30,7 @@ pub mod positions;
 pub mod producers;
 pub mod publish;
 pub mod registry;
+pub mod replica;
 pub mod topics;
 
 #[cfg(test)]

@@ -42,6 +42,7 @@
 //! - `synced_sequence <= written_sequence < next_sequence`.
 
 pub mod journal;
+pub mod journal2;
 pub mod meta;
 pub mod simdisk;
 pub mod storage;

@@ -1,0 +1,14 @@
+//! Replication (issue 15, `docs/REPLICATION.md`): one raft group per cluster whose log is
+//! the node-wide journal. This is where tikv's `raft` crate is used, and the only place:
+//! the `RawNode`, its `raft::Storage` over journal format 2 and the `raft-state` file,
+//! proposals and the Ready loop will live here, sans-IO like the rest of `broker` (time
+//! and peer messages come in as arguments, messages and jobs go out as effects).
+//!
+//! Built so far (`docs/REPLICATION.md` §10): the logger raft writes to ([`logger`]) and
+//! `raft::Storage` over journal format 2 and `raft-state` ([`storage`]). Nothing calls
+//! them outside tests yet: `mortard` refuses `--peers`.
+//!
+//! Depends on what `broker` may, plus `raft` and `slog` (raft's logging interface).
+
+pub mod logger;
+pub mod storage;
