@@ -15,6 +15,7 @@
 //! Depends on `broker` and `consume` for the shapes of the snapshot's parts.
 
 mod http;
+mod manage;
 mod metrics;
 mod process;
 mod render;
@@ -30,6 +31,7 @@ pub use http::{
     pending_requests, rss_bytes, Admin, ADMIN_CONNECTIONS_MAX, ADMIN_REQUEST_HEAD_BYTES_MAX,
     ADMIN_REQUEST_TIMEOUT_MS, ADMIN_THREADS_MAX, REACTOR_STALL_MS, SNAPSHOT_TIMEOUT_MS,
 };
+pub use manage::{parse_reset_to, rfc3339_ms, ManageAnswer, ManageAsk, ADMIN_CHANGE_TIMEOUT_MS};
 pub use metrics::{Kind, Metric, Point, Read, Unit, METRICS, STATS_SECTIONS};
 pub use process::ProcessFigures;
 pub use render::{in_stats_order, render_metrics, render_stats, Json};
@@ -39,12 +41,15 @@ pub use render::{in_stats_order, render_metrics, render_stats, Json};
 pub enum AdminAsk {
     /// Everything `/stats` and `/metrics` show.
     Snapshot,
+    /// A topic described, or a change to groups or topics (`manage.rs`).
+    Manage(ManageAsk),
 }
 
 /// The reactor's answer to an [`AdminAsk`], of the same name.
 #[derive(Debug)]
 pub enum AdminAnswer {
     Snapshot(Box<Snapshot>),
+    Manage(ManageAnswer),
 }
 
 /// One [`AdminAsk`]; the reactor answers on `reply` when it can (at once for a read; a

@@ -24,6 +24,7 @@ pub mod deliver;
 pub mod dlq;
 pub mod idhash;
 pub mod jobs;
+pub mod manage;
 pub mod partition;
 pub mod positions;
 pub mod producers;
@@ -152,6 +153,8 @@ pub struct Broker {
     effects: Vec<Effect>,
     /// Reused every pass: jobs gathered before they are submitted.
     jobs: Vec<DurableJob>,
+    /// Operator changes waiting to be durable (`manage.rs`).
+    manage: manage::ManageWaits,
     pub counters: BrokerCounters,
 }
 
@@ -265,6 +268,7 @@ impl Broker {
             sink,
             effects: Vec::new(),
             jobs: Vec::new(),
+            manage: manage::ManageWaits::default(),
             counters: BrokerCounters::default(),
         };
         let mut report = StartupReport {
@@ -503,7 +507,11 @@ impl Broker {
             Work::RemoveDirectories { version, .. } => {
                 self.topics.directories_removed(version, &mut self.effects)
             }
-            Work::WritePositions { .. } => self.consume.positions_written(&result),
+            Work::WritePositions { .. } => {
+                self.consume.positions_written(&result);
+                self.write_waited_positions(now);
+            }
+            Work::Purge { ticket, .. } => self.purge_done(ticket, &result),
             Work::WriteProducerSnapshot { key, .. } => {
                 self.partitions.snapshot_written(key, &result)
             }
