@@ -344,7 +344,7 @@ impl Request {
 }
 
 /// `METHOD TARGET HTTP/1.x` and the header lines of a head.
-fn parse_request(head: &[u8]) -> Option<Request> {
+pub(super) fn parse_request(head: &[u8]) -> Option<Request> {
     let mut lines = std::str::from_utf8(head).ok()?.split('\n');
     let line = lines.next()?.trim_end_matches('\r');
     let mut parts = line.split(' ');

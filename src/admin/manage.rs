@@ -481,6 +481,40 @@ mod tests {
     }
 
     #[test]
+    fn without_a_token_file_changes_come_from_loopback_only() {
+        let head = |auth: &str| format!("POST /topics/t/purge HTTP/1.1\r\nHost: x\r\n{auth}");
+        let plain = super::super::http::parse_request(head("").as_bytes()).unwrap();
+        let bearer = head("Authorization: bearer t");
+        let bearer = super::super::http::parse_request(bearer.as_bytes()).unwrap();
+        // The reactor "times out": 504 shows the request got past the checks.
+        let reactor = |_: ManageAsk| -> Result<ManageAnswer, bool> { Err(false) };
+        let tokens = vec![b"t".to_vec()];
+        let status = |request: &Request, peer: &str, tokens: Option<&[Vec<u8>]>| {
+            let peer = Some(peer.parse().unwrap());
+            let asker = Asker {
+                peer,
+                tokens,
+                ask: &reactor,
+            };
+            route(request, &asker).unwrap().0
+        };
+        assert_eq!(status(&plain, "10.0.0.7", None), 403);
+        assert_eq!(status(&plain, "127.0.0.1", None), 504);
+        assert_eq!(status(&plain, "::1", None), 504);
+        assert_eq!(
+            status(&plain, "127.0.0.1", Some(&tokens)),
+            401,
+            "a token file: always"
+        );
+        assert_eq!(status(&bearer, "10.0.0.7", Some(&tokens)), 504);
+        assert_eq!(
+            status(&bearer, "10.0.0.7", Some(&[])),
+            401,
+            "an empty token file"
+        );
+    }
+
+    #[test]
     fn queries_are_percent_decoded_and_plus_stays() {
         let q = Query::parse("topic=a%2Eb&to=time:2024-05-01T14:00:00+02:00&x");
         assert_eq!(q.get("topic"), Some("a.b"));

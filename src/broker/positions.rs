@@ -184,6 +184,52 @@ fn decode_positions(bytes: &[u8]) -> Result<Vec<GroupPosition>, String> {
 mod tests {
     use super::*;
 
+    fn at(committed: u64) -> Vec<GroupPosition> {
+        vec![GroupPosition {
+            group: b"g".to_vec(),
+            topic_id: 1,
+            partition: 0,
+            committed,
+        }]
+    }
+
+    #[test]
+    fn an_operator_wait_ends_with_the_write_that_holds_its_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let interval_ms = 60_000;
+        let mut p = Positions::new(crate::log::FsStorage::shared(), dir.path(), interval_ms);
+        assert!(p.write_job(interval_ms, false, || at(1)).is_some());
+        p.written(&Ok(()));
+        // Within the interval, a change someone waits for is written anyway.
+        p.wait(7);
+        assert!(p.write_job(interval_ms + 1, false, || at(2)).is_some());
+        p.wait(8);
+        assert!(
+            p.write_job(interval_ms + 2, false, || at(3)).is_none(),
+            "one at a time"
+        );
+        p.written(&Ok(()));
+        assert_eq!(
+            p.take_done(),
+            vec![(7, Ok(()))],
+            "8 came after that write began"
+        );
+        assert!(p.write_job(interval_ms + 3, false, || at(3)).is_some());
+        p.written(&Err(std::io::Error::other("disk gone")));
+        let done = p.take_done();
+        assert_eq!(done.len(), 1);
+        assert!(
+            matches!(&done[0], (8, Err(e)) if e.contains("disk gone")),
+            "{done:?}"
+        );
+        // Nothing new to write: what is on disk already holds the change.
+        p.write_job(interval_ms + 4, true, || at(3)).unwrap();
+        p.written(&Ok(()));
+        p.wait(9);
+        assert!(p.write_job(interval_ms + 5, false, || at(3)).is_none());
+        assert_eq!(p.take_done(), vec![(9, Ok(()))]);
+    }
+
     #[test]
     fn positions_file_round_trips() {
         let positions = vec![
