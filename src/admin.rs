@@ -1,4 +1,6 @@
-//! The admin room: an HTTP listener serving `/healthz`, `/metrics` and `/stats`.
+//! The admin room: an HTTP listener serving `/healthz`, `/metrics` and `/stats`, and
+//! the operator's `/topics` and `/groups` routes (`manage.rs`: describe, purge, group
+//! delete and reset, with the broker's token).
 //!
 //! It never touches reactor or broker state. For everything but `/healthz` it sends an
 //! [`AdminRequest`] (an [`AdminAsk`]) through a channel, wakes the reactor with its
@@ -12,7 +14,8 @@
 //! there, plus the `Snapshot` field that feeds it if it is new. The HTTP side lives in
 //! `http.rs`.
 //!
-//! Depends on `broker` and `consume` for the shapes of the snapshot's parts.
+//! Depends on `broker` and `consume` for the shapes of the snapshot's parts and of the
+//! changes, on `session` for the token check.
 
 mod http;
 mod manage;

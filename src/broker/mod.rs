@@ -5,7 +5,9 @@
 //! - [`registry`]: the topic registry and DECLARE, durable before it is answered;
 //! - [`publish`]: every partition's log and producers, PUB, group commit;
 //! - [`deliver`]: the consume driver around the group coordinator, dead letters and
-//!   committed positions.
+//!   committed positions;
+//! - [`manage`]: operator changes (group delete and reset, purge) and topic
+//!   descriptions, answered once durable.
 //!
 //! Blocking I/O leaves as [`DurableJob`]s for a [`JobSink`] (the reactor's fsync pool)
 //! and comes back whole through [`Broker::job_done`]. A request is answered now

@@ -6,6 +6,8 @@
 //! ([`mortarmq::client::Producer`], [`mortarmq::client::Consumer`]), so they resend and
 //! rejoin across broker restarts like any application; `topics create`, `topics delete`
 //! and `ping` send their one frame through the frame-level [`mortarmq::client::Client`].
+//! Admin changes (`topics purge`, `groups delete|reset`) and `topics describe` use the
+//! admin listener's `/topics` and `/groups` routes (`manage.rs`), the token as Bearer.
 //!
 //! Exit status: 0 success, 1 an error from the broker (printed with its registry name and
 //! what the client should do) or from the connection, 2 a usage error.
