@@ -270,13 +270,12 @@ impl ConsumeDriver {
             counters.corrupt_records_found +=
                 dlq::scan_dead_letters(&mut part.log, &mut found).map_err(|e| e.to_string())?;
             for (group, origin) in found {
-                // A group without persisted positions was deleted (or expired): its dead
-                // letters stay in the twin, the group does not come back for them.
-                let Some(committed) = known.get(&(group.clone(), origin.origin_topic_id)) else {
-                    continue;
-                };
-                let committed = committed.get(&origin.origin_partition).copied();
-                if origin.origin_sequence > committed.unwrap_or(0) {
+                let committed = known
+                    .get(&(group.clone(), origin.origin_topic_id))
+                    .and_then(|c| c.get(&origin.origin_partition))
+                    .copied()
+                    .unwrap_or(0);
+                if origin.origin_sequence > committed {
                     self.coordinator.restore_dead_lettered(
                         (&group, origin.origin_topic_id),
                         origin.origin_partition,
