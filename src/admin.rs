@@ -1,5 +1,7 @@
-//! The admin room: an HTTP listener serving `/healthz`, `/metrics`, `/stats` and the
-//! records of a partition (`/topics/NAME/partitions/P/records`, `records.rs`).
+//! The admin room: an HTTP listener serving `/healthz`, `/metrics`, `/stats`, the
+//! records of a partition (`/topics/NAME/partitions/P/records`, `records.rs`) and the
+//! operator's `/topics` and `/groups` routes (`manage.rs`: describe, purge, group delete
+//! and reset, with the broker's token).
 //!
 //! It never touches reactor or broker state. For everything but `/healthz` it sends an
 //! [`AdminRequest`] (an [`AdminAsk`]) through a channel, wakes the reactor with its
@@ -13,10 +15,12 @@
 //! there, plus the `Snapshot` field that feeds it if it is new. The HTTP side lives in
 //! `http.rs`.
 //!
-//! Depends on `broker` and `consume` for the shapes of the snapshot's parts and of a
-//! page of records (`broker::peek`), and on `wire` for the error registry's names.
+//! Depends on `broker` and `consume` for the shapes of the snapshot's parts, of a page
+//! of records (`broker::peek`) and of the changes, on `session` for the token check, and
+//! on `wire` for the error registry's names.
 
 mod http;
+mod manage;
 mod metrics;
 mod process;
 mod records;
@@ -34,6 +38,7 @@ pub use http::{
     pending_requests, rss_bytes, Admin, ADMIN_CONNECTIONS_MAX, ADMIN_REQUEST_HEAD_BYTES_MAX,
     ADMIN_REQUEST_TIMEOUT_MS, ADMIN_THREADS_MAX, REACTOR_STALL_MS, SNAPSHOT_TIMEOUT_MS,
 };
+pub use manage::{parse_reset_to, rfc3339_ms, ManageAnswer, ManageAsk, ADMIN_CHANGE_TIMEOUT_MS};
 pub use metrics::{Kind, Metric, Point, Read, Unit, METRICS, STATS_SECTIONS};
 pub use process::ProcessFigures;
 pub use records::{render_records, ENCODING_BASE64, ENCODING_TEXT, RECORDS_DEFAULT};
@@ -46,6 +51,8 @@ pub enum AdminAsk {
     Snapshot,
     /// A bounded page of one partition's records, read without a group (`records.rs`).
     Records(PeekAsk),
+    /// A topic described, or a change to groups or topics (`manage.rs`).
+    Manage(ManageAsk),
 }
 
 /// The reactor's answer to an [`AdminAsk`], of the same name.
@@ -53,6 +60,7 @@ pub enum AdminAsk {
 pub enum AdminAnswer {
     Snapshot(Box<Snapshot>),
     Records(Result<Box<Peek>, PeekError>),
+    Manage(ManageAnswer),
 }
 
 /// One [`AdminAsk`]; the reactor answers on `reply` when it can (at once for a read; a

@@ -15,7 +15,7 @@
 //! | [`broker::replica`] | replication: the raft group and its storage | `broker`'s, `raft`† |
 //! | [`session`] | CONNECT, the one dispatch, response slots in order | `wire`, `broker` |
 //! | [`reactor`] | the mio loop: sockets, buffers, timers, backpressure | all above |
-//! | [`admin`] | HTTP threads rendering snapshots and record pages | `broker`, `consume`, `wire` |
+//! | [`admin`] | HTTP: snapshots, record pages, changes | `broker`, `consume`, `session`, `wire` |
 //! | [`config`] | the flag table: argv into the layers' configs, `--help` | config types* |
 //! | [`client`] | the client library (`Producer`, `Consumer`), raw frames for tests | `wire` |
 //! | [`systemd`] | `Type=notify` readiness (`READY=1`, `STOPPING=1`) | nothing |

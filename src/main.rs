@@ -146,6 +146,7 @@ fn start_admin(
     reactor: &mut Reactor,
     listener: std::net::TcpListener,
     data_dir: std::path::PathBuf,
+    tokens: Option<Vec<Vec<u8>>>,
 ) -> Result<Admin, String> {
     let (tx, rx) = std::sync::mpsc::channel();
     let last_turn = reactor.attach_admin(rx);
@@ -153,7 +154,8 @@ fn start_admin(
     let wake = Arc::new(move || {
         let _ = waker.wake();
     });
-    let admin = Admin::start(listener, data_dir, tx, wake, last_turn, reactor.started())?;
+    let started = reactor.started();
+    let admin = Admin::start(listener, data_dir, tx, wake, last_turn, started, tokens)?;
     log::info!(
         "admin HTTP on http://{}/ (/healthz /metrics /stats)",
         admin.addr
@@ -224,6 +226,8 @@ fn run(config: Config) -> Result<(), String> {
         cluster: _,
     } = config;
     reactor.tokens = load_tokens(token_file.as_deref())?;
+    // The admin listener's changes take the same tokens (`src/admin/manage.rs`).
+    let admin_tokens = reactor.tokens.clone();
     let descriptor_limit = raise_descriptor_limit();
     let max_connections = reactor.max_connections;
     let data_dir = broker.data_dir.clone();
@@ -243,7 +247,7 @@ fn run(config: Config) -> Result<(), String> {
     let _ = writeln!(stdout, "listening {addr}");
     let _admin = match admin_listener {
         Some(listener) => {
-            let admin = start_admin(&mut reactor, listener, data_dir)?;
+            let admin = start_admin(&mut reactor, listener, data_dir, admin_tokens)?;
             let _ = writeln!(stdout, "admin {}", admin.addr);
             Some(admin)
         }

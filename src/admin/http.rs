@@ -11,7 +11,7 @@
 //! (`Connection: close`): scrapers and `mortarctl` open one per request anyway.
 
 use std::io::{self, BufWriter, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,6 +20,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::manage::{self, ManageAsk, ADMIN_CHANGE_TIMEOUT_MS};
 use super::{render_metrics, render_stats, AdminAnswer, AdminAsk, AdminRequest, Snapshot};
 
 /// How long a request waits for the reactor's snapshot (or page of records) before
@@ -88,9 +89,11 @@ impl Admin {
         wake: Arc<dyn Fn() + Send + Sync>,
         last_turn_ms: Arc<AtomicU64>,
         started: Instant,
+        tokens: Option<Vec<Vec<u8>>>,
     ) -> Result<Admin, String> {
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         let ctx = Arc::new(Ctx {
+            tokens,
             data_dir,
             requests,
             wake,
@@ -327,12 +330,9 @@ pub(super) struct Request {
     pub path: String,
     /// After the `?`, still percent-encoded; empty without one.
     pub query: String,
-    #[allow(dead_code)]
     headers: Vec<(String, String)>,
 }
 
-// Read by the routes that change state (their `Authorization`), which are next.
-#[allow(dead_code)]
 impl Request {
     /// A header's value (names compare case-insensitively, as HTTP says).
     pub fn header(&self, name: &str) -> Option<&str> {
@@ -345,7 +345,7 @@ impl Request {
 }
 
 /// `METHOD TARGET HTTP/1.x` and the header lines of a head.
-fn parse_request(head: &[u8]) -> Option<Request> {
+pub(super) fn parse_request(head: &[u8]) -> Option<Request> {
     let mut lines = std::str::from_utf8(head).ok()?.split('\n');
     let line = lines.next()?.trim_end_matches('\r');
     let mut parts = line.split(' ');
@@ -389,6 +389,8 @@ fn respond(stream: &TcpStream, status: u16, body: String, extra: &[(&str, &str)]
 }
 
 struct Ctx {
+    /// `--token-file`'s tokens, one of which a change must offer (`manage.rs`).
+    tokens: Option<Vec<Vec<u8>>>,
     data_dir: PathBuf,
     requests: Sender<AdminRequest>,
     wake: Arc<dyn Fn() + Send + Sync>,
@@ -408,8 +410,16 @@ impl Ctx {
         let head = read_head(stream);
         conns.done_reading(id);
         let text = |s: &str| format!("{s}\n");
+        let peer = stream.peer_addr().ok().map(|a| a.ip());
+        let mut headers = Vec::new();
         let (status, content_type, body) = match head.as_deref().map(parse_request) {
-            Ok(Some(request)) => self.answer(&request),
+            Ok(Some(request)) => match self.manage(&request, peer) {
+                Some((status, content_type, body, extra)) => {
+                    headers = extra;
+                    (status, content_type, body)
+                }
+                None => self.answer(&request),
+            },
             Ok(None) => (400, "text/plain", text("not an HTTP/1 request line")),
             Err(HeadError::TooLarge) => {
                 let why =
@@ -420,7 +430,8 @@ impl Ctx {
             Err(HeadError::Closed) => return,
         };
         let mut extra = vec![("Content-Type", content_type)];
-        if status == 405 {
+        extra.extend(headers.iter().map(|(n, v)| (*n, v.as_str())));
+        if status == 405 && !extra.iter().any(|(n, _)| *n == "Allow") {
             extra.push(("Allow", "GET"));
         }
         respond(stream, status, body, &extra);
@@ -484,6 +495,32 @@ impl Ctx {
         self.requests.send(AdminRequest { ask, reply }).ok()?;
         (self.wake)();
         answer.recv_timeout(wait).ok()
+    }
+
+    /// The routes of `manage.rs`, asking the reactor with [`ADMIN_CHANGE_TIMEOUT_MS`].
+    fn manage(&self, request: &Request, peer: Option<IpAddr>) -> Option<manage::Reply> {
+        let ask = |ask: ManageAsk| {
+            if self.health_stalled() {
+                return Err(true);
+            }
+            let wait = Duration::from_millis(ADMIN_CHANGE_TIMEOUT_MS);
+            match self.ask(AdminAsk::Manage(ask), wait) {
+                Some(AdminAnswer::Manage(answer)) => Ok(answer),
+                _ => Err(false),
+            }
+        };
+        let asker = manage::Asker {
+            peer,
+            tokens: self.tokens.as_deref(),
+            ask: &ask,
+        };
+        manage::route(request, &asker)
+    }
+
+    /// The reactor has not turned for [`REACTOR_STALL_MS`].
+    fn health_stalled(&self) -> bool {
+        let now = self.started.elapsed().as_millis() as u64;
+        now.saturating_sub(self.last_turn_ms.load(Ordering::Relaxed)) > REACTOR_STALL_MS
     }
 
     fn snapshot(&self) -> Option<Box<Snapshot>> {

@@ -132,6 +132,11 @@ impl ConsumeDriver {
         &self.coordinator
     }
 
+    /// For operator changes (`manage.rs`): the coordinator and the positions file.
+    pub(super) fn parts_mut(&mut self) -> (&mut Coordinator, &mut Positions) {
+        (&mut self.coordinator, &mut self.positions)
+    }
+
     /// Whether a pair has live subscriptions (DELETE with IF_UNUSED).
     pub(super) fn topic_in_use(&self, pair: &TopicPair) -> bool {
         self.coordinator.topic_has_members(pair.source_id())

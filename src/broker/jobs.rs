@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::log::journal::{CheckpointWrite, JournalSync, SpareWrite};
-use crate::log::{meta, LogConfig, PartitionLog, Storage, SyncJob};
+use crate::log::{meta, LogConfig, PartitionLog, PurgeFiles, Storage, SyncJob};
 
 use super::topics::{write_topic_files, TopicPair};
 use super::PartitionKey;
@@ -83,8 +83,18 @@ pub enum Work {
     /// Directories of deleted pairs, removed once the registry `version` without them is
     /// durable (a crash in between leaves orphans that start-up removes).
     RemoveDirectories { version: u64, dirs: Vec<PathBuf> },
-    /// The committed group positions.
-    WritePositions { path: PathBuf, bytes: Vec<u8> },
+    /// The committed group positions, as of the operator changes up to `generation`
+    /// (`positions.rs`).
+    WritePositions {
+        path: PathBuf,
+        bytes: Vec<u8>,
+        generation: u64,
+    },
+    /// Partitions' purges (`log/purge.rs`): answers the operator's `ticket` once done.
+    Purge {
+        ticket: u64,
+        files: Vec<(PartitionKey, PurgeFiles)>,
+    },
     /// A partition's producer-state snapshot.
     WriteProducerSnapshot {
         key: PartitionKey,
@@ -137,6 +147,7 @@ impl crate::fsync::Job for DurableJob {
         match &self.work {
             Work::CreateTopic { .. } | Work::Checkpoint { .. } | Work::SyncJournal { .. } => Ok(()),
             Work::MakeSpare { write } => write.run(),
+            Work::Purge { files, .. } => files.iter().try_for_each(|(_, f)| f.run()),
             Work::RemoveFiles { paths } => {
                 for path in paths {
                     if let Err(e) = storage.remove_file(path) {
@@ -146,7 +157,7 @@ impl crate::fsync::Job for DurableJob {
                 Ok(())
             }
             Work::WriteRegistry { path, bytes, .. }
-            | Work::WritePositions { path, bytes }
+            | Work::WritePositions { path, bytes, .. }
             | Work::WriteProducerSnapshot { path, bytes, .. } => {
                 meta::write_atomic(storage, path, bytes)
             }

@@ -5,7 +5,9 @@
 //! - [`registry`]: the topic registry and DECLARE, durable before it is answered;
 //! - [`publish`]: every partition's log and producers, PUB, group commit;
 //! - [`deliver`]: the consume driver around the group coordinator, dead letters and
-//!   committed positions.
+//!   committed positions;
+//! - [`manage`]: operator changes (group delete and reset, purge) and topic
+//!   descriptions, answered once durable.
 //!
 //! Blocking I/O leaves as [`DurableJob`]s for a [`JobSink`] (the reactor's fsync pool)
 //! and comes back whole through [`Broker::job_done`]. A request is answered now
@@ -24,6 +26,7 @@ pub mod deliver;
 pub mod dlq;
 pub mod idhash;
 pub mod jobs;
+pub mod manage;
 pub mod partition;
 pub mod peek;
 pub mod positions;
@@ -154,6 +157,8 @@ pub struct Broker {
     effects: Vec<Effect>,
     /// Reused every pass: jobs gathered before they are submitted.
     jobs: Vec<DurableJob>,
+    /// Operator changes waiting to be durable (`manage.rs`).
+    manage: manage::ManageWaits,
     pub counters: BrokerCounters,
 }
 
@@ -267,6 +272,7 @@ impl Broker {
             sink,
             effects: Vec::new(),
             jobs: Vec::new(),
+            manage: manage::ManageWaits::default(),
             counters: BrokerCounters::default(),
         };
         let mut report = StartupReport {
@@ -505,7 +511,11 @@ impl Broker {
             Work::RemoveDirectories { version, .. } => {
                 self.topics.directories_removed(version, &mut self.effects)
             }
-            Work::WritePositions { .. } => self.consume.positions_written(&result),
+            Work::WritePositions { .. } => {
+                self.consume.positions_written(&result);
+                self.write_waited_positions(now);
+            }
+            Work::Purge { ticket, .. } => self.purge_done(ticket, &result),
             Work::WriteProducerSnapshot { key, .. } => {
                 self.partitions.snapshot_written(key, &result)
             }

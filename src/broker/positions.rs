@@ -27,6 +27,14 @@ pub struct Positions {
     persisted: Vec<GroupPosition>,
     in_flight: bool,
     next_write_ms: u64,
+    /// Bumped by every change an operator waits for ([`Positions::wait`]).
+    generation: u64,
+    /// The generation the write in flight (or the last one) carries.
+    started_generation: u64,
+    /// Operator changes waiting for a write: (generation, ticket).
+    waiting: Vec<(u64, u64)>,
+    /// Tickets whose change is on disk (`Ok`) or could not be written.
+    done: Vec<(u64, Result<(), String>)>,
 }
 
 impl Positions {
@@ -38,6 +46,10 @@ impl Positions {
             persisted: Vec::new(),
             in_flight: false,
             next_write_ms: 0,
+            generation: 0,
+            started_generation: 0,
+            waiting: Vec::new(),
+            done: Vec::new(),
         }
     }
 
@@ -56,20 +68,36 @@ impl Positions {
         self.next_write_ms
     }
 
-    /// A write of `current` when the interval passed (or `force`), it changed, and no
-    /// write runs.
+    /// An operator changed positions (reset, delete, purge) and waits, as `ticket`, for
+    /// them to be on disk: the next turn writes them, interval or not.
+    pub fn wait(&mut self, ticket: u64) {
+        self.generation += 1;
+        self.waiting.push((self.generation, ticket));
+    }
+
+    /// The waits that ended since the last call.
+    pub fn take_done(&mut self) -> Vec<(u64, Result<(), String>)> {
+        std::mem::take(&mut self.done)
+    }
+
+    /// A write of `current` when the interval passed (or `force`, or an operator waits),
+    /// it changed, and no write runs.
     pub fn write_job(
         &mut self,
         now_ms: u64,
         force: bool,
         current: impl FnOnce() -> Vec<GroupPosition>,
     ) -> Option<DurableJob> {
-        if self.in_flight || (!force && now_ms < self.next_write_ms) {
+        let waited_for = self.generation > self.started_generation;
+        if self.in_flight || (!force && !waited_for && now_ms < self.next_write_ms) {
             return None;
         }
         self.next_write_ms = now_ms + self.interval_ms;
         let positions = current();
+        self.started_generation = self.generation;
         if positions == self.persisted {
+            // No write in flight and nothing new: the last one put this on disk.
+            self.end_waits(&Ok(()));
             return None;
         }
         let bytes = encode_positions(&positions);
@@ -80,12 +108,27 @@ impl Positions {
             work: Work::WritePositions {
                 path: self.path.clone(),
                 bytes,
+                generation: self.generation,
             },
         })
     }
 
+    /// Answers the waits a write of `started_generation` covered.
+    fn end_waits(&mut self, result: &std::io::Result<()>) {
+        let upto = self.started_generation;
+        let (ended, still): (Vec<_>, Vec<_>) = self.waiting.iter().partition(|(g, _)| *g <= upto);
+        self.waiting = still;
+        let outcome = match result {
+            Ok(()) => Ok(()),
+            Err(e) => Err(format!("writing the group positions failed: {e}")),
+        };
+        self.done
+            .extend(ended.into_iter().map(|(_, t)| (t, outcome.clone())));
+    }
+
     pub fn written(&mut self, result: &std::io::Result<()>) {
         self.in_flight = false;
+        self.end_waits(result);
         if let Err(e) = result {
             log::error!("persisting group positions failed: {e}");
             // Forget what we thought was on disk so the next turn rewrites it.
@@ -140,6 +183,52 @@ fn decode_positions(bytes: &[u8]) -> Result<Vec<GroupPosition>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn at(committed: u64) -> Vec<GroupPosition> {
+        vec![GroupPosition {
+            group: b"g".to_vec(),
+            topic_id: 1,
+            partition: 0,
+            committed,
+        }]
+    }
+
+    #[test]
+    fn an_operator_wait_ends_with_the_write_that_holds_its_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let interval_ms = 60_000;
+        let mut p = Positions::new(crate::log::FsStorage::shared(), dir.path(), interval_ms);
+        assert!(p.write_job(interval_ms, false, || at(1)).is_some());
+        p.written(&Ok(()));
+        // Within the interval, a change someone waits for is written anyway.
+        p.wait(7);
+        assert!(p.write_job(interval_ms + 1, false, || at(2)).is_some());
+        p.wait(8);
+        assert!(
+            p.write_job(interval_ms + 2, false, || at(3)).is_none(),
+            "one at a time"
+        );
+        p.written(&Ok(()));
+        assert_eq!(
+            p.take_done(),
+            vec![(7, Ok(()))],
+            "8 came after that write began"
+        );
+        assert!(p.write_job(interval_ms + 3, false, || at(3)).is_some());
+        p.written(&Err(std::io::Error::other("disk gone")));
+        let done = p.take_done();
+        assert_eq!(done.len(), 1);
+        assert!(
+            matches!(&done[0], (8, Err(e)) if e.contains("disk gone")),
+            "{done:?}"
+        );
+        // Nothing new to write: what is on disk already holds the change.
+        p.write_job(interval_ms + 4, true, || at(3)).unwrap();
+        p.written(&Ok(()));
+        p.wait(9);
+        assert!(p.write_job(interval_ms + 5, false, || at(3)).is_none());
+        assert_eq!(p.take_done(), vec![(9, Ok(()))]);
+    }
 
     #[test]
     fn positions_file_round_trips() {

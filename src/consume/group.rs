@@ -1193,6 +1193,59 @@ impl Group {
         out
     }
 
+    // ---- administration (`manage.rs`) ------------------------------------------------
+
+    /// Operator reset of a group without members: partition `p` delivers from `next_seq`
+    /// on. Its redeliveries go (the position says what is settled now); the caller
+    /// checked that nothing is outstanding or waiting to be dead-lettered.
+    pub(super) fn reset_partition(&mut self, sh: &mut Shared, p: usize, next_seq: u64) {
+        let part = &mut self.partitions[p];
+        debug_assert!(part.outstanding.is_empty() && part.dead_pending.is_empty());
+        for (seq, r) in std::mem::take(&mut part.retries) {
+            sh.timer_clear(r.ready_at_ms, retry_timer(self.id, p, seq));
+        }
+        part.restored_dead.retain(|&s| s >= next_seq);
+        part.next_seq = next_seq;
+    }
+
+    /// Whether nothing is in flight in any partition (a reset may move them).
+    pub(super) fn idle(&self) -> bool {
+        self.partitions
+            .iter()
+            .all(|p| p.outstanding.is_empty() && p.dead_pending.is_empty())
+    }
+
+    /// The records of partition `p` below `first` were purged: deliveries of them end
+    /// (their credit returns; an ACK for one gets UNKNOWN_DELIVERY), redeliveries of them
+    /// are dropped, and the next delivery is at `first` or later. Dead letters already
+    /// emitted settle as usual once durable.
+    pub(super) fn purged(&mut self, sh: &mut Shared, p: usize, first: u64) {
+        let gid = self.id;
+        let Some(part) = self.partitions.get_mut(p) else {
+            return;
+        };
+        while let Some((seq, r)) = part.retries.pop_first() {
+            if seq >= first {
+                part.retries.insert(seq, r);
+                break;
+            }
+            sh.timer_clear(r.ready_at_ms, retry_timer(gid, p, seq));
+        }
+        let gone: Vec<u64> = part.outstanding.range(..first).map(|(&s, _)| s).collect();
+        for seq in gone {
+            let o = part.outstanding.remove(&seq).expect("listed");
+            sh.timer_clear(o.deadline_ms, ack_timer(gid, p, seq));
+            if let Some(m) = self.members.get_mut(&o.member_id) {
+                m.credit_return(o.bytes);
+            }
+        }
+        part.restored_dead.retain(|&s| s >= first);
+        part.next_seq = part.next_seq.max(first);
+        if !self.members.is_empty() {
+            sh.dirty.insert(gid);
+        }
+    }
+
     // ---- observation ----------------------------------------------------------------
 
     pub(super) fn snapshot(&self) -> GroupSnapshot {

@@ -35,6 +35,7 @@
 
 mod config;
 mod group;
+mod manage;
 #[cfg(test)]
 mod tests;
 
@@ -52,6 +53,7 @@ use crate::wire::{
 
 pub use config::ConsumeConfig;
 use group::{Group, Member, PendingPull};
+pub use manage::GroupRefusal;
 
 /// The reactor's connection id.
 pub type ConnId = u32;

@@ -2008,3 +2008,123 @@ fn an_unreadable_record_is_retried_not_skipped() {
     assert_eq!(seqs, vec![1, 2]);
     assert_eq!(h.c.stats().skipped_records, 0);
 }
+
+// ---- operator changes (manage.rs) ------------------------------------------------------
+
+/// Joins A to g on one partition holding 5 records, receives them all and ACKs the
+/// first two: (the deliveries, the harness).
+fn five_delivered_two_acked() -> (Vec<Delivery>, H) {
+    let mut h = H::new(1);
+    h.join(A, 0);
+    h.append(0, 5);
+    let fx = h.effects();
+    let ds: Vec<Delivery> = pushed(&fx).into_iter().map(|(_, d)| d).collect();
+    assert_eq!(ds.len(), 5);
+    h.ack(A, &ds[0], 0).unwrap();
+    h.ack(A, &ds[1], 0).unwrap();
+    (ds, h)
+}
+
+#[test]
+fn reset_waits_for_members_to_leave_then_moves_the_next_delivery() {
+    let (_, mut h) = five_delivered_two_acked();
+    let g = (&b"g"[..], TOPIC);
+    assert_eq!(
+        h.c.reset_group(g, &[(0, 1)]),
+        Err(GroupRefusal::HasMembers(1))
+    );
+    assert_eq!(h.c.delete_group(g), Err(GroupRefusal::HasMembers(1)));
+    assert_eq!(h.partition(0).committed, 2, "a refusal changes nothing");
+    h.c.connection_closed(A, h.now);
+    h.c.check_invariants();
+    assert_eq!(h.partition(0).pending_redeliveries, 3, "what A held waits");
+    assert_eq!(
+        h.c.reset_group((b"nope", TOPIC), &[(0, 1)]),
+        Err(GroupRefusal::Unknown)
+    );
+    h.c.reset_group(g, &[(0, 5)]).unwrap();
+    h.c.check_invariants();
+    let p = h.partition(0);
+    assert_eq!(
+        (p.committed, p.next_sequence, p.pending_redeliveries),
+        (4, 5, 0)
+    );
+    h.join(B, 0);
+    let fx = h.effects();
+    let got: Vec<(u64, u16)> = (pushed(&fx).iter())
+        .map(|(_, d)| (d.reference.sequence, d.attempt))
+        .collect();
+    assert_eq!(got, vec![(5, 1)], "from the reset on, as a first attempt");
+    // Backwards too: an earlier position redelivers what was settled.
+    h.c.connection_closed(B, h.now);
+    h.c.reset_group(g, &[(0, 1)]).unwrap();
+    assert_eq!(h.partition(0).committed, 0);
+}
+
+#[test]
+fn delete_frees_the_groups_slot_and_forgets_its_positions() {
+    let mut h = H::with(
+        ConsumeConfig {
+            max_groups: 2,
+            ..config()
+        },
+        1,
+    );
+    h.append(0, 3);
+    h.join(A, 0);
+    let now = h.now;
+    h.c.restore_position((b"old", TOPIC), 0, 2, now);
+    h.c.connection_closed(A, h.now);
+    assert_eq!(
+        h.try_sub(B, &H::sub_req(b"new", 0)),
+        Err(ErrorCode::GroupLimitReached),
+        "g and the restored old hold both slots"
+    );
+    h.c.reset_group((b"old", TOPIC), &[(0, 1)]).unwrap();
+    let old = |h: &H| h.c.positions().into_iter().find(|p| p.group == b"old");
+    assert_eq!(
+        old(&h).map(|p| p.committed),
+        Some(0),
+        "a restored group resets"
+    );
+    h.c.delete_group((b"old", TOPIC)).unwrap();
+    assert_eq!(old(&h), None);
+    h.c.delete_group((b"g", TOPIC)).unwrap();
+    h.c.check_invariants();
+    assert!(h.c.positions().is_empty() && h.c.snapshot().groups.is_empty());
+    assert!(!h.c.group_exists(b"g", TOPIC));
+    assert_eq!(h.c.delete_group((b"g", TOPIC)), Err(GroupRefusal::Unknown));
+    h.try_sub(B, &H::sub_req(b"new", 0)).unwrap();
+    h.try_sub(B, &H::sub_req(b"g", 0)).unwrap();
+    let fx = h.effects();
+    h.accept(&fx);
+    let fx = h.effects();
+    let g_seqs: Vec<u64> = (pushed(&fx).iter())
+        .filter(|(_, d)| d.reference.subscription_id == 2)
+        .map(|(_, d)| d.reference.sequence)
+        .collect();
+    assert_eq!(g_seqs, vec![1, 2, 3], "a new g starts by its start policy");
+}
+
+#[test]
+fn a_purge_ends_deliveries_below_it_and_moves_positions_up() {
+    let (ds, mut h) = five_delivered_two_acked();
+    let now = h.now;
+    h.c.restore_position((b"r", TOPIC), 0, 1, now);
+    h.log.partitions.get_mut(&TOPIC).unwrap()[0] = (6, 6);
+    h.c.purged(TOPIC, 0, 6);
+    h.c.check_invariants();
+    let p = h.partition(0);
+    assert_eq!((p.committed, p.next_sequence, p.outstanding), (5, 6, 0));
+    assert_eq!(h.member(1).outstanding_count, 0, "their credit came back");
+    assert_eq!(h.ack(A, &ds[3], 0), Err(ErrorCode::UnknownDelivery));
+    let r =
+        h.c.positions()
+            .into_iter()
+            .find(|p| p.group == b"r")
+            .unwrap();
+    assert_eq!(r.committed, 5, "restored positions move up too");
+    h.append(0, 1);
+    let fx = h.effects();
+    assert_eq!(seqs(&fx), vec![6]);
+}

@@ -50,6 +50,7 @@ pub mod storage;
 mod checkpoint;
 mod error;
 mod mmap;
+mod purge;
 mod record;
 mod recovery;
 mod segment;
@@ -59,6 +60,7 @@ mod time;
 
 pub use error::{is_no_space_io, StorageError};
 pub use journal::{JOURNAL_FILE_BYTES_MAX, JOURNAL_FILE_BYTES_MIN};
+pub use purge::PurgeFiles;
 pub use record::{
     RecordView, RECORD_BYTES_MAX, RECORD_KEY_BYTES_MAX, RECORD_OVERHEAD_BYTES,
     RECORD_VALUE_BYTES_MAX,

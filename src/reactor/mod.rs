@@ -27,6 +27,7 @@ mod accept;
 mod config;
 pub mod conn;
 mod gate;
+mod manage;
 
 pub use accept::LISTEN_BACKLOG_MIN;
 pub use config::ReactorConfig;
@@ -143,6 +144,9 @@ pub struct Reactor {
     delayed: BinaryHeap<Reverse<DelayedAnswer>>,
     /// Monotonic ms of the last turn, read by `/healthz` on the admin thread.
     last_turn_ms: Arc<AtomicU64>,
+    /// Operator changes waiting to be durable, by ticket (`manage.rs`).
+    admin_waits: std::collections::HashMap<u64, std::sync::mpsc::SyncSender<AdminAnswer>>,
+    next_admin_ticket: u64,
     pub counters: ReactorCounters,
 }
 
@@ -225,6 +229,8 @@ impl Reactor {
             auth_failures: AuthFailures::default(),
             delayed: BinaryHeap::new(),
             last_turn_ms: Arc::new(AtomicU64::new(0)),
+            admin_waits: std::collections::HashMap::new(),
+            next_admin_ticket: 0,
             counters: ReactorCounters::default(),
         })
     }
@@ -802,10 +808,15 @@ impl Reactor {
                 AdminAsk::Records(ask) => {
                     AdminAnswer::Records(self.broker.peek(&ask).map(Box::new))
                 }
+                AdminAsk::Manage(ask) => {
+                    self.manage(ask, request.reply, now);
+                    continue;
+                }
             };
             // The admin thread may have given up waiting; nothing to do then.
             let _ = request.reply.send(answer);
         }
+        self.answer_manage_done();
     }
 
     /// Copies what /stats and /metrics show. Runs only when asked, on this thread.

@@ -6,6 +6,8 @@
 //! ([`mortarmq::client::Producer`], [`mortarmq::client::Consumer`]), so they resend and
 //! rejoin across broker restarts like any application; `topics create`, `topics delete`
 //! and `ping` send their one frame through the frame-level [`mortarmq::client::Client`].
+//! Admin changes (`topics purge`, `groups delete|reset`) and `topics describe` use the
+//! admin listener's `/topics` and `/groups` routes (`manage.rs`), the token as Bearer.
 //!
 //! Exit status: 0 success, 1 an error from the broker (printed with its registry name and
 //! what the client should do) or from the connection, 2 a usage error.
@@ -26,12 +28,14 @@ use serde_json::Value;
 mod check;
 mod http;
 mod inspect;
+mod manage;
 mod records;
 mod wire_cmds;
 
 use check::cmd_check;
 use http::{dial, http_get, HttpError};
 use inspect::{cmd_groups_describe, cmd_groups_list, cmd_stats, cmd_topics_list};
+use manage::{cmd_groups_delete, cmd_groups_reset, cmd_topics_describe, cmd_topics_purge};
 use wire_cmds::{cmd_ping, cmd_pub, cmd_sub, cmd_topics_create, cmd_topics_delete};
 
 const EXIT_ERROR: u8 = 1;
@@ -177,6 +181,43 @@ const COMMANDS: &[Command] = &[
         positional: 1,
         run: cmd_groups_describe,
     },
+    // Admin writes (manage.rs): they send the token as `Authorization: Bearer`.
+    Command {
+        words: &["topics", "describe"],
+        synopsis: "TOPIC [--json]",
+        about: "Show a topic's partitions, retention and groups with their lag.",
+        via: Via::Admin,
+        options: json_option,
+        positional: 1,
+        run: cmd_topics_describe,
+    },
+    Command {
+        words: &["topics", "purge"],
+        synopsis: "TOPIC",
+        about: "Drop every record of TOPIC (or of TOPIC.dlq); sequences go on.",
+        via: Via::Admin,
+        options: no_options,
+        positional: 1,
+        run: cmd_topics_purge,
+    },
+    Command {
+        words: &["groups", "delete"],
+        synopsis: "GROUP --topic TOPIC",
+        about: "Delete a group without members, and its positions.",
+        via: Via::Admin,
+        options: manage::group_options,
+        positional: 1,
+        run: cmd_groups_delete,
+    },
+    Command {
+        words: &["groups", "reset"],
+        synopsis: "GROUP --topic TOPIC --to WHERE [--partition P] [--json]",
+        about: "Move a group's positions: earliest, latest, sequence:N or time:T.",
+        via: Via::Admin,
+        options: manage::reset_options,
+        positional: 1,
+        run: cmd_groups_reset,
+    },
     Command {
         words: &["pub"],
         synopsis: "TOPIC [--value V] [--key K] [--partition P] [--durability written|fsync]",
@@ -305,7 +346,8 @@ fn connection_options(o: &mut Options, via: Via) {
         );
     }
     match via {
-        Via::Admin | Via::Offline => {}
+        Via::Offline => {}
+        Via::Admin => token_options(o, "the broker's token, for changes"),
         Via::Wire | Via::AdminAndWire => {
             o.optopt(
                 "",
@@ -313,18 +355,7 @@ fn connection_options(o: &mut Options, via: Via) {
                 &format!("broker address (${ENV_BROKER}, else {BROKER_DEFAULT})"),
                 "ADDR",
             );
-            o.optopt(
-                "",
-                "token",
-                &format!("CONNECT token (${ENV_TOKEN})"),
-                "TOKEN",
-            );
-            o.optopt(
-                "",
-                "token-file",
-                &format!("read the CONNECT token from PATH (${ENV_TOKEN_FILE})"),
-                "PATH",
-            );
+            token_options(o, "CONNECT token");
         }
     }
     if via != Via::Offline {
@@ -338,12 +369,16 @@ fn connection_options(o: &mut Options, via: Via) {
     o.optflag("h", "help", "print this help and exit");
 }
 
+fn token_options(o: &mut Options, what: &str) {
+    o.optopt("", "token", &format!("{what} (${ENV_TOKEN})"), "TOKEN");
+    let from_file = format!("read the token from PATH's first line (${ENV_TOKEN_FILE})");
+    o.optopt("", "token-file", &from_file, "PATH");
+}
+
 fn global_options() -> Options {
     let mut o = Options::new();
     connection_options(&mut o, Via::Admin);
     o.optopt("", "broker", "", "ADDR");
-    o.optopt("", "token", "", "TOKEN");
-    o.optopt("", "token-file", "", "PATH");
     o.optopt("", "timeout", "", "DURATION");
     o.optflag("V", "version", "");
     o.parsing_style(ParsingStyle::StopAtFirstFree);
@@ -371,7 +406,8 @@ fn main_help() -> String {
          \x20                     address is the default too); read commands\n\
          \x20 --broker ADDR       broker address ($MORTAR_BROKER, else {BROKER_DEFAULT});\n\
          \x20                     write commands\n\
-         \x20 --token TOKEN       CONNECT token ($MORTAR_TOKEN; default empty)\n\
+         \x20 --token TOKEN       CONNECT token, and the admin token of changes\n\
+         \x20                     ($MORTAR_TOKEN; default empty)\n\
          \x20 --token-file PATH   read the CONNECT token from the first line of PATH\n\
          \x20                     ($MORTAR_TOKEN_FILE)\n\
          \x20 --timeout DURATION  limit on connecting and on each wait for an answer\n\
@@ -587,7 +623,7 @@ fn run(args: &[String]) -> Outcome {
     // Only the options of the command's path are defined on `m` (getopts panics otherwise).
     let pick = |flag: &str| {
         let defined = match command.via {
-            Via::Admin => flag == "admin" || flag == "timeout",
+            Via::Admin => flag != "broker",
             Via::Wire => flag != "admin",
             Via::AdminAndWire => true,
             Via::Offline => false,
