@@ -876,3 +876,110 @@ fn sub_count_narrows_its_window_as_it_goes() {
         .collect();
     assert_eq!(attempts, ["1", "1", "1"], "{rest}");
 }
+
+/// Polls `done` until it holds; fails the test after RUN_TIMEOUT.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + RUN_TIMEOUT;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A figure of the broker's `/stats`, by JSON pointer (`/connections/accepted`).
+fn stat(broker: &Mortard, pointer: &str) -> u64 {
+    let (_, body) = broker.http("GET", "/stats");
+    let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+    stats.pointer(pointer).and_then(|v| v.as_u64()).unwrap()
+}
+
+/// The value of one `/metrics` sample, named with its labels as the text shows it.
+fn metric(broker: &Mortard, sample: &str) -> u64 {
+    let (_, body) = broker.http("GET", "/metrics");
+    let line = body
+        .lines()
+        .find(|l| l.split_once(' ').is_some_and(|(name, _)| name == sample))
+        .unwrap_or_else(|| panic!("no sample {sample} in /metrics"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// `mortarctl ARGS` left running with its standard streams piped to the test.
+fn spawn_ctl(args: &[&str]) -> std::process::Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mortarctl"));
+    for var in ENV_VARS {
+        cmd.env_remove(var);
+    }
+    cmd.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn mortarctl")
+}
+
+/// `tail -f app.log | mortarctl pub logs` with lines `from..to`, a quiet spell that
+/// `quiet` ends (it waits for what the broker did meanwhile), then lines `to..2*to`;
+/// each record must be stored once, in order. Returns how many connections the
+/// broker accepted while `pub` ran.
+fn pub_through_a_quiet_spell(broker: &Mortard, pub_flags: &[&str], quiet: impl Fn()) -> u64 {
+    ok(
+        broker,
+        &["topics", "create", "logs", "--partitions", "1"],
+        "",
+    );
+    let addr = broker.addr.to_string();
+    let mut args = vec!["--broker", addr.as_str(), "pub", "logs"];
+    args.extend_from_slice(pub_flags);
+    let accepted = stat(broker, "/connections/accepted");
+    let mut child = spawn_ctl(&args);
+    let mut input = child.stdin.take().unwrap();
+    let lines = |from: u32| -> String { (from..from + 50).map(|i| format!("v{i}\n")).collect() };
+    input.write_all(lines(0).as_bytes()).unwrap();
+    input.flush().unwrap();
+    wait_until("the first 50 records", || stored(broker, "logs") == 50);
+    quiet();
+    input.write_all(lines(50).as_bytes()).unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "published 100 records to logs");
+    assert_eq!(stored(broker, "logs"), 100, "each record once");
+    let accepted = stat(broker, "/connections/accepted") - accepted;
+    let got = ok(
+        broker,
+        &["sub", "logs", "--group", "g", "--count", "100"],
+        "",
+    );
+    let want: String = (0..100).map(|i| format!("v{i}\n")).collect();
+    assert_eq!(got, want);
+    accepted
+}
+
+/// A quiet spell longer than the broker's `--idle-timeout` (here shorter than `pub`'s
+/// keepalive): the broker closes the connection, and `pub` connects again for the next
+/// line and resends what it does not know the outcome of. It used to abort.
+#[test]
+fn pub_reconnects_after_the_broker_closes_its_idle_connection() {
+    let broker = Mortard::start(&["--idle-timeout", "1s"]);
+    let accepted = pub_through_a_quiet_spell(&broker, &[], || {
+        wait_until("the idle connection closed", || {
+            stat(&broker, "/connections/closed/idle_timeout") == 1
+        })
+    });
+    assert_eq!(accepted, 2, "one reconnect");
+}
+
+/// With `--keepalive` under the broker's `--idle-timeout`, `pub` PINGs through a quiet
+/// spell of several idle timeouts, on the connection it started with.
+#[test]
+fn pub_keeps_its_connection_alive_through_a_quiet_spell() {
+    let broker = Mortard::start(&["--idle-timeout", "1s"]);
+    let pings = r#"mortar_frames_in_total{op="PING"}"#;
+    let accepted = pub_through_a_quiet_spell(&broker, &["--keepalive", "150ms"], || {
+        // 15 PINGs 150 ms apart: a spell of at least 2.1 s, two idle timeouts.
+        wait_until("15 PINGs", || metric(&broker, pings) >= 15);
+        assert_eq!(stat(&broker, "/connections/closed/idle_timeout"), 0);
+    });
+    assert_eq!(accepted, 1, "no reconnect");
+    assert_eq!(stat(&broker, "/connections/closed/idle_timeout"), 0);
+}

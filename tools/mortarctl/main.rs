@@ -176,7 +176,8 @@ const COMMANDS: &[Command] = &[
     },
     Command {
         words: &["pub"],
-        synopsis: "TOPIC [--value V] [--key K] [--partition P] [--durability written|fsync]",
+        synopsis: "TOPIC [--value V] [--key K] [--partition P] [--durability written|fsync] \
+                   [--keepalive DURATION]",
         about: "Publish --value V, or one record per line of standard input.",
         via: Via::Wire,
         options: |o| {
@@ -194,6 +195,13 @@ const COMMANDS: &[Command] = &[
                 "P",
             );
             o.optopt("", "durability", "wait for: written or fsync", "LEVEL");
+            o.optopt(
+                "",
+                "keepalive",
+                "PING after this long without a record (30s; under the broker's \
+                 --idle-timeout)",
+                "DURATION",
+            );
         },
         positional: 1,
         run: cmd_pub,
@@ -420,11 +428,16 @@ impl Ctx {
     }
 
     /// A producer for `pub`: idempotent, PUB_WINDOW records in flight.
-    fn producer(&self, durability: Option<Durability>) -> Result<Producer, Failure> {
+    fn producer(
+        &self,
+        durability: Option<Durability>,
+        keepalive: Duration,
+    ) -> Result<Producer, Failure> {
         Producer::builder(self.broker.as_str())
             .token(&self.token)
             .durability(durability)
             .max_in_flight(PUB_WINDOW)
+            .keepalive(keepalive)
             .timeout(self.timeout)
             .connect()
             .map_err(|e| self.connect_failure(e))
