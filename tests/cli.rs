@@ -983,3 +983,55 @@ fn pub_keeps_its_connection_alive_through_a_quiet_spell() {
     assert_eq!(accepted, 1, "no reconnect");
     assert_eq!(stat(&broker, "/connections/closed/idle_timeout"), 0);
 }
+
+/// `sub` without `--count` (the broker pushes) rejoins its group across a broker
+/// restart on the same address and data, prints what is published after it, and keeps
+/// running.
+#[test]
+fn sub_without_count_rejoins_after_a_broker_restart() {
+    let mut broker = Mortard::start_on_fixed_port(&["--commit-interval", "100ms"]);
+    ok(
+        &broker,
+        &["topics", "create", "live", "--partitions", "2"],
+        "",
+    );
+    let addr = broker.addr.to_string();
+    let mut child = spawn_ctl(&["--broker", &addr, "sub", "live", "--group", "g"]);
+    let stdout = child.stdout.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines() {
+            let _ = tx.send(line.unwrap());
+        }
+    });
+    let mut take = |n: usize| -> BTreeSet<String> {
+        let got: BTreeSet<String> = (0..n)
+            .map(|_| lines.recv_timeout(RUN_TIMEOUT).expect("a line"))
+            .collect();
+        assert_eq!(got.len(), n, "{got:?}");
+        got
+    };
+    let published = |from: u32| -> String { (from..from + 6).map(|i| format!("v{i}\n")).collect() };
+    ok(&broker, &["pub", "live"], &published(0));
+    let before = take(6);
+    wait_until("6 committed", || {
+        let (_, body) = broker.http("GET", "/stats");
+        let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let parts = stats["groups"][0]["partitions"].as_array().cloned();
+        parts
+            .unwrap_or_default()
+            .iter()
+            .map(|p| p["committed"].as_u64().unwrap())
+            .sum::<u64>()
+            == 6
+    });
+    broker.restart();
+    ok(&broker, &["pub", "live", "--key", "k"], &published(6));
+    let after = take(6);
+    let want = |from: u32| (from..from + 6).map(|i| format!("v{i}")).collect();
+    assert_eq!((before, after), (want(0), want(6)));
+    assert!(child.try_wait().unwrap().is_none(), "sub exited");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
