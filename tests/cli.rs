@@ -155,7 +155,7 @@ fn every_subcommand_against_a_real_broker() {
     let err = text(&conflict.stderr);
     assert!(err.contains("TOPIC_CONFIG_CONFLICT"), "{err}");
     assert!(
-        err.contains("client should: DECLARE(PASSIVE) to read it"),
+        err.contains("\nhint: the topic exists with another partition count"),
         "{err}"
     );
     let unknown = ctl(&broker, &["pub", "nope", "--value", "x"], "");
@@ -1034,4 +1034,63 @@ fn sub_without_count_rejoins_after_a_broker_restart() {
     assert!(child.try_wait().unwrap().is_none(), "sub exited");
     child.kill().unwrap();
     child.wait().unwrap();
+}
+
+/// Broker errors name the registry entry and say what to type about it: a command or
+/// the flags that give a token, not the registry's advice to protocol clients.
+#[test]
+fn broker_errors_come_with_a_hint_for_the_operator() {
+    let broker = Mortard::start(&[]);
+    for args in [
+        &["pub", "nope", "--value", "x"][..],
+        &["sub", "nope", "--group", "g"],
+    ] {
+        let out = ctl(&broker, args, "");
+        assert_eq!(out.status.code(), Some(1));
+        let err = text(&out.stderr);
+        assert!(err.contains("UNKNOWN_TOPIC (0x0008)"), "{err}");
+        assert!(
+            err.contains("\nhint: create it: mortarctl topics create nope --partitions N"),
+            "{err}"
+        );
+        assert!(!err.contains("client should"), "{err}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "s3cret\n").unwrap();
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, "guess\n").unwrap();
+    let (tokens, wrong) = (tokens.to_str().unwrap(), wrong.to_str().unwrap());
+    let guarded = Mortard::start(&["--token-file", tokens]);
+    let addr = guarded.addr.to_string();
+    let wrong_file = format!("the token from --token-file {wrong} is not one of the broker's");
+    for (args, env, says) in [
+        (
+            &["ping"][..],
+            &[][..],
+            "the broker wants a token and none was given",
+        ),
+        (
+            &["ping", "--token", "guess"],
+            &[],
+            "the token from --token is not one of the broker's",
+        ),
+        (
+            &["ping"],
+            &[("MORTAR_TOKEN", "guess")],
+            "the token from MORTAR_TOKEN is not one of the broker's",
+        ),
+        (&["ping", "--token-file", wrong], &[], wrong_file.as_str()),
+    ] {
+        let mut all = vec!["--broker", addr.as_str()];
+        all.extend_from_slice(args);
+        let out = run_env(&all, "", env);
+        assert_eq!(out.status.code(), Some(1));
+        let err = text(&out.stderr);
+        assert!(err.contains("AUTH_FAILED (0x0006)"), "{err}");
+        assert!(err.contains(&format!("\nhint: {says}")), "{err}");
+        for way in ["--token TOKEN", "--token-file PATH", "MORTAR_TOKEN"] {
+            assert!(err.contains(way), "{err}");
+        }
+    }
 }

@@ -8,7 +8,7 @@
 //! and `ping` send their one frame through the frame-level [`mortarmq::client::Client`].
 //!
 //! Exit status: 0 success, 1 an error from the broker (printed with its registry name and
-//! what the client should do) or from the connection, 2 a usage error.
+//! a hint for the operator, `hints.rs`) or from the connection, 2 a usage error.
 
 use std::io;
 use std::process::ExitCode;
@@ -24,6 +24,7 @@ use mortarmq::wire::{Durability, Frame};
 use serde_json::Value;
 
 mod check;
+mod hints;
 mod http;
 mod inspect;
 mod wire_cmds;
@@ -56,13 +57,15 @@ enum Failure {
 
 impl From<ClientError> for Failure {
     fn from(e: ClientError) -> Self {
-        Failure::Runtime(e.to_string())
+        let (what, hint) = hints::client_error(&e);
+        Failure::Runtime(what + &hint)
     }
 }
 
 impl From<ApiError> for Failure {
     fn from(e: ApiError) -> Self {
-        Failure::Runtime(e.to_string())
+        let (what, hint) = hints::api_error(&e);
+        Failure::Runtime(what + &hint)
     }
 }
 
@@ -383,6 +386,7 @@ impl Ctx {
     fn topic(&self) -> Result<&str, Failure> {
         let topic = self.positional(0);
         check_name("TOPIC", "topic", topic)?;
+        hints::note_topic(topic);
         Ok(topic)
     }
 
@@ -611,10 +615,22 @@ fn token(flag: Option<String>, file_flag: Option<String>) -> Result<Vec<u8>, Fai
         ),
         (t, f) => (t, f, "--token and --token-file".to_string()),
     };
+    let (env, flags) = (what.starts_with("MORTAR"), ["--token", "--token-file"]);
+    let [from_token, from_file] = if env {
+        [ENV_TOKEN, ENV_TOKEN_FILE]
+    } else {
+        flags
+    };
     match (token, file) {
         (Some(_), Some(_)) => usage_err(format!("{what} exclude each other")),
-        (Some(t), None) => Ok(t.into_bytes()),
-        (None, Some(path)) => read_token_file(&path),
+        (Some(t), None) => {
+            hints::note_token_source(from_token.to_string());
+            Ok(t.into_bytes())
+        }
+        (None, Some(path)) => {
+            hints::note_token_source(format!("{from_file} {path}"));
+            read_token_file(&path)
+        }
         (None, None) => Ok(Vec::new()),
     }
 }

@@ -119,7 +119,16 @@ impl Progress {
 /// The one way a publishing `mortarctl` stops early: the broker's (or the
 /// connection's) error, with how far it got.
 pub(crate) fn pub_failed(e: ApiError, acked: u64) -> Failure {
-    Failure::Runtime(format!("{e} (after {acked} records were published)"))
+    let (what, hint) = crate::hints::api_error(&e);
+    Failure::Runtime(format!(
+        "{what} (after {acked} records were published){hint}"
+    ))
+}
+
+/// An error about `topic`, which names it.
+fn topic_failed(topic: &str, e: &ApiError) -> Failure {
+    let (what, hint) = crate::hints::api_error(e);
+    Failure::Runtime(format!("topic {topic}: {what}{hint}"))
 }
 
 /// What each `pub` record carries besides its value.
@@ -164,9 +173,7 @@ pub(crate) fn cmd_pub(ctx: &Ctx) -> Outcome {
         },
     };
     let mut producer = ctx.producer(durability, keepalive)?;
-    producer
-        .topic(topic)
-        .map_err(|e| Failure::Runtime(format!("topic {topic}: {e}")))?;
+    producer.topic(topic).map_err(|e| topic_failed(topic, &e))?;
     let key = m.opt_str("key").unwrap_or_default().into_bytes();
     let target = PubTarget {
         topic,
@@ -363,7 +370,7 @@ pub(crate) fn cmd_sub(ctx: &Ctx) -> Outcome {
     consumer
         .subscribe(&group, topic, start_policy)
         .map_err(|e| match e.code() {
-            Some(ErrorCode::UnknownTopic) => Failure::Runtime(format!("topic {topic}: {e}")),
+            Some(ErrorCode::UnknownTopic) => topic_failed(topic, &e),
             _ => e.into(),
         })?;
     let stdout = io::stdout();
