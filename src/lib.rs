@@ -14,7 +14,7 @@
 //! | [`broker`] | registry, publish, group commit, consume; blocking I/O as jobs | those four |
 //! | [`session`] | CONNECT, the one dispatch, response slots in order | `wire`, `broker` |
 //! | [`reactor`] | the mio loop: sockets, buffers, timers, backpressure | all above |
-//! | [`admin`] | HTTP listener threads rendering reactor snapshots | `broker`, `consume` |
+//! | [`admin`] | HTTP threads rendering snapshots | `broker`, `consume`, `wire`, `logging`† |
 //! | [`config`] | the flag table: argv into the layers' configs, `--help` | config types* |
 //! | [`client`] | the client library (`Producer`, `Consumer`), raw frames for tests | `wire` |
 //! | [`systemd`] | `Type=notify` readiness (`READY=1`, `STOPPING=1`) | nothing |
@@ -27,6 +27,9 @@
 //!
 //! \* `config` may name `wire`'s limits and `Durability` and the config types of `log`,
 //! `consume`, `broker` and `reactor` (each owns its defaults there), never code that runs.
+//!
+//! † `admin` writes `/stats` with `logging::json_string`, `mortard`'s one JSON string
+//! writer (it links no JSON library).
 
 pub mod admin;
 pub mod broker;

@@ -61,5 +61,7 @@ config_paths=$(grep -noE 'crate::[A-Za-z_:]+' src/config.rs \
 [ -z "$config_paths" ] \
   || say "src/config.rs may name only the layers' config types and limits:"$'\n'"$config_paths"
 deny src/client 'use crate::(log|broker|reactor|session|fsync|admin|config|consume)|mio::'
+# admin renders /stats with logging's JSON string writer, so logging stays below it.
+deny src/logging.rs 'use crate::(wire|log|fsync|consume|broker|session|reactor|admin|client)|mio::'
 
 exit $fail
