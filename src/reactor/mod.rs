@@ -836,6 +836,7 @@ impl Reactor {
             // Filled in by the admin thread: reading /proc is no work for the reactor.
             rss_bytes: 0,
             data_dir: self.broker.data_dir().to_path_buf(),
+            max_data_bytes: self.broker.max_data_bytes(),
             process: ProcessFigures::default(),
             connections_open: self.conns.len() as u64,
             connections_accepted: c.accepted,
