@@ -196,7 +196,7 @@ pub(crate) fn cmd_pub(ctx: &Ctx) -> Outcome {
         return producer.close().map_err(|e| pub_failed(e, 1));
     }
     let mut progress = Progress::new(true);
-    let sent = pub_lines(&mut producer, &target, &mut progress);
+    let sent = pub_lines(&mut producer, &target, &mut progress, keepalive);
     progress.finish();
     let acked = sent?;
     println!("published {acked} records to {topic}");
@@ -251,18 +251,21 @@ pub(crate) fn stdin_chunks() -> mpsc::Receiver<io::Result<Vec<u8>>> {
 }
 
 /// The next chunk of standard input; while none comes, the producer's records are
-/// written, their answers counted, and the connection kept alive.
+/// written, and after `keepalive` their answers counted and the connection kept alive.
 fn next_chunk(
     input: &mpsc::Receiver<io::Result<Vec<u8>>>,
     p: &mut Producer,
     tally: &mut Tally<'_>,
+    keepalive: Duration,
 ) -> Result<Vec<u8>, Failure> {
     let mut wait = match input.try_recv() {
         Ok(chunk) => return chunk.or_else(|e| runtime_err(format!("standard input: {e}"))),
         Err(_) => {
-            // Send what is queued before a wait that could be long.
+            // Send what is queued before a wait that could be long. The answers are
+            // left to the next record, or to the keep-alive once input stays quiet:
+            // waiting for them here would stop the pipeline whenever input lags.
             p.send_queued();
-            Duration::ZERO
+            keepalive
         }
     };
     loop {
@@ -282,6 +285,7 @@ pub(crate) fn pub_lines(
     p: &mut Producer,
     target: &PubTarget<'_>,
     progress: &mut Progress,
+    keepalive: Duration,
 ) -> Result<u64, Failure> {
     let input = stdin_chunks();
     // The start of a line whose end is in a later chunk.
@@ -298,7 +302,7 @@ pub(crate) fn pub_lines(
         tally.settle()
     };
     loop {
-        let chunk = next_chunk(&input, p, &mut tally)?;
+        let chunk = next_chunk(&input, p, &mut tally, keepalive)?;
         if chunk.is_empty() {
             break;
         }
