@@ -304,8 +304,15 @@ fn connection_errors_exit_1() {
     // Port 1 on loopback: nothing listens there.
     let out = run(&["--broker", "127.0.0.1:1", "ping"], "");
     assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("\nhint: nothing listens there: is mortard running"),
+        "{err}"
+    );
+    assert!(err.contains("--broker, else MORTAR_BROKER"), "{err}");
     let out = run(&["stats", "--admin", "127.0.0.1:1"], "");
     assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("--admin, else MORTAR_ADMIN"));
 }
 
 #[test]

@@ -122,6 +122,20 @@ pub(crate) fn hint(code: ErrorCode) -> &'static str {
     }
 }
 
+/// The hint for a refused connection: where the address came from.
+pub(crate) fn refused(via: crate::Via) -> &'static str {
+    match via {
+        crate::Via::Admin => {
+            "\nhint: nothing listens there: is mortard running, with this --admin-listen? \
+             (the address is --admin, else MORTAR_ADMIN)"
+        }
+        _ => {
+            "\nhint: nothing listens there: is mortard running, with this --listen? (the \
+             address is --broker, else MORTAR_BROKER, else 127.0.0.1:7411)"
+        }
+    }
+}
+
 /// `NAME (0x…): message`, and the hint on a line of its own, the topic named.
 pub(crate) fn broker_error(code: ErrorCode, message: &str) -> (String, String) {
     let what = if message.is_empty() {

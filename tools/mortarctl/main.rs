@@ -393,7 +393,13 @@ impl Ctx {
     /// The frame-level client, dialled here so that connecting, each write and each
     /// answer (CONNECT's first) are bounded by `--timeout`.
     fn connect(&self) -> Result<Client, Failure> {
-        let io_failure = |e| Failure::Runtime(format!("broker {}: {}", self.broker, self.io(&e)));
+        let io_failure = |e| {
+            Failure::Runtime(format!(
+                "broker {}: {}",
+                self.broker,
+                self.io(&e, Via::Wire)
+            ))
+        };
         let stream = dial(&self.broker, self.timeout).map_err(io_failure)?;
         stream
             .set_read_timeout(Some(self.timeout))
@@ -412,21 +418,24 @@ impl Ctx {
 
     fn client_failure(&self, e: ClientError) -> Failure {
         match e {
-            ClientError::Io(io) => {
-                Failure::Runtime(format!("broker {}: {}", self.broker, self.io(&io)))
-            }
+            ClientError::Io(io) => Failure::Runtime(format!(
+                "broker {}: {}",
+                self.broker,
+                self.io(&io, Via::Wire)
+            )),
             other => other.into(),
         }
     }
 
     /// An I/O error's text; a timeout's names `--timeout`, since a peer that accepts and
     /// never answers (the admin port given as the broker, say) is the usual cause.
-    fn io(&self, e: &io::Error) -> String {
+    fn io(&self, e: &io::Error, via: Via) -> String {
         match e.kind() {
             io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => format!(
                 "no answer within --timeout {} (is this the right address?)",
                 format_duration(self.timeout)
             ),
+            io::ErrorKind::ConnectionRefused => format!("{e}{}", hints::refused(via)),
             _ => e.to_string(),
         }
     }
@@ -461,9 +470,11 @@ impl Ctx {
 
     fn connect_failure(&self, e: ApiError) -> Failure {
         match e {
-            ApiError::Io(io) => {
-                Failure::Runtime(format!("broker {}: {}", self.broker, self.io(&io)))
-            }
+            ApiError::Io(io) => Failure::Runtime(format!(
+                "broker {}: {}",
+                self.broker,
+                self.io(&io, Via::Wire)
+            )),
             ApiError::Timeout(what) => Failure::Runtime(format!(
                 "broker {}: timeout: {what} (--timeout {})",
                 self.broker,
@@ -475,7 +486,9 @@ impl Ctx {
 
     fn get(&self, path: &str) -> Result<String, Failure> {
         http_get(&self.admin, path, self.timeout).map_err(|e| match e {
-            HttpError::Io(e) => Failure::Runtime(format!("admin {}: {}", self.admin, self.io(&e))),
+            HttpError::Io(e) => {
+                Failure::Runtime(format!("admin {}: {}", self.admin, self.io(&e, Via::Admin)))
+            }
             HttpError::Answer(text) => Failure::Runtime(text),
         })
     }
