@@ -102,6 +102,8 @@ pub struct Snapshot {
     /// Resident set size, read by the admin thread when the snapshot arrives.
     pub rss_bytes: u64,
     pub data_dir: PathBuf,
+    /// `--max-data-size` (0: none).
+    pub max_data_bytes: u64,
     /// The `process_*` figures, read by the admin thread like `rss_bytes`.
     pub process: ProcessFigures,
     pub connections_open: u64,

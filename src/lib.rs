@@ -15,7 +15,7 @@
 //! | [`broker::replica`] | replication: the raft group and its storage | `broker`'s, `raft`† |
 //! | [`session`] | CONNECT, the one dispatch, response slots in order | `wire`, `broker` |
 //! | [`reactor`] | the mio loop: sockets, buffers, timers, backpressure | all above |
-//! | [`admin`] | HTTP: snapshots, record pages, changes | `broker`, `consume`, `session`, `wire` |
+//! | [`admin`] | HTTP: stats, peeks, changes | `broker`, `consume`, `session`, `wire`, `logging`‡ |
 //! | [`config`] | the flag table: argv into the layers' configs, `--help` | config types* |
 //! | [`client`] | the client library (`Producer`, `Consumer`), raw frames for tests | `wire` |
 //! | [`systemd`] | `Type=notify` readiness (`READY=1`, `STOPPING=1`) | nothing |
@@ -30,6 +30,9 @@
 //!
 //! \* `config` may name `wire`'s limits and `Durability` and the config types of `log`,
 //! `consume`, `broker` and `reactor` (each owns its defaults there), never code that runs.
+//!
+//! ‡ `admin` writes `/stats` with `logging::json_string`, `mortard`'s one JSON string
+//! writer (it links no JSON library).
 
 pub mod admin;
 pub mod broker;

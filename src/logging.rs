@@ -136,6 +136,7 @@ fn json_line(out: &mut String, ts: &str, record: &log::Record) {
 }
 
 /// `text` as a JSON string; control characters escaped, so the object stays on one line.
+/// The one JSON string writer of `mortard`, `/stats` (`admin`) included.
 pub fn json_string(out: &mut String, text: &str) {
     out.push('"');
     for c in text.chars() {

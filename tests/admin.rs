@@ -274,3 +274,73 @@ fn a_shutdown_close_is_counted_as_shutdown() {
     assert!(log.contains("closed: shutdown"), "{log}");
     assert!(!log.contains("closed: protocol_error"), "{log}");
 }
+
+/// The samples of one `/metrics` family with a single label: label value → count.
+fn by_label(metrics: &str, family: &str) -> std::collections::BTreeMap<String, u64> {
+    let prefix = format!("{family}{{");
+    metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .map(|l| {
+            let (label, value) = l.split_once("} ").unwrap();
+            let label = label.split_once('"').unwrap().1.trim_end_matches('"');
+            (label.to_string(), value.parse().unwrap())
+        })
+        .collect()
+}
+
+/// `frames_in` is by the ops clients send (and the bad ones), `frames_out` by the ops
+/// the broker sends, named as the spec names them; MSGs pushed and pulled both count.
+#[test]
+fn frames_are_counted_by_the_ops_each_side_sends() {
+    use mortarmq::client::{Consumer, Producer};
+    use mortarmq::wire::ops::Op;
+    let broker = Mortard::start(&[]);
+    let mut p = Producer::builder(broker.addr).declare(1).connect().unwrap();
+    for v in ["a", "b", "c"] {
+        p.publish("t", "", v, None).unwrap();
+    }
+    p.close().unwrap();
+    for (group, pull) in [("pushed", false), ("pulled", true)] {
+        let mut c = Consumer::builder(broker.addr).pull(pull).connect().unwrap();
+        c.subscribe(group, "t", StartPolicy::Earliest).unwrap();
+        for _ in 0..3 {
+            let m = c
+                .poll(Some(Duration::from_secs(20)))
+                .unwrap()
+                .expect("a record");
+            m.ack();
+        }
+        c.close().unwrap();
+    }
+    // A frame of an op only the broker sends (OK), then an illegal one (0xFF).
+    for op in [Op::Ok as u8, 0xFF] {
+        let mut s = broker.raw();
+        s.write_all(&[0, 0, 0, 1, op]).unwrap();
+        let mut answer = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut s, &mut answer);
+    }
+    let (_, metrics) = broker.http("GET", "/metrics");
+    let frames_in = by_label(&metrics, "mortar_frames_in_total");
+    let client_ops = Op::ALL.iter().filter(|op| !op.is_server_only());
+    let mut want: Vec<&str> = client_ops.map(|op| op.name()).collect();
+    want.extend(["SERVER_ONLY", "RESERVED", "ILLEGAL"]);
+    assert_eq!(frames_in.keys().collect::<Vec<_>>().len(), want.len());
+    for name in &want {
+        assert!(frames_in.contains_key(*name), "{name}: {frames_in:?}");
+    }
+    assert_eq!(frames_in["PUB"], 3);
+    assert_eq!(frames_in["ACK"], 6);
+    assert_eq!(frames_in["SERVER_ONLY"], 1);
+    assert_eq!(frames_in["ILLEGAL"], 1);
+    assert_eq!(frames_in["RESERVED"], 0);
+    let frames_out = by_label(&metrics, "mortar_frames_out_total");
+    let labels: Vec<&str> = frames_out.keys().map(String::as_str).collect();
+    assert_eq!(labels, ["ERR", "MSG", "NOTICE", "OK"]);
+    assert_eq!(frames_out["MSG"], 6, "3 pushed, 3 in PULL answers");
+    let errors = by_label(&metrics, "mortar_errors_total");
+    assert_eq!(errors["NOT_CONNECTED"], 1, "{errors:?}: OK before CONNECT");
+    assert_eq!(errors["ILLEGAL_OP"], 1);
+    assert_eq!(frames_out["ERR"], errors.values().sum::<u64>());
+    assert!(frames_out["NOTICE"] >= 2, "an ASSIGN to each member");
+}

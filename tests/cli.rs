@@ -159,7 +159,7 @@ fn every_subcommand_against_a_real_broker() {
     let err = text(&conflict.stderr);
     assert!(err.contains("TOPIC_CONFIG_CONFLICT"), "{err}");
     assert!(
-        err.contains("client should: DECLARE(PASSIVE) to read it"),
+        err.contains("\nhint: the topic exists with another partition count"),
         "{err}"
     );
     let unknown = ctl(&broker, &["pub", "nope", "--value", "x"], "");
@@ -201,7 +201,7 @@ fn every_subcommand_against_a_real_broker() {
     assert_eq!(stats["topics"][0]["name"], "orders");
     assert_eq!(stats["topics"][0]["partitions"][0]["last_sequence"], 4);
     let table = ok(&broker, &["stats"], "");
-    assert!(table.contains("publish.records_appended"), "{table}");
+    assert!(table.contains("\n  records appended   4\n"), "{table}");
     let topics: serde_json::Value =
         serde_json::from_str(&ok(&broker, &["topics", "list", "--json"], "")).unwrap();
     assert_eq!(topics.as_array().unwrap().len(), 2);
@@ -308,8 +308,15 @@ fn connection_errors_exit_1() {
     // Port 1 on loopback: nothing listens there.
     let out = run(&["--broker", "127.0.0.1:1", "ping"], "");
     assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("\nhint: nothing listens there: is mortard running"),
+        "{err}"
+    );
+    assert!(err.contains("--broker, else MORTAR_BROKER"), "{err}");
     let out = run(&["stats", "--admin", "127.0.0.1:1"], "");
     assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("--admin, else MORTAR_ADMIN"));
 }
 
 #[test]
@@ -879,4 +886,303 @@ fn sub_count_narrows_its_window_as_it_goes() {
         .map(|l| l.split('\t').nth(2).unwrap())
         .collect();
     assert_eq!(attempts, ["1", "1", "1"], "{rest}");
+}
+
+/// Polls `done` until it holds; fails the test after RUN_TIMEOUT.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + RUN_TIMEOUT;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A figure of the broker's `/stats`, by JSON pointer (`/connections/accepted`).
+fn stat(broker: &Mortard, pointer: &str) -> u64 {
+    let (_, body) = broker.http("GET", "/stats");
+    let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+    stats.pointer(pointer).and_then(|v| v.as_u64()).unwrap()
+}
+
+/// The value of one `/metrics` sample, named with its labels as the text shows it.
+fn metric(broker: &Mortard, sample: &str) -> u64 {
+    let (_, body) = broker.http("GET", "/metrics");
+    let line = body
+        .lines()
+        .find(|l| l.split_once(' ').is_some_and(|(name, _)| name == sample))
+        .unwrap_or_else(|| panic!("no sample {sample} in /metrics"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// `mortarctl ARGS` left running with its standard streams piped to the test.
+fn spawn_ctl(args: &[&str]) -> std::process::Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mortarctl"));
+    for var in ENV_VARS {
+        cmd.env_remove(var);
+    }
+    cmd.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn mortarctl")
+}
+
+/// `tail -f app.log | mortarctl pub logs` with lines `from..to`, a quiet spell that
+/// `quiet` ends (it waits for what the broker did meanwhile), then lines `to..2*to`;
+/// each record must be stored once, in order. Returns how many connections the
+/// broker accepted while `pub` ran.
+fn pub_through_a_quiet_spell(broker: &Mortard, pub_flags: &[&str], quiet: impl Fn()) -> u64 {
+    ok(
+        broker,
+        &["topics", "create", "logs", "--partitions", "1"],
+        "",
+    );
+    let addr = broker.addr.to_string();
+    let mut args = vec!["--broker", addr.as_str(), "pub", "logs"];
+    args.extend_from_slice(pub_flags);
+    let accepted = stat(broker, "/connections/accepted");
+    let mut child = spawn_ctl(&args);
+    let mut input = child.stdin.take().unwrap();
+    let lines = |from: u32| -> String { (from..from + 50).map(|i| format!("v{i}\n")).collect() };
+    input.write_all(lines(0).as_bytes()).unwrap();
+    input.flush().unwrap();
+    wait_until("the first 50 records", || stored(broker, "logs") == 50);
+    quiet();
+    input.write_all(lines(50).as_bytes()).unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "published 100 records to logs");
+    assert_eq!(stored(broker, "logs"), 100, "each record once");
+    let accepted = stat(broker, "/connections/accepted") - accepted;
+    let got = ok(
+        broker,
+        &["sub", "logs", "--group", "g", "--count", "100"],
+        "",
+    );
+    let want: String = (0..100).map(|i| format!("v{i}\n")).collect();
+    assert_eq!(got, want);
+    accepted
+}
+
+/// A quiet spell longer than the broker's `--idle-timeout` (here shorter than `pub`'s
+/// keepalive): the broker closes the connection, and `pub` connects again for the next
+/// line and resends what it does not know the outcome of. It used to abort.
+#[test]
+fn pub_reconnects_after_the_broker_closes_its_idle_connection() {
+    let broker = Mortard::start(&["--idle-timeout", "1s"]);
+    let accepted = pub_through_a_quiet_spell(&broker, &[], || {
+        wait_until("the idle connection closed", || {
+            stat(&broker, "/connections/closed/idle_timeout") == 1
+        })
+    });
+    assert_eq!(accepted, 2, "one reconnect");
+}
+
+/// With `--keepalive` under the broker's `--idle-timeout`, `pub` PINGs through a quiet
+/// spell of several idle timeouts, on the connection it started with.
+#[test]
+fn pub_keeps_its_connection_alive_through_a_quiet_spell() {
+    let broker = Mortard::start(&["--idle-timeout", "1s"]);
+    let pings = r#"mortar_frames_in_total{op="PING"}"#;
+    let accepted = pub_through_a_quiet_spell(&broker, &["--keepalive", "150ms"], || {
+        // 15 PINGs 150 ms apart: a spell of at least 2.1 s, two idle timeouts.
+        wait_until("15 PINGs", || metric(&broker, pings) >= 15);
+        assert_eq!(stat(&broker, "/connections/closed/idle_timeout"), 0);
+    });
+    assert_eq!(accepted, 1, "no reconnect");
+    assert_eq!(stat(&broker, "/connections/closed/idle_timeout"), 0);
+}
+
+/// `sub` without `--count` (the broker pushes) rejoins its group across a broker
+/// restart on the same address and data, prints what is published after it, and keeps
+/// running.
+#[test]
+fn sub_without_count_rejoins_after_a_broker_restart() {
+    let mut broker = Mortard::start_on_fixed_port(&["--commit-interval", "100ms"]);
+    ok(
+        &broker,
+        &["topics", "create", "live", "--partitions", "2"],
+        "",
+    );
+    let addr = broker.addr.to_string();
+    let mut child = spawn_ctl(&["--broker", &addr, "sub", "live", "--group", "g"]);
+    let stdout = child.stdout.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines() {
+            let _ = tx.send(line.unwrap());
+        }
+    });
+    let take = |n: usize| -> BTreeSet<String> {
+        let got: BTreeSet<String> = (0..n)
+            .map(|_| lines.recv_timeout(RUN_TIMEOUT).expect("a line"))
+            .collect();
+        assert_eq!(got.len(), n, "{got:?}");
+        got
+    };
+    let published = |from: u32| -> String { (from..from + 6).map(|i| format!("v{i}\n")).collect() };
+    ok(&broker, &["pub", "live"], &published(0));
+    let before = take(6);
+    wait_until("6 committed", || {
+        let (_, body) = broker.http("GET", "/stats");
+        let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let parts = stats["groups"][0]["partitions"].as_array().cloned();
+        parts
+            .unwrap_or_default()
+            .iter()
+            .map(|p| p["committed"].as_u64().unwrap())
+            .sum::<u64>()
+            == 6
+    });
+    broker.restart();
+    ok(&broker, &["pub", "live", "--key", "k"], &published(6));
+    let after = take(6);
+    let want = |from: u32| (from..from + 6).map(|i| format!("v{i}")).collect();
+    assert_eq!((before, after), (want(0), want(6)));
+    assert!(child.try_wait().unwrap().is_none(), "sub exited");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// Broker errors name the registry entry and say what to type about it: a command or
+/// the flags that give a token, not the registry's advice to protocol clients.
+#[test]
+fn broker_errors_come_with_a_hint_for_the_operator() {
+    let broker = Mortard::start(&[]);
+    for args in [
+        &["pub", "nope", "--value", "x"][..],
+        &["sub", "nope", "--group", "g"],
+    ] {
+        let out = ctl(&broker, args, "");
+        assert_eq!(out.status.code(), Some(1));
+        let err = text(&out.stderr);
+        assert!(err.contains("UNKNOWN_TOPIC (0x0008)"), "{err}");
+        assert!(
+            err.contains("\nhint: create it: mortarctl topics create nope --partitions N"),
+            "{err}"
+        );
+        assert!(!err.contains("client should"), "{err}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "s3cret\n").unwrap();
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, "guess\n").unwrap();
+    let (tokens, wrong) = (tokens.to_str().unwrap(), wrong.to_str().unwrap());
+    let guarded = Mortard::start(&["--token-file", tokens]);
+    let addr = guarded.addr.to_string();
+    let wrong_file = format!("the token from --token-file {wrong} is not one of the broker's");
+    for (args, env, says) in [
+        (
+            &["ping"][..],
+            &[][..],
+            "the broker wants a token and none was given",
+        ),
+        (
+            &["ping", "--token", "guess"],
+            &[],
+            "the token from --token is not one of the broker's",
+        ),
+        (
+            &["ping"],
+            &[("MORTAR_TOKEN", "guess")],
+            "the token from MORTAR_TOKEN is not one of the broker's",
+        ),
+        (&["ping", "--token-file", wrong], &[], wrong_file.as_str()),
+    ] {
+        let mut all = vec!["--broker", addr.as_str()];
+        all.extend_from_slice(args);
+        let out = run_env(&all, "", env);
+        assert_eq!(out.status.code(), Some(1));
+        let err = text(&out.stderr);
+        assert!(err.contains("AUTH_FAILED (0x0006)"), "{err}");
+        assert!(err.contains(&format!("\nhint: {says}")), "{err}");
+        for way in ["--token TOKEN", "--token-file PATH", "MORTAR_TOKEN"] {
+            assert!(err.contains(way), "{err}");
+        }
+    }
+}
+
+/// The leaves of a JSON document as `/`-separated paths (array elements by index).
+fn json_paths(v: &serde_json::Value, at: String, out: &mut BTreeSet<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                json_paths(v, format!("{at}/{k}"), out);
+            }
+        }
+        serde_json::Value::Array(a) => {
+            for (i, v) in a.iter().enumerate() {
+                json_paths(v, format!("{at}/{i}"), out);
+            }
+        }
+        _ => {
+            out.insert(at);
+        }
+    }
+}
+
+/// `stats` groups the figures for a person (human units, fsync percentiles, headroom
+/// under `--max-data-size`, groups with their lag); `stats --json` is `/stats` itself.
+#[test]
+fn stats_shows_sections_in_human_units() {
+    let broker = Mortard::start(&["--max-data-size", "64MiB"]);
+    ok(&broker, &["topics", "create", "t", "--partitions", "2"], "");
+    let lines: String = (0..300).map(|i| format!("line {i}\n")).collect();
+    ok(&broker, &["pub", "t", "--durability", "fsync"], &lines);
+    ok(&broker, &["sub", "t", "--group", "g", "--count", "100"], "");
+    let report = ok(&broker, &["stats"], "");
+    let sections: Vec<&str> = report
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with(' '))
+        .collect();
+    assert_eq!(
+        sections,
+        [
+            "broker",
+            "connections",
+            "storage",
+            "fsync",
+            "publish",
+            "delivery",
+            "groups"
+        ]
+    );
+    let line = |label: &str| -> String {
+        let prefix = format!("  {label}  ");
+        let found = report.lines().find(|l| l.starts_with(&prefix));
+        let found = found.unwrap_or_else(|| panic!("no {label} line in\n{report}"));
+        found[prefix.len()..].trim().to_string()
+    };
+    let uptime = line("uptime");
+    assert!(uptime.ends_with(" ms") || uptime.ends_with('s'), "{uptime}");
+    assert!(line("connections").ends_with(" refused since start)"));
+    let headroom = line("headroom");
+    assert!(
+        headroom.contains(" free of --max-data-size 64.0 MiB ("),
+        "{headroom}"
+    );
+    assert!(line("data").contains(" KiB in "), "{report}");
+    let latency = line("latency");
+    for part in ["p50 <= ", " ms, p99 <= ", " ms, max ", " ms (mean "] {
+        assert!(latency.contains(part), "{latency}");
+    }
+    assert!(line("fsyncs").contains(" 300 records, "), "{report}");
+    assert_eq!(line("records appended"), "300");
+    let group = line("g");
+    let group: Vec<&str> = group.split_whitespace().collect();
+    // TOPIC MEMBERS PARTITIONS LAG OUTSTANDING
+    assert_eq!(group, ["t", "0", "2", "200", "0"], "{report}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&broker, &["stats", "--json"], "")).unwrap();
+    let (_, body) = broker.http("GET", "/stats");
+    let direct: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let (mut a, mut b) = (BTreeSet::new(), BTreeSet::new());
+    json_paths(&json, String::new(), &mut a);
+    json_paths(&direct, String::new(), &mut b);
+    assert_eq!(a, b, "stats --json is the /stats document");
+    assert_eq!(json["topics"], direct["topics"]);
 }

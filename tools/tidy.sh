@@ -65,5 +65,7 @@ deny src/client 'use crate::(log|broker|reactor|session|fsync|admin|config|consu
 # sans-IO wrapper: an upgrade of the pinned crate touches that room only.
 raft_users=$(grep -rlE '\b(raft|slog)::' src --include='*.rs' | grep -v '^src/broker/replica/' || true)
 [ -z "$raft_users" ] || say "raft and slog are used only in src/broker/replica:"$'\n'"$raft_users"
+# admin renders /stats with logging's JSON string writer, so logging stays below it.
+deny src/logging.rs 'use crate::(wire|log|fsync|consume|broker|session|reactor|admin|client)|mio::'
 
 exit $fail

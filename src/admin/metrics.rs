@@ -205,9 +205,11 @@ pub static METRICS: &[Metric] = &[
         "Connections refused over --max-connections.", Scalar(|s| Num(s.connections_refused))),
     row(Counter, Count, "mortar_connections_closed_total", "connections.closed",
         "Connections closed, by reason.", ByLabel("reason", |s| s.connections_closed.clone())),
-    row(Counter, Count, "mortar_frames_in_total", METRICS_ONLY, "Frames received, by op.",
+    row(Counter, Count, "mortar_frames_in_total", METRICS_ONLY,
+        "Frames received, by the op clients send (SERVER_ONLY, RESERVED, ILLEGAL: bad ones).",
         ByLabel("op", |s| s.frames_in.clone())),
-    row(Counter, Count, "mortar_frames_out_total", METRICS_ONLY, "Frames sent, by op.",
+    row(Counter, Count, "mortar_frames_out_total", METRICS_ONLY,
+        "Frames sent, by op (MSG: pushed and in PULL answers).",
         ByLabel("op", |s| s.frames_out.clone())),
     row(Counter, Count, "mortar_errors_total", METRICS_ONLY,
         "ERR frames sent, by registry code.", ByLabel("code", errors_by_name)),
@@ -241,6 +243,17 @@ pub static METRICS: &[Metric] = &[
         "Records made durable by fdatasyncs.", Scalar(|s| Num(s.broker.fsync_records))),
     derived(Milliseconds, "fsync.mean_ms", "mortar_fsync_seconds", "Mean fdatasync latency.",
         Scalar(|s| Float(per_fsync(s, s.broker.fsync_micros_total) / MICROSECONDS_PER_MS))),
+    derived(Milliseconds, "fsync.p50_ms", "mortar_fsync_seconds",
+        "Median fdatasync latency, at most: its histogram bucket's bound, or max_ms if less.",
+        Scalar(|s| Float(fsync_quantile_ms(s, MEDIAN)))),
+    derived(Milliseconds, "fsync.p99_ms", "mortar_fsync_seconds",
+        "99th percentile fdatasync latency, at most (as p50_ms).",
+        Scalar(|s| Float(fsync_quantile_ms(s, P99)))),
+    derived(Milliseconds, "fsync.max_ms", "mortar_fsync_max_seconds",
+        "Longest fdatasync since start.",
+        Scalar(|s| Float(s.broker.fsync_micros_max as f64 / MICROSECONDS_PER_MS))),
+    row(Gauge, Microseconds, "mortar_fsync_max_seconds", METRICS_ONLY,
+        "Longest fdatasync since start.", Scalar(|s| Num(s.broker.fsync_micros_max))),
     derived(Records, "fsync.mean_batch_records", "mortar_fsync_batch_records",
         "Mean records made durable by one fdatasync.",
         Scalar(|s| Float(per_fsync(s, s.broker.fsync_records)))),
@@ -253,6 +266,8 @@ pub static METRICS: &[Metric] = &[
                           sum: |s| s.broker.fsync_records }),
     row(Gauge, Bytes, "mortar_storage_bytes", "storage.bytes", "Bytes in segment files.",
         Scalar(|s| Num(partitions(s).map(|p| p.bytes).sum()))),
+    row(Gauge, Bytes, "mortar_storage_max_bytes", "storage.max_bytes",
+        "--max-data-size, the cap on storage bytes (0: none).", Scalar(|s| Num(s.max_data_bytes))),
     row(Gauge, Count, "mortar_storage_segments", "storage.segments", "Segment files.",
         Scalar(|s| Num(partitions(s).map(|p| u64::from(p.segments)).sum()))),
     row(Counter, Count, "mortar_recovery_truncations_total", "storage.recovery_truncations",
@@ -431,6 +446,33 @@ impl Read {
 
 /// `fsync.mean_ms` is summed in µs and shown in ms.
 const MICROSECONDS_PER_MS: f64 = 1e3;
+
+/// The quantiles `/stats` shows of the fsync latency histogram.
+const MEDIAN: f64 = 0.5;
+const P99: f64 = 0.99;
+
+/// The `q` quantile of fsync latency in ms, as an upper bound: the bound of the
+/// histogram bucket it falls in, or the longest fsync if that is less (0 before the
+/// first fsync).
+fn fsync_quantile_ms(s: &Snapshot, q: f64) -> f64 {
+    let counts = &s.broker.fsync_latency;
+    let total: u64 = counts.iter().sum();
+    // The rank of the quantile among the fsyncs, 1-based.
+    let rank = (q * total as f64).ceil().max(1.0) as u64;
+    let mut seen = 0;
+    let bucket = counts.iter().position(|n| {
+        seen += n;
+        seen >= rank
+    });
+    let Some(bucket) = bucket.filter(|_| total > 0) else {
+        return 0.0;
+    };
+    let bound = FSYNC_LATENCY_BUCKETS_US.get(bucket).copied();
+    let micros = bound.map_or(s.broker.fsync_micros_max, |b| {
+        b.min(s.broker.fsync_micros_max)
+    });
+    micros as f64 / MICROSECONDS_PER_MS
+}
 
 /// `total` per completed fsync (0 before the first).
 fn per_fsync(s: &Snapshot, total: u64) -> f64 {

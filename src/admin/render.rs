@@ -5,6 +5,7 @@ use std::borrow::Cow;
 use std::fmt::{Display, Write as _};
 
 use super::{Metric, Read, Snapshot, Unit, METRICS, STATS_SECTIONS};
+use crate::logging::json_string;
 
 /// Prometheus shows time in seconds; whole milliseconds become whole seconds, as
 /// `mortar_uptime_seconds` always has.
@@ -203,7 +204,7 @@ impl Json {
             }
             Json::Float(_) => out.push_str("null"),
             Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-            Json::Str(s) => write_json_string(out, s),
+            Json::Str(s) => json_string(out, s),
             Json::Arr(items) => {
                 let items = items.iter().map(|v| (None, v));
                 write_list(out, pretty, depth, ('[', ']'), items);
@@ -238,7 +239,7 @@ fn write_list<'a>(
         }
         newline(out, depth + 1);
         if let Some(key) = key {
-            write_json_string(out, key);
+            json_string(out, key);
             out.push_str(if pretty { ": " } else { ":" });
         }
         value.write(out, pretty, depth + 1);
@@ -247,22 +248,4 @@ fn write_list<'a>(
         newline(out, depth);
     }
     out.push(close);
-}
-
-fn write_json_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
 }

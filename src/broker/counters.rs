@@ -27,6 +27,8 @@ pub struct BrokerCounters {
     pub fsync_records: u64,
     pub fsync_failures: u64,
     pub fsync_micros_total: u64,
+    /// The longest fdatasync since start.
+    pub fsync_micros_max: u64,
     /// fdatasync latency histogram: counts per bucket of [`FSYNC_LATENCY_BUCKETS_US`].
     pub fsync_latency: [u64; FSYNC_LATENCY_BUCKETS_US.len() + 1],
     /// Records covered per fdatasync: counts per bucket of [`FSYNC_BATCH_BUCKETS`].

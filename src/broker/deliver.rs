@@ -452,15 +452,17 @@ impl Broker {
 
     /// Appends a PULL's answer to `out`: MSG for each delivery, read from the log, then
     /// OK. Called when the answer's slot is at the head, into the connection's output,
-    /// so no copy of the whole answer is ever made.
-    pub fn encode_pull_answer(&mut self, answer: &PullAnswer, out: &mut Vec<u8>) {
+    /// so no copy of the whole answer is ever made. Returns how many MSGs it wrote.
+    pub fn encode_pull_answer(&mut self, answer: &PullAnswer, out: &mut Vec<u8>) -> u64 {
         // Room for the whole answer at once: grown MSG by MSG, the buffer would double
         // past twice the answer's size.
         out.reserve(answer.bytes);
+        let mut msgs = 0;
         for d in &answer.deliveries {
-            self.encode_delivery(d, out);
+            msgs += u64::from(self.encode_delivery(d, out));
         }
         encode_ok_empty(out, Op::Pull as u8);
+        msgs
     }
 
     /// Appends MSG for `d` to `out`, reading the record from the log (its mapping: the

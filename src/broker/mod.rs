@@ -354,6 +354,11 @@ impl Broker {
         &self.config.data_dir
     }
 
+    /// `--max-data-size` (0: none).
+    pub fn max_data_bytes(&self) -> u64 {
+        self.config.max_data_bytes
+    }
+
     pub fn leader_epoch(&self) -> u64 {
         self.leader_epoch
     }

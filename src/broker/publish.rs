@@ -790,6 +790,7 @@ fn count_sync(counters: &mut BrokerCounters, records: u64, elapsed: std::time::D
     counters.fsyncs += 1;
     counters.fsync_records += records;
     counters.fsync_micros_total += micros;
+    counters.fsync_micros_max = counters.fsync_micros_max.max(micros);
     counters.fsync_latency[bucket_of(&FSYNC_LATENCY_BUCKETS_US, micros)] += 1;
     counters.fsync_batch[bucket_of(&FSYNC_BATCH_BUCKETS, records)] += 1;
 }

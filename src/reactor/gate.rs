@@ -107,10 +107,14 @@ impl Reactor {
             }
             self.counters.frames_out_answers += 1;
             let broker = &mut self.broker;
-            let mut encode_pull = |a: &_, out: &mut Vec<u8>| broker.encode_pull_answer(a, out);
+            let mut msgs = 0;
+            let mut encode_pull =
+                |a: &_, out: &mut Vec<u8>| msgs += broker.encode_pull_answer(a, out);
             let answer = Answer::Response(d.response);
             conn.slots
                 .fill(d.slot, answer, &mut conn.output, &mut encode_pull);
+            // Answers queued behind this one go out with it, a PULL's MSGs among them.
+            self.counters.msgs_out += msgs;
             self.queue_flush(d.key);
         }
     }

@@ -97,7 +97,8 @@ pub struct ReactorCounters {
     pub accepted: u64,
     pub refused_connection_limit: u64,
     pub closed: [u64; CloseReason::ALL.len()],
-    /// Frames received per op byte 0x00–0x0F; reserved ops count in `frames_in_reserved`.
+    /// Frames received per op byte 0x00–0x0F (0x00: illegal ones, 0xFF too, and those
+    /// of an invalid length); reserved ops count in `frames_in_reserved`.
     pub frames_in: [u64; 16],
     pub frames_in_reserved: u64,
     pub frames_out_answers: u64,
@@ -105,8 +106,9 @@ pub struct ReactorCounters {
     pub bytes_in: u64,
     pub bytes_out: u64,
     pub backpressure_pauses: u64,
-    /// MSG and NOTICE frames pushed.
-    pub pushes_out: u64,
+    /// MSG frames sent: pushed, or in a PULL's answer.
+    pub msgs_out: u64,
+    pub notices_out: u64,
 }
 
 pub struct Reactor {
@@ -496,6 +498,12 @@ impl Reactor {
     }
 
     fn count_frame_in(&mut self, op: u8) {
+        use crate::wire::frame::{classify_op, OpClass};
+        // 0xFF is as illegal as 0x00 (`man/mortarmq.7`): one count for both.
+        let op = match classify_op(op) {
+            OpClass::Illegal => 0,
+            _ => op,
+        };
         match self.counters.frames_in.get_mut(usize::from(op)) {
             Some(n) => *n += 1,
             None => self.counters.frames_in_reserved += 1,
@@ -823,10 +831,15 @@ impl Reactor {
     fn snapshot(&self, now: Now) -> Snapshot {
         let c = &self.counters;
         let ops = crate::wire::ops::Op::ALL;
-        let mut frames_in: Vec<(&'static str, u64)> = ops
-            .iter()
-            .map(|op| (op.name(), c.frames_in[*op as usize]))
+        // By the ops clients send; the ones only the server sends, when a client sends
+        // one (refused), are counted together.
+        let received = |op: &crate::wire::ops::Op| c.frames_in[*op as usize];
+        let mut frames_in: Vec<(&'static str, u64)> = (ops.iter())
+            .filter(|op| !op.is_server_only())
+            .map(|op| (op.name(), received(op)))
             .collect();
+        let server_only = ops.iter().filter(|op| op.is_server_only()).map(received);
+        frames_in.push(("SERVER_ONLY", server_only.sum()));
         frames_in.push(("RESERVED", c.frames_in_reserved));
         frames_in.push(("ILLEGAL", c.frames_in[0]));
         let errors: u64 = c.errors_sent.values().sum();
@@ -837,6 +850,7 @@ impl Reactor {
             // Filled in by the admin thread: reading /proc is no work for the reactor.
             rss_bytes: 0,
             data_dir: self.broker.data_dir().to_path_buf(),
+            max_data_bytes: self.broker.max_data_bytes(),
             process: ProcessFigures::default(),
             connections_open: self.conns.len() as u64,
             connections_accepted: c.accepted,
@@ -850,7 +864,8 @@ impl Reactor {
             frames_out: vec![
                 ("OK", c.frames_out_answers.saturating_sub(errors)),
                 ("ERR", errors),
-                ("PUSH", c.pushes_out),
+                ("MSG", c.msgs_out),
+                ("NOTICE", c.notices_out),
             ],
             errors_sent: c.errors_sent.clone(),
             bytes_in: c.bytes_in,
@@ -923,7 +938,7 @@ impl Reactor {
                         continue;
                     };
                     notice.encode_frame(&mut c.output);
-                    self.counters.pushes_out += 1;
+                    self.counters.notices_out += 1;
                     self.queue_flush(conn.id as usize);
                 }
                 Effect::Deliver { conn, delivery } => {
@@ -933,7 +948,7 @@ impl Reactor {
                     }
                     let c = &mut self.conns[key];
                     if self.broker.encode_delivery(&delivery, &mut c.output) {
-                        self.counters.pushes_out += 1;
+                        self.counters.msgs_out += 1;
                     }
                     self.queue_flush(key);
                     self.check_pause(key);
@@ -956,10 +971,12 @@ impl Reactor {
             return;
         };
         self.counters.frames_out_answers += 1;
-        let mut encode_pull = |a: &_, out: &mut Vec<u8>| broker.encode_pull_answer(a, out);
+        let mut msgs = 0;
+        let mut encode_pull = |a: &_, out: &mut Vec<u8>| msgs += broker.encode_pull_answer(a, out);
         if !c.slots.fill(slot, answer, &mut c.output, &mut encode_pull) {
             log::error!("conn {}: answer for unknown slot {slot}", c.serial);
         }
+        self.counters.msgs_out += msgs;
         self.queue_flush(key);
         self.check_pause(key);
     }

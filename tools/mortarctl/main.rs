@@ -10,7 +10,7 @@
 //! admin listener's `/topics` and `/groups` routes (`manage.rs`), the token as Bearer.
 //!
 //! Exit status: 0 success, 1 an error from the broker (printed with its registry name and
-//! what the client should do) or from the connection, 2 a usage error.
+//! a hint for the operator, `hints.rs`) or from the connection, 2 a usage error.
 
 use std::io;
 use std::process::ExitCode;
@@ -26,6 +26,7 @@ use mortarmq::wire::{Durability, Frame};
 use serde_json::Value;
 
 mod check;
+mod hints;
 mod http;
 mod inspect;
 mod manage;
@@ -61,13 +62,15 @@ enum Failure {
 
 impl From<ClientError> for Failure {
     fn from(e: ClientError) -> Self {
-        Failure::Runtime(e.to_string())
+        let (what, hint) = hints::client_error(&e);
+        Failure::Runtime(what + &hint)
     }
 }
 
 impl From<ApiError> for Failure {
     fn from(e: ApiError) -> Self {
-        Failure::Runtime(e.to_string())
+        let (what, hint) = hints::api_error(&e);
+        Failure::Runtime(what + &hint)
     }
 }
 
@@ -220,7 +223,8 @@ const COMMANDS: &[Command] = &[
     },
     Command {
         words: &["pub"],
-        synopsis: "TOPIC [--value V] [--key K] [--partition P] [--durability written|fsync]",
+        synopsis: "TOPIC [--value V] [--key K] [--partition P] [--durability written|fsync] \
+                   [--keepalive DURATION]",
         about: "Publish --value V, or one record per line of standard input.",
         via: Via::Wire,
         options: |o| {
@@ -238,6 +242,13 @@ const COMMANDS: &[Command] = &[
                 "P",
             );
             o.optopt("", "durability", "wait for: written or fsync", "LEVEL");
+            o.optopt(
+                "",
+                "keepalive",
+                "PING after this long without a record (30s; under the broker's \
+                 --idle-timeout)",
+                "DURATION",
+            );
         },
         positional: 1,
         run: cmd_pub,
@@ -451,13 +462,20 @@ impl Ctx {
     fn topic(&self) -> Result<&str, Failure> {
         let topic = self.positional(0);
         check_name("TOPIC", "topic", topic)?;
+        hints::note_topic(topic);
         Ok(topic)
     }
 
     /// The frame-level client, dialled here so that connecting, each write and each
     /// answer (CONNECT's first) are bounded by `--timeout`.
     fn connect(&self) -> Result<Client, Failure> {
-        let io_failure = |e| Failure::Runtime(format!("broker {}: {}", self.broker, self.io(&e)));
+        let io_failure = |e| {
+            Failure::Runtime(format!(
+                "broker {}: {}",
+                self.broker,
+                self.io(&e, Via::Wire)
+            ))
+        };
         let stream = dial(&self.broker, self.timeout).map_err(io_failure)?;
         stream
             .set_read_timeout(Some(self.timeout))
@@ -476,31 +494,39 @@ impl Ctx {
 
     fn client_failure(&self, e: ClientError) -> Failure {
         match e {
-            ClientError::Io(io) => {
-                Failure::Runtime(format!("broker {}: {}", self.broker, self.io(&io)))
-            }
+            ClientError::Io(io) => Failure::Runtime(format!(
+                "broker {}: {}",
+                self.broker,
+                self.io(&io, Via::Wire)
+            )),
             other => other.into(),
         }
     }
 
     /// An I/O error's text; a timeout's names `--timeout`, since a peer that accepts and
     /// never answers (the admin port given as the broker, say) is the usual cause.
-    fn io(&self, e: &io::Error) -> String {
+    fn io(&self, e: &io::Error, via: Via) -> String {
         match e.kind() {
             io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => format!(
                 "no answer within --timeout {} (is this the right address?)",
                 format_duration(self.timeout)
             ),
+            io::ErrorKind::ConnectionRefused => format!("{e}{}", hints::refused(via)),
             _ => e.to_string(),
         }
     }
 
     /// A producer for `pub`: idempotent, PUB_WINDOW records in flight.
-    fn producer(&self, durability: Option<Durability>) -> Result<Producer, Failure> {
+    fn producer(
+        &self,
+        durability: Option<Durability>,
+        keepalive: Duration,
+    ) -> Result<Producer, Failure> {
         Producer::builder(self.broker.as_str())
             .token(&self.token)
             .durability(durability)
             .max_in_flight(PUB_WINDOW)
+            .keepalive(keepalive)
             .timeout(self.timeout)
             .connect()
             .map_err(|e| self.connect_failure(e))
@@ -520,9 +546,11 @@ impl Ctx {
 
     fn connect_failure(&self, e: ApiError) -> Failure {
         match e {
-            ApiError::Io(io) => {
-                Failure::Runtime(format!("broker {}: {}", self.broker, self.io(&io)))
-            }
+            ApiError::Io(io) => Failure::Runtime(format!(
+                "broker {}: {}",
+                self.broker,
+                self.io(&io, Via::Wire)
+            )),
             ApiError::Timeout(what) => Failure::Runtime(format!(
                 "broker {}: timeout: {what} (--timeout {})",
                 self.broker,
@@ -534,7 +562,9 @@ impl Ctx {
 
     fn get(&self, path: &str) -> Result<String, Failure> {
         http_get(&self.admin, path, self.timeout).map_err(|e| match e {
-            HttpError::Io(e) => Failure::Runtime(format!("admin {}: {}", self.admin, self.io(&e))),
+            HttpError::Io(e) => {
+                Failure::Runtime(format!("admin {}: {}", self.admin, self.io(&e, Via::Admin)))
+            }
             HttpError::Answer(text) => Failure::Runtime(text),
         })
     }
@@ -675,10 +705,22 @@ fn token(flag: Option<String>, file_flag: Option<String>) -> Result<Vec<u8>, Fai
         ),
         (t, f) => (t, f, "--token and --token-file".to_string()),
     };
+    let (env, flags) = (what.starts_with("MORTAR"), ["--token", "--token-file"]);
+    let [from_token, from_file] = if env {
+        [ENV_TOKEN, ENV_TOKEN_FILE]
+    } else {
+        flags
+    };
     match (token, file) {
         (Some(_), Some(_)) => usage_err(format!("{what} exclude each other")),
-        (Some(t), None) => Ok(t.into_bytes()),
-        (None, Some(path)) => read_token_file(&path),
+        (Some(t), None) => {
+            hints::note_token_source(from_token.to_string());
+            Ok(t.into_bytes())
+        }
+        (None, Some(path)) => {
+            hints::note_token_source(format!("{from_file} {path}"));
+            read_token_file(&path)
+        }
         (None, None) => Ok(Vec::new()),
     }
 }

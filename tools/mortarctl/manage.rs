@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::http::{dechunk, dial};
 use crate::inspect::{array_of, human_bytes, print_json, str_of, table, u64_of};
-use crate::{check_name, json_option, runtime_err, usage_err, Ctx, Failure, Outcome};
+use crate::{check_name, json_option, runtime_err, usage_err, Ctx, Failure, Outcome, Via};
 
 pub(crate) fn group_options(o: &mut Options) {
     o.reqopt("", "topic", "the topic the group consumes", "TOPIC");
@@ -85,8 +85,9 @@ fn http_send(
 /// Sends one admin request; the JSON of a 200 answer, else the broker's error as text.
 fn request(ctx: &Ctx, method: &str, path: &str) -> Result<Value, Failure> {
     let sent = http_send(&ctx.admin, method, path, &ctx.token, ctx.timeout);
-    let (status, body) =
-        sent.map_err(|e| Failure::Runtime(format!("admin {}: {}", ctx.admin, ctx.io(&e))))?;
+    let (status, body) = sent.map_err(|e| {
+        Failure::Runtime(format!("admin {}: {}", ctx.admin, ctx.io(&e, Via::Admin)))
+    })?;
     let json: Option<Value> = serde_json::from_str(&body).ok();
     if status == 200 {
         return json.map_or_else(

@@ -396,7 +396,7 @@ pub(crate) fn cmd_dlq_replay(ctx: &Ctx) -> Outcome {
     };
     let start = start(ctx)?.unwrap_or(Start::Sequence(0));
     let max = max(ctx, "max", u64::MAX)?;
-    let mut producer = ctx.producer(Some(durability))?;
+    let mut producer = ctx.producer(Some(durability), crate::wire_cmds::KEEPALIVE_DEFAULT)?;
     let mut replayed = 0u64;
     let mut spans = Vec::new();
     for p in partitions(ctx, &twin)? {

@@ -2,10 +2,13 @@
 //! and `sub` (the last two through the client library).
 
 use std::collections::VecDeque;
-use std::io::{self, BufRead, IsTerminal, Write};
+use std::io::{self, IsTerminal, Read, Write};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use mortarmq::client::{Consumer, Error as ApiError, Message, Producer, Record, SendHandle};
+use mortarmq::config::parse_duration;
+use mortarmq::wire::limits::KEEPALIVE_MS;
 use mortarmq::wire::{DeclareCreated, DeclareFlags, Durability, ErrorCode, StartPolicy};
 
 use crate::{check_name, runtime_err, usage_err, Ctx, Failure, Outcome};
@@ -14,10 +17,17 @@ use crate::{check_name, runtime_err, usage_err, Ctx, Failure, Outcome};
 pub(crate) const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 pub(crate) const PROGRESS_AFTER: Duration = Duration::from_secs(1);
 
+/// `pub --keepalive` unless given: the protocol's keepalive, which the broker's default
+/// `--idle-timeout` (1.5 times it) allows.
+pub(crate) const KEEPALIVE_DEFAULT: Duration = Duration::from_millis(KEEPALIVE_MS);
+
 /// Most records a bounded `sub --count` asks credit for at once (the broker's default).
 pub(crate) const SUB_CREDIT_MAX: u64 = 256;
 
+/// `pub` reads standard input this much at a time, at most this many reads ahead of
+/// what it has sent.
 pub(crate) const STDIN_BUFFER_BYTES: usize = 64 * 1024;
+pub(crate) const STDIN_CHUNKS_QUEUED_MAX: usize = 4;
 
 pub(crate) fn parse_num<T: std::str::FromStr>(flag: &str, text: &str) -> Result<T, Failure> {
     text.parse()
@@ -109,7 +119,16 @@ impl Progress {
 /// The one way a publishing `mortarctl` stops early: the broker's (or the
 /// connection's) error, with how far it got.
 pub(crate) fn pub_failed(e: ApiError, acked: u64) -> Failure {
-    Failure::Runtime(format!("{e} (after {acked} records were published)"))
+    let (what, hint) = crate::hints::api_error(&e);
+    Failure::Runtime(format!(
+        "{what} (after {acked} records were published){hint}"
+    ))
+}
+
+/// An error about `topic`, which names it.
+fn topic_failed(topic: &str, e: &ApiError) -> Failure {
+    let (what, hint) = crate::hints::api_error(e);
+    Failure::Runtime(format!("topic {topic}: {what}{hint}"))
 }
 
 /// What each `pub` record carries besides its value.
@@ -145,10 +164,16 @@ pub(crate) fn cmd_pub(ctx: &Ctx) -> Outcome {
             _ => return usage_err(format!("--durability: '{name}' is not written|fsync")),
         },
     };
-    let mut producer = ctx.producer(durability)?;
-    producer
-        .topic(topic)
-        .map_err(|e| Failure::Runtime(format!("topic {topic}: {e}")))?;
+    let keepalive = match m.opt_str("keepalive") {
+        None => KEEPALIVE_DEFAULT,
+        Some(text) => match parse_duration(&text) {
+            Ok(d) if !d.is_zero() => d,
+            Ok(_) => return usage_err("--keepalive: 0s would PING without end"),
+            Err(why) => return usage_err(format!("--keepalive: {why}")),
+        },
+    };
+    let mut producer = ctx.producer(durability, keepalive)?;
+    producer.topic(topic).map_err(|e| topic_failed(topic, &e))?;
     let key = m.opt_str("key").unwrap_or_default().into_bytes();
     let target = PubTarget {
         topic,
@@ -171,7 +196,7 @@ pub(crate) fn cmd_pub(ctx: &Ctx) -> Outcome {
         return producer.close().map_err(|e| pub_failed(e, 1));
     }
     let mut progress = Progress::new(true);
-    let sent = pub_lines(&mut producer, &target, &mut progress);
+    let sent = pub_lines(&mut producer, &target, &mut progress, keepalive);
     progress.finish();
     let acked = sent?;
     println!("published {acked} records to {topic}");
@@ -179,60 +204,126 @@ pub(crate) fn cmd_pub(ctx: &Ctx) -> Outcome {
 }
 
 /// Records sent by `pub`, counted as their answers come, in order.
-pub(crate) struct Tally {
+pub(crate) struct Tally<'a> {
     handles: VecDeque<SendHandle>,
     acked: u64,
+    progress: &'a mut Progress,
 }
 
-impl Tally {
+impl Tally<'_> {
     /// Counts the records answered so far; the first failure ends the run.
-    fn settle(&mut self, progress: &mut Progress) -> Result<u64, Failure> {
+    fn settle(&mut self) -> Result<u64, Failure> {
         while let Some(outcome) = self.handles.front().and_then(SendHandle::result) {
             outcome.map_err(|e| pub_failed(e, self.acked))?;
             self.handles.pop_front();
             self.acked += 1;
         }
-        progress.update(self.acked);
+        self.progress.update(self.acked);
         Ok(self.acked)
     }
 }
 
+/// Standard input as a reader thread hands it over: chunks of what one read returned,
+/// an empty one at the end. A thread, so that `pub` can PING while its input is quiet
+/// (`tail -f app.log | mortarctl pub logs`).
+pub(crate) fn stdin_chunks() -> mpsc::Receiver<io::Result<Vec<u8>>> {
+    let (tx, rx) = mpsc::sync_channel(STDIN_CHUNKS_QUEUED_MAX);
+    std::thread::spawn(move || {
+        let mut input = io::stdin().lock();
+        loop {
+            let mut chunk = vec![0; STDIN_BUFFER_BYTES];
+            let got = match input.read(&mut chunk) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Ok(n) => Ok(n),
+                Err(e) => Err(e),
+            };
+            let last = !matches!(got, Ok(n) if n > 0);
+            let sent = tx.send(got.map(|n| {
+                chunk.truncate(n);
+                chunk
+            }));
+            if last || sent.is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// The next chunk of standard input; while none comes, the producer's records are
+/// written, and after `keepalive` their answers counted and the connection kept alive.
+fn next_chunk(
+    input: &mpsc::Receiver<io::Result<Vec<u8>>>,
+    p: &mut Producer,
+    tally: &mut Tally<'_>,
+    keepalive: Duration,
+) -> Result<Vec<u8>, Failure> {
+    let mut wait = match input.try_recv() {
+        Ok(chunk) => return chunk.or_else(|e| runtime_err(format!("standard input: {e}"))),
+        Err(_) => {
+            // Send what is queued before a wait that could be long. The answers are
+            // left to the next record, or to the keep-alive once input stays quiet:
+            // waiting for them here would stop the pipeline whenever input lags.
+            p.send_queued();
+            keepalive
+        }
+    };
+    loop {
+        match input.recv_timeout(wait) {
+            Ok(chunk) => return chunk.or_else(|e| runtime_err(format!("standard input: {e}"))),
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(Vec::new()),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        wait = p.keep_alive().map_err(|e| pub_failed(e, tally.acked))?;
+        tally.settle()?;
+    }
+}
+
 /// Publishes one record per line of standard input (PUB_WINDOW in flight); returns
-/// how many the broker stored.
+/// how many the broker stored. A last line without its newline is a record too.
 pub(crate) fn pub_lines(
     p: &mut Producer,
     target: &PubTarget<'_>,
     progress: &mut Progress,
+    keepalive: Duration,
 ) -> Result<u64, Failure> {
-    let mut input = io::BufReader::with_capacity(STDIN_BUFFER_BYTES, io::stdin().lock());
-    let mut line = Vec::new();
+    let input = stdin_chunks();
+    // The start of a line whose end is in a later chunk.
+    let mut partial = Vec::new();
     let mut tally = Tally {
         handles: VecDeque::new(),
         acked: 0,
+        progress,
+    };
+    let send = |p: &mut Producer, tally: &mut Tally<'_>, line: &[u8]| {
+        let sent = p.send_record(target.record(line));
+        let handle = sent.map_err(|e| pub_failed(e, tally.acked))?;
+        tally.handles.push_back(handle);
+        tally.settle()
     };
     loop {
-        // Send what is queued before a read that could block on a quiet producer.
-        if input.buffer().is_empty() {
-            p.send_queued();
-        }
-        line.clear();
-        let n = input
-            .read_until(b'\n', &mut line)
-            .or_else(|e| runtime_err(format!("standard input: {e}")))?;
-        if n == 0 {
+        let chunk = next_chunk(&input, p, &mut tally, keepalive)?;
+        if chunk.is_empty() {
             break;
         }
-        if line.last() == Some(&b'\n') {
-            line.pop();
+        let mut lines = chunk.split(|b| *b == b'\n');
+        let last = lines.next_back().unwrap_or_default();
+        for (i, line) in lines.enumerate() {
+            if i == 0 && !partial.is_empty() {
+                partial.extend_from_slice(line);
+                send(p, &mut tally, &partial)?;
+                partial.clear();
+            } else {
+                send(p, &mut tally, line)?;
+            }
         }
-        let sent = p.send_record(target.record(&line));
-        tally
-            .handles
-            .push_back(sent.map_err(|e| pub_failed(e, tally.acked))?);
-        tally.settle(progress)?;
+        partial.extend_from_slice(last);
+    }
+    if !partial.is_empty() {
+        send(p, &mut tally, &partial)?;
     }
     let flushed = p.flush();
-    let acked = tally.settle(progress)?;
+    let acked = tally.settle()?;
     flushed.map_err(|e| pub_failed(e, acked))?;
     Ok(acked)
 }
@@ -283,7 +374,7 @@ pub(crate) fn cmd_sub(ctx: &Ctx) -> Outcome {
     consumer
         .subscribe(&group, topic, start_policy)
         .map_err(|e| match e.code() {
-            Some(ErrorCode::UnknownTopic) => Failure::Runtime(format!("topic {topic}: {e}")),
+            Some(ErrorCode::UnknownTopic) => topic_failed(topic, &e),
             _ => e.into(),
         })?;
     let stdout = io::stdout();

@@ -196,6 +196,7 @@ struct Settings {
     idempotent: bool,
     declare: Option<u16>,
     max_in_flight: usize,
+    keepalive: Duration,
 }
 
 impl ProducerBuilder {
@@ -243,6 +244,16 @@ impl ProducerBuilder {
     /// 1 to 1024: a resend must stay within the broker's dedup window).
     pub fn max_in_flight(mut self, records: usize) -> Self {
         self.settings.max_in_flight = records;
+        self
+    }
+
+    /// After this long without sending, the producer PINGs before its next record and
+    /// from [`keep_alive`](Producer::keep_alive) (default: the protocol's 30 s keepalive,
+    /// which the broker's default 45 s `--idle-timeout` allows). A broker with a shorter
+    /// `--idle-timeout` wants a shorter one; else it closes a quiet connection, and the
+    /// producer connects again when it next has something to send.
+    pub fn keepalive(mut self, interval: Duration) -> Self {
+        self.settings.keepalive = interval;
         self
     }
 
@@ -410,6 +421,7 @@ impl Producer {
                 idempotent: true,
                 declare: None,
                 max_in_flight: DEFAULT_MAX_IN_FLIGHT_RECORDS,
+                keepalive: Duration::from_millis(crate::wire::limits::KEEPALIVE_MS),
             },
         }
     }
@@ -483,6 +495,27 @@ impl Producer {
             return Err(first);
         }
         pumped
+    }
+
+    /// For a caller with nothing to send for a while (waiting on its input): waits for
+    /// the answers to the records in flight, then PINGs once nothing has been sent for
+    /// the [keepalive](ProducerBuilder::keepalive) period, so that the broker's idle
+    /// timeout does not close the connection; one it closed all the same is opened
+    /// again. Returns how long the caller may wait before it calls again. `Err`: the
+    /// broker stayed out of reach for the retry timeout. Records' failures are left to
+    /// their handles and the next [`flush`](Self::flush).
+    pub fn keep_alive(&mut self) -> Result<Duration> {
+        self.pump(&|p| p.conn.is_some() && p.inflight.is_empty() && p.retry.is_empty())?;
+        self.probe_if_idle()?;
+        let sent = self
+            .conn
+            .as_ref()
+            .map_or_else(Instant::now, |c| c.last_send);
+        let due = sent + self.settings.keepalive;
+        // At least a millisecond: a caller's wait of 0 would spin.
+        Ok(due
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1)))
     }
 
     /// Flushes, then closes the connection.
@@ -625,15 +658,15 @@ impl Producer {
     }
 
     /// The broker closes a connection without a frame for its idle timeout: a PING
-    /// after a quiet keepalive period finds that out before a record is written into a
-    /// closed socket.
+    /// after a quiet keepalive period keeps it open, or finds out it was closed before
+    /// a record is written into a closed socket.
     fn probe_if_idle(&mut self) -> Result<()> {
-        let keepalive = Duration::from_millis(crate::wire::limits::KEEPALIVE_MS);
+        let keepalive = self.settings.keepalive;
         let idle = match &self.conn {
             Some(c) => {
                 self.inflight.is_empty()
                     && self.outbox.unwritten().is_empty()
-                    && c.last_send.elapsed() > keepalive
+                    && c.last_send.elapsed() >= keepalive
             }
             None => false,
         };

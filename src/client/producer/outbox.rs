@@ -37,10 +37,27 @@ impl Outbox {
         &self.bytes[self.head..self.head + len]
     }
 
-    /// Drops the oldest frame, `len` bytes long.
+    /// Drops the oldest frame, `len` bytes long, once answered.
     pub fn pop_front(&mut self, len: usize) {
+        debug_assert!(
+            self.head + len <= self.written,
+            "an answer to an unwritten frame"
+        );
+        self.drop_front(len);
+    }
+
+    /// The oldest frame, `len` bytes long, moved out of the box: written or not, as a
+    /// lost connection takes every record in flight, including those a failed write
+    /// never sent.
+    pub fn take_front(&mut self, len: usize) -> Vec<u8> {
+        let frame = self.front(len).to_vec();
+        self.written = self.written.max(self.head + len);
+        self.drop_front(len);
+        frame
+    }
+
+    fn drop_front(&mut self, len: usize) {
         self.head += len;
-        debug_assert!(self.head <= self.written, "an answer to an unwritten frame");
         if self.head == self.bytes.len() {
             self.clear();
         } else if self.head >= COMPACT_AFTER_BYTES && self.head * 2 >= self.bytes.len() {
@@ -79,5 +96,16 @@ mod tests {
         o.pop_front(b);
         o.pop_front(c);
         assert!(o.bytes.is_empty());
+    }
+
+    #[test]
+    fn a_lost_connection_takes_unwritten_frames_too() {
+        let mut o = Outbox::default();
+        let a = o.push(|b| b.extend_from_slice(b"sent"));
+        o.mark_written();
+        let b = o.push(|b| b.extend_from_slice(b"queued"));
+        assert_eq!(o.take_front(a), b"sent");
+        assert_eq!(o.take_front(b), b"queued");
+        assert!(o.bytes.is_empty() && o.unwritten().is_empty());
     }
 }

@@ -436,7 +436,7 @@ impl Producer {
         self.conn = None;
         let mut lost: Vec<Pending> = self.inflight.drain(..).collect();
         for p in &mut lost {
-            self.take_out(p);
+            p.frame = self.outbox.take_front(p.len);
         }
         self.outbox.clear();
         for mut p in lost {
