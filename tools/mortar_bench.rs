@@ -792,12 +792,50 @@ fn publish(a: &Args) -> Res<Report> {
 
 // ---- consume ------------------------------------------------------------------------
 
+/// Prefill rounds at most: a round that met BACKPRESSURE (a disk behind the publishers)
+/// waits [`PREFILL_BACKOFF_MS`] and publishes what is still missing.
+const PREFILL_ROUNDS_MAX: u32 = 30;
+const PREFILL_BACKOFF_MS: u64 = 500;
+
 /// Makes sure the topic holds at least `count` records, publishing the missing ones
-/// with WRITTEN durability.
+/// with WRITTEN durability; returns (topic id, partitions, records published).
 fn prefill(a: &Args, topic: &str, count: u64) -> Res<(u16, u16, u64)> {
-    let mut c = Conn::connect(&a.broker, &a.token)?;
-    let (topic_id, partitions) = declare(&mut c, topic, a.partitions)?;
-    // One probe per partition: its sequence is the partition's record count.
+    let mut published = 0;
+    for _ in 0..PREFILL_ROUNDS_MAX {
+        let mut c = Conn::connect(&a.broker, &a.token)?;
+        let (topic_id, partitions) = declare(&mut c, topic, a.partitions)?;
+        let missing = count.saturating_sub(records_held(a, &mut c, topic_id, partitions)?);
+        if missing == 0 {
+            return Ok((topic_id, partitions, published));
+        }
+        let job = PubJob {
+            topic_id,
+            partitions,
+            first_partition: 0,
+            depth: 256,
+            value_size: a.value_size,
+            durability: Durability::Written,
+            stop: Stop::Count(missing),
+            producer_id: 0,
+        };
+        let st = publish_conn(c, &job)?;
+        published += st.ops;
+        match st.first_error {
+            None => return Ok((topic_id, partitions, published)),
+            Some(e) if e.contains(&ErrorCode::Backpressure.to_string()) => {
+                std::thread::sleep(Duration::from_millis(PREFILL_BACKOFF_MS));
+            }
+            Some(e) => return Err(format!("prefill: {e}")),
+        }
+    }
+    Err(format!(
+        "prefill: still BACKPRESSURE after {PREFILL_ROUNDS_MAX} rounds"
+    ))
+}
+
+/// The records a topic holds: one WRITTEN probe per partition, whose sequence is the
+/// partition's record count.
+fn records_held(a: &Args, c: &mut Conn, topic_id: u16, partitions: u16) -> Res<u64> {
     let probe = vec![b'x'; a.value_size];
     let mut have = 0;
     for partition in 0..partitions {
@@ -812,24 +850,7 @@ fn prefill(a: &Args, topic: &str, count: u64) -> Res<(u16, u16, u64)> {
         let r: PubResult = typed(&c.request_flushed()?)?;
         have += r.sequence;
     }
-    let missing = count.saturating_sub(have);
-    if missing > 0 {
-        let job = PubJob {
-            topic_id,
-            partitions,
-            first_partition: 0,
-            depth: 256,
-            value_size: a.value_size,
-            durability: Durability::Written,
-            stop: Stop::Count(missing),
-            producer_id: 0,
-        };
-        let st = publish_conn(c, &job)?;
-        if st.errors > 0 {
-            return Err(format!("prefill: {}", st.first_error.unwrap_or_default()));
-        }
-    }
-    Ok((topic_id, partitions, missing))
+    Ok(have)
 }
 
 impl Conn {
