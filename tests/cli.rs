@@ -1047,6 +1047,33 @@ fn sub_without_count_rejoins_after_a_broker_restart() {
     child.wait().unwrap();
 }
 
+/// `sub --reconnect-timeout` bounds the wait for a broker that went away (without it, an
+/// unbounded `sub` waits for ever, as the restart test above shows it rejoining).
+#[test]
+fn sub_gives_up_after_its_reconnect_timeout() {
+    let mut broker = Mortard::start(&[]);
+    ok(
+        &broker,
+        &["topics", "create", "gone", "--partitions", "1"],
+        "",
+    );
+    let addr = broker.addr.to_string();
+    let args = ["--broker", &addr, "sub", "gone", "--group", "g"];
+    let mut child = spawn_ctl(&[&args[..], &["--reconnect-timeout", "1s"]].concat());
+    ok(&broker, &["pub", "gone", "--value", "v"], "");
+    let mut line = String::new();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert_eq!(line, "v\n");
+    broker.kill9();
+    let mut status = None;
+    wait_until("sub to give up", || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    assert_eq!(status.unwrap().code(), Some(1));
+}
+
 /// Broker errors name the registry entry and say what to type about it: a command or
 /// the flags that give a token, not the registry's advice to protocol clients.
 #[test]

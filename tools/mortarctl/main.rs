@@ -255,7 +255,8 @@ const COMMANDS: &[Command] = &[
     },
     Command {
         words: &["sub"],
-        synopsis: "TOPIC --group G [--from earliest|latest] [--count N] [--meta]",
+        synopsis: "TOPIC --group G [--from earliest|latest] [--count N] [--meta] \
+                   [--reconnect-timeout DURATION]",
         about: "Consume as a member of group G: print each record's value and ACK it.",
         via: Via::Wire,
         options: |o| {
@@ -271,6 +272,13 @@ const COMMANDS: &[Command] = &[
                 "count",
                 "exit after N records (default: run until killed)",
                 "N",
+            );
+            o.optopt(
+                "",
+                "reconnect-timeout",
+                "give up when the broker stays away this long \
+                 (default: never; with --count, 30s)",
+                "DURATION",
             );
             o.optflag(
                 "",
@@ -534,11 +542,17 @@ impl Ctx {
 
     /// A consumer for `sub`, with a window of `credit` records (0: the broker's); `pull`
     /// for a bounded `sub`, which must not be sent records it will not take.
-    fn consumer(&self, credit: u16, pull: bool) -> Result<Consumer, Failure> {
+    fn consumer(
+        &self,
+        credit: u16,
+        pull: bool,
+        reconnect_timeout: Option<Duration>,
+    ) -> Result<Consumer, Failure> {
         Consumer::builder(self.broker.as_str())
             .token(&self.token)
             .credit(credit, 0)
             .pull(pull)
+            .reconnect_timeout(reconnect_timeout)
             .timeout(self.timeout)
             .connect()
             .map_err(|e| self.connect_failure(e))

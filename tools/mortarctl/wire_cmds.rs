@@ -6,7 +6,10 @@ use std::io::{self, IsTerminal, Read, Write};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use mortarmq::client::{Consumer, Error as ApiError, Message, Producer, Record, SendHandle};
+use getopts::Matches;
+use mortarmq::client::{
+    Consumer, Error as ApiError, Message, Producer, Record, SendHandle, DEFAULT_RECONNECT_TIMEOUT,
+};
 use mortarmq::config::parse_duration;
 use mortarmq::wire::limits::KEEPALIVE_MS;
 use mortarmq::wire::{DeclareCreated, DeclareFlags, Durability, ErrorCode, StartPolicy};
@@ -354,6 +357,19 @@ pub(crate) fn narrow_credit(consumer: &mut Consumer, window: &mut u16, left: u64
     Ok(())
 }
 
+/// How long `sub` rejoins a broker that went away before it gives up: a `sub` without
+/// `--count` follows the topic like `tail -f` and outlives any restart; a bounded one
+/// (a script's) fails as the library does by default.
+fn reconnect_timeout(m: &Matches, count: Option<u64>) -> Result<Option<Duration>, Failure> {
+    match m.opt_str("reconnect-timeout") {
+        Some(text) => match parse_duration(&text) {
+            Ok(d) => Ok(Some(d)),
+            Err(why) => usage_err(format!("--reconnect-timeout: {why}")),
+        },
+        None => Ok(count.map(|_| DEFAULT_RECONNECT_TIMEOUT)),
+    }
+}
+
 pub(crate) fn cmd_sub(ctx: &Ctx) -> Outcome {
     let m = &ctx.matches;
     let topic = ctx.topic()?;
@@ -370,7 +386,7 @@ pub(crate) fn cmd_sub(ctx: &Ctx) -> Outcome {
     };
     let meta = m.opt_present("meta");
     let credit = count.map_or(0, |n| n.clamp(1, SUB_CREDIT_MAX) as u16);
-    let mut consumer = ctx.consumer(credit, count.is_some())?;
+    let mut consumer = ctx.consumer(credit, count.is_some(), reconnect_timeout(m, count)?)?;
     consumer
         .subscribe(&group, topic, start_policy)
         .map_err(|e| match e.code() {
