@@ -474,6 +474,15 @@ impl Ctx {
         Ok(topic)
     }
 
+    /// The TOPIC argument of a command that also takes a dead-letter twin's name
+    /// (`NAME.dlq`), checked as [`Ctx::topic`] checks it.
+    fn topic_or_twin(&self) -> Result<&str, Failure> {
+        let topic = self.positional(0);
+        check_topic_or_twin("TOPIC", topic)?;
+        hints::note_topic(topic);
+        Ok(topic)
+    }
+
     /// The frame-level client, dialled here so that connecting, each write and each
     /// answer (CONNECT's first) are bounded by `--timeout`.
     fn connect(&self) -> Result<Client, Failure> {
@@ -690,6 +699,14 @@ fn run(args: &[String]) -> Outcome {
         matches: m,
     };
     (command.run)(&ctx)
+}
+
+/// A topic's name or its twin's (`NAME.dlq`: the source name is what must be valid).
+fn check_topic_or_twin(what: &str, name: &str) -> Outcome {
+    let source = name
+        .strip_suffix(mortarmq::wire::DLQ_SUFFIX)
+        .unwrap_or(name);
+    check_name(what, "topic", source)
 }
 
 /// Topic and group names are 1-255 bytes of `[A-Za-z0-9._-]` (mortarmq(7), DECLARE, SUB).

@@ -10,7 +10,8 @@ use serde_json::Value;
 
 use crate::http::{dechunk, dial};
 use crate::inspect::{array_of, human_bytes, print_json, str_of, table, u64_of};
-use crate::{check_name, json_option, runtime_err, usage_err, Ctx, Failure, Outcome, Via};
+use crate::{check_name, check_topic_or_twin, json_option, runtime_err, usage_err};
+use crate::{Ctx, Failure, Outcome, Via};
 
 pub(crate) fn group_options(o: &mut Options) {
     o.reqopt("", "topic", "the topic the group consumes", "TOPIC");
@@ -124,11 +125,7 @@ fn group_and_topic(ctx: &Ctx) -> Result<(String, String), Failure> {
     let group = ctx.positional(0);
     check_name("GROUP", "group", group)?;
     let topic = ctx.matches.opt_str("topic").unwrap_or_default();
-    check_name(
-        "--topic",
-        "topic",
-        topic.strip_suffix(".dlq").unwrap_or(&topic),
-    )?;
+    check_topic_or_twin("--topic", &topic)?;
     Ok((group.to_string(), topic))
 }
 
@@ -176,12 +173,7 @@ pub(crate) fn cmd_groups_reset(ctx: &Ctx) -> Outcome {
 }
 
 pub(crate) fn cmd_topics_purge(ctx: &Ctx) -> Outcome {
-    let topic = ctx.positional(0);
-    check_name(
-        "TOPIC",
-        "topic",
-        topic.strip_suffix(".dlq").unwrap_or(topic),
-    )?;
+    let topic = ctx.topic_or_twin()?;
     let done = request(ctx, "POST", &format!("/topics/{}/purge", encode(topic)))?;
     let purged: u64 = array_of(&done, "partitions")
         .iter()
@@ -192,12 +184,7 @@ pub(crate) fn cmd_topics_purge(ctx: &Ctx) -> Outcome {
 }
 
 pub(crate) fn cmd_topics_describe(ctx: &Ctx) -> Outcome {
-    let topic = ctx.positional(0);
-    check_name(
-        "TOPIC",
-        "topic",
-        topic.strip_suffix(".dlq").unwrap_or(topic),
-    )?;
+    let topic = ctx.topic_or_twin()?;
     let d = request(ctx, "GET", &format!("/topics/{}", encode(topic)))?;
     if ctx.matches.opt_present("json") {
         print_json(&d);

@@ -14,7 +14,7 @@ use mortarmq::wire::{Durability, DLQ_SUFFIX};
 use serde_json::{json, Value};
 
 use crate::wire_cmds::parse_num;
-use crate::{check_name, runtime_err, usage_err, Ctx, Failure, Outcome};
+use crate::{runtime_err, usage_err, Ctx, Failure, Outcome};
 
 /// `--max` of `peek` and `dlq list` unless given: records of each partition.
 pub(crate) const PEEK_MAX_DEFAULT: u64 = 10;
@@ -226,25 +226,15 @@ fn print_from(
 }
 
 /// The TOPIC argument, a source topic or its `.dlq` twin, checked as a name.
-fn topic_arg(ctx: &Ctx) -> Result<&str, Failure> {
-    let topic = ctx.positional(0);
-    check_name(
-        "TOPIC",
-        "topic",
-        topic.strip_suffix(DLQ_SUFFIX).unwrap_or(topic),
-    )?;
-    Ok(topic)
-}
-
 /// The `.dlq` twin of the TOPIC argument (which may name the twin itself).
 fn twin_arg(ctx: &Ctx) -> Result<String, Failure> {
-    let topic = topic_arg(ctx)?;
+    let topic = ctx.topic_or_twin()?;
     let source = topic.strip_suffix(DLQ_SUFFIX).unwrap_or(topic);
     Ok(format!("{source}{DLQ_SUFFIX}"))
 }
 
 pub(crate) fn cmd_peek(ctx: &Ctx) -> Outcome {
-    let topic = topic_arg(ctx)?;
+    let topic = ctx.topic_or_twin()?;
     let (start, max) = (start(ctx)?, max(ctx, "max", PEEK_MAX_DEFAULT)?);
     for p in partitions(ctx, topic)? {
         let from = start.unwrap_or(Start::Sequence(0));
@@ -256,7 +246,7 @@ pub(crate) fn cmd_peek(ctx: &Ctx) -> Outcome {
 }
 
 pub(crate) fn cmd_tail(ctx: &Ctx) -> Outcome {
-    let topic = topic_arg(ctx)?;
+    let topic = ctx.topic_or_twin()?;
     let lines = match ctx.matches.opt_str("lines") {
         Some(n) => parse_num("lines", &n)?,
         None => TAIL_LINES_DEFAULT,
