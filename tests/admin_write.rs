@@ -15,8 +15,7 @@ use mortarmq::client::{Client, ClientError, Delivery, Push};
 use mortarmq::wire::limits::SUB_PARTITION_ANY;
 use mortarmq::wire::ops::{Ack, ControlAck, Frame, Nack, Sub};
 use mortarmq::wire::{
-    AckFlags, ControlResult, DeclareFlags, Durability, ErrorCode, NackReason, StartPolicy,
-    SubFlags,
+    AckFlags, ControlResult, DeclareFlags, Durability, ErrorCode, NackReason, StartPolicy, SubFlags,
 };
 use serde_json::Value;
 
@@ -254,7 +253,9 @@ fn stats_groups(broker: &Mortard) -> Vec<String> {
     let (_, body) = broker.http("GET", "/stats");
     let stats: Value = serde_json::from_str(&body).unwrap();
     let groups = stats["groups"].as_array().unwrap().iter();
-    groups.map(|g| g["group"].as_str().unwrap().to_string()).collect()
+    groups
+        .map(|g| g["group"].as_str().unwrap().to_string())
+        .collect()
 }
 
 /// A deleted group's dead letters stay in the twin; its tombstone in the positions file
@@ -263,7 +264,10 @@ fn stats_groups(broker: &Mortard) -> Vec<String> {
 fn a_deleted_group_with_dead_letters_stays_deleted_after_kill_9() {
     let mut broker = Mortard::start(&[FLAGS, &["--max-groups", "1"]].concat());
     let mut p = broker.client();
-    let topic = p.declare("jobs", 1, DeclareFlags::empty()).unwrap().topic_id;
+    let topic = p
+        .declare("jobs", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
     publish(&mut p, topic, 2);
     let mut c = broker.client();
     sub(&mut c, "g", topic).unwrap();
@@ -289,7 +293,10 @@ fn a_deleted_group_with_dead_letters_stays_deleted_after_kill_9() {
     sub(&mut other, "h", topic).expect("g's --max-groups slot is free");
     assert_eq!(receive(&mut other, 1)[0].sequence, 1);
     let dead = describe(&broker, "jobs.dlq");
-    assert_eq!(dead["partitions"][0]["last_sequence"], 1, "the dead letter stays");
+    assert_eq!(
+        dead["partitions"][0]["last_sequence"], 1,
+        "the dead letter stays"
+    );
 }
 
 #[test]

@@ -75,9 +75,9 @@ pub fn split_origin(flags: u16, value: &[u8]) -> (&[u8], Option<Origin>) {
     (original, dead.map(|(origin, _)| origin))
 }
 
-/// Every dead letter stored in a twin: (group name, origin, twin sequence). A record whose CRC fails is
-/// skipped and counted, like a corrupt record anywhere else: one flipped byte must not
-/// keep the broker from starting. Returns how many were skipped.
+/// Every dead letter stored in a twin: (group name, origin, twin sequence). A record
+/// whose CRC fails is skipped and counted, like a corrupt record anywhere else: one
+/// flipped byte must not keep the broker from starting. Returns how many were skipped.
 pub fn scan_dead_letters(
     log: &mut PartitionLog,
     found: &mut Vec<(Vec<u8>, Origin, u64)>,

@@ -372,7 +372,10 @@ mod tests {
             },
         ];
         let bytes = encode_positions(&positions, &[]);
-        assert!(bytes.starts_with(b"mortar-groups 1\n"), "older brokers read it");
+        assert!(
+            bytes.starts_with(b"mortar-groups 1\n"),
+            "older brokers read it"
+        );
         assert_eq!(decode_positions(&bytes).unwrap(), (positions, vec![]));
         assert!(decode_positions(b"nope").is_err());
     }
@@ -397,11 +400,19 @@ mod tests {
             "version 1 has no tombstones"
         );
 
-        let tombstones = vec![tombstone(b"gone", &[(0, 4), (2, 19)]), tombstone(b"x", &[(1, 1)])];
+        let tombstones = vec![
+            tombstone(b"gone", &[(0, 4), (2, 19)]),
+            tombstone(b"x", &[(1, 1)]),
+        ];
         let bytes = encode_positions(&positions, &tombstones);
         assert!(bytes.starts_with(b"mortar-groups 2\n"));
         assert_eq!(decode_positions(&bytes).unwrap(), (positions, tombstones));
-        for bad in ["deleted 3 0:x g", "deleted 3 - g", "deleted x 0:1 g", "deleted 3 0:1"] {
+        for bad in [
+            "deleted 3 0:x g",
+            "deleted 3 - g",
+            "deleted x 0:1 g",
+            "deleted 3 0:1",
+        ] {
             let text = format!("mortar-groups 2\n{bad}\n");
             assert!(decode_positions(text.as_bytes()).is_err(), "{bad}");
         }
@@ -417,8 +428,14 @@ mod tests {
         // (first retained, next) per twin partition.
         let twin = |firsts: [u64; 2]| move |p: u16| Some((firsts[p as usize], 9));
         assert!(t.clone().settle(twin([1, 1])));
-        assert!(t.clone().settle(twin([5, 1])), "partition 1 still holds sequence 1");
-        assert!(!t.clone().settle(twin([5, 2])), "retention removed all below the marks");
+        assert!(
+            t.clone().settle(twin([5, 1])),
+            "partition 1 still holds sequence 1"
+        );
+        assert!(
+            !t.clone().settle(twin([5, 2])),
+            "retention removed all below the marks"
+        );
         assert!(!t.clone().settle(|_| None), "the topic is gone");
         // A crash lost the twin's records from 3 on: 3 and 4 go to new records.
         let mut lost = t.clone();
