@@ -13,9 +13,9 @@ use common::consume::consume_all;
 use common::mortard::Mortard;
 use mortarmq::client::{Client, ClientError, Delivery, Push};
 use mortarmq::wire::limits::SUB_PARTITION_ANY;
-use mortarmq::wire::ops::{Ack, ControlAck, Frame, Sub};
+use mortarmq::wire::ops::{Ack, ControlAck, Frame, Nack, Sub};
 use mortarmq::wire::{
-    AckFlags, ControlResult, DeclareFlags, Durability, ErrorCode, StartPolicy, SubFlags,
+    AckFlags, ControlResult, DeclareFlags, Durability, ErrorCode, NackReason, StartPolicy, SubFlags,
 };
 use serde_json::Value;
 
@@ -245,6 +245,57 @@ fn reset_and_delete_a_group_and_the_changes_survive_kill_9() {
         receive(&mut other, 1)[0].sequence,
         1,
         "h starts by its start policy"
+    );
+}
+
+/// The group names `/stats` shows.
+fn stats_groups(broker: &Mortard) -> Vec<String> {
+    let (_, body) = broker.http("GET", "/stats");
+    let stats: Value = serde_json::from_str(&body).unwrap();
+    let groups = stats["groups"].as_array().unwrap().iter();
+    groups
+        .map(|g| g["group"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// A deleted group's dead letters stay in the twin; its tombstone in the positions file
+/// keeps start-up from reading the group back from them (docs/DECISIONS.md, issue 17).
+#[test]
+fn a_deleted_group_with_dead_letters_stays_deleted_after_kill_9() {
+    let mut broker = Mortard::start(&[FLAGS, &["--max-groups", "1"]].concat());
+    let mut p = broker.client();
+    let topic = p
+        .declare("jobs", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
+    publish(&mut p, topic, 2);
+    let mut c = broker.client();
+    sub(&mut c, "g", topic).unwrap();
+    let got = receive(&mut c, 2);
+    let reject: Nack = got[0].nack(NackReason::Reject);
+    c.request(&Frame::Nack(reject)).unwrap();
+    ack(&mut c, &got[1]).unwrap();
+    drop(c);
+    // Committed past the rejected record: its dead letter is durable in jobs.dlq.
+    wait_for("the dead letter and the ack to settle", || {
+        group_on(&broker, "jobs", "g") == Some((2, 0, 0))
+    });
+    expect(&broker, "DELETE", "/groups/g?topic=jobs", 200);
+    assert_eq!(stats_groups(&broker), Vec::<String>::new());
+
+    broker.restart_after_kill9();
+    assert_eq!(
+        stats_groups(&broker),
+        Vec::<String>::new(),
+        "not read back from its dead letter"
+    );
+    let mut other = broker.client();
+    sub(&mut other, "h", topic).expect("g's --max-groups slot is free");
+    assert_eq!(receive(&mut other, 1)[0].sequence, 1);
+    let dead = describe(&broker, "jobs.dlq");
+    assert_eq!(
+        dead["partitions"][0]["last_sequence"], 1,
+        "the dead letter stays"
     );
 }
 

@@ -148,6 +148,9 @@ impl ConsumeDriver {
         for topic_id in [pair.source_id(), pair.twin_id()] {
             self.coordinator.topic_deleted(topic_id, now.mono_ms);
         }
+        // The id may be given to a new topic, whose twin starts again at sequence 1.
+        let source = pair.source_id();
+        self.positions.retain_tombstones(|t| t.topic_id != source);
     }
 
     /// New records were written to a partition: its groups may deliver.
@@ -243,7 +246,8 @@ impl ConsumeDriver {
         counters: &mut BrokerCounters,
         now: Now,
     ) -> Result<usize, String> {
-        let positions = self.positions.read()?.to_vec();
+        let positions = self.positions.read()?;
+        self.drop_spent_tombstones(partitions);
         // (group, topic) -> committed position per partition.
         let mut known: HashMap<(Vec<u8>, u16), HashMap<u16, u64>> = HashMap::new();
         for p in positions
@@ -261,31 +265,60 @@ impl ConsumeDriver {
                 .or_default()
                 .insert(p.partition, p.committed);
         }
-        // Dead letters above a group's committed point were appended but maybe not yet
-        // settled in the group when the broker stopped: they are settled, not resent.
         let twins: Vec<PartitionKey> = partitions.keys().filter(|(t, _)| t % 2 == 0).collect();
         for twin in twins {
             let part = partitions.get_mut(twin).expect("listed");
             let mut found = Vec::new();
             counters.corrupt_records_found +=
                 dlq::scan_dead_letters(&mut part.log, &mut found).map_err(|e| e.to_string())?;
-            for (group, origin) in found {
-                let committed = known
-                    .get(&(group.clone(), origin.origin_topic_id))
-                    .and_then(|c| c.get(&origin.origin_partition))
-                    .copied()
-                    .unwrap_or(0);
-                if origin.origin_sequence > committed {
-                    self.coordinator.restore_dead_lettered(
-                        (&group, origin.origin_topic_id),
-                        origin.origin_partition,
-                        origin.origin_sequence,
-                        now.mono_ms,
-                    );
-                }
-            }
+            self.restore_dead_letters(twin.1, found, &known, now);
         }
         Ok(positions.len())
+    }
+
+    /// Dead letters above a group's committed point were appended but maybe not yet
+    /// settled in the group when the broker stopped: they are settled, not resent. Those
+    /// a deleted group wrote before its delete (below its tombstone's mark) are not read
+    /// back, or the group would come back holding a `--max-groups` slot.
+    fn restore_dead_letters(
+        &mut self,
+        twin_partition: u16,
+        found: Vec<(Vec<u8>, Origin, u64)>,
+        known: &HashMap<(Vec<u8>, u16), HashMap<u16, u64>>,
+        now: Now,
+    ) {
+        for (group, origin, twin_sequence) in found {
+            let tombstone = self.positions.tombstone_of(&group, origin.origin_topic_id);
+            if tombstone.is_some_and(|t| t.hides(twin_partition, twin_sequence)) {
+                continue;
+            }
+            let committed = known
+                .get(&(group.clone(), origin.origin_topic_id))
+                .and_then(|c| c.get(&origin.origin_partition))
+                .copied()
+                .unwrap_or(0);
+            if origin.origin_sequence > committed {
+                self.coordinator.restore_dead_lettered(
+                    (&group, origin.origin_topic_id),
+                    origin.origin_partition,
+                    origin.origin_sequence,
+                    now.mono_ms,
+                );
+            }
+        }
+    }
+
+    /// Drops the tombstones with nothing left to hide (`GroupTombstone::settle`): their
+    /// topic is gone, or retention (or a purge) removed every twin record below their
+    /// marks; lowers marks above what the twin holds.
+    pub(super) fn drop_spent_tombstones(&mut self, partitions: &Partitions) {
+        self.positions.retain_tombstones(|t| {
+            let twin_id = crate::wire::dlq_twin_id(t.topic_id);
+            t.settle(|p| {
+                let part = partitions.get((twin_id, p))?;
+                Some((part.log.first_sequence(), part.log.next_sequence()))
+            })
+        });
     }
 
     pub(super) fn check_invariants(&self, partitions: &Partitions) {

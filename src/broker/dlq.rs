@@ -75,16 +75,16 @@ pub fn split_origin(flags: u16, value: &[u8]) -> (&[u8], Option<Origin>) {
     (original, dead.map(|(origin, _)| origin))
 }
 
-/// Every dead letter stored in a twin: (group name, origin). A record whose CRC fails is
-/// skipped and counted, like a corrupt record anywhere else: one flipped byte must not
-/// keep the broker from starting. Returns how many were skipped.
+/// Every dead letter stored in a twin: (group name, origin, twin sequence). A record
+/// whose CRC fails is skipped and counted, like a corrupt record anywhere else: one
+/// flipped byte must not keep the broker from starting. Returns how many were skipped.
 pub fn scan_dead_letters(
     log: &mut PartitionLog,
-    found: &mut Vec<(Vec<u8>, Origin)>,
+    found: &mut Vec<(Vec<u8>, Origin, u64)>,
 ) -> Result<u64, StorageError> {
-    let push = |found: &mut Vec<(Vec<u8>, Origin)>, r: RecordView<'_>| {
+    let push = |found: &mut Vec<(Vec<u8>, Origin, u64)>, r: RecordView<'_>| {
         if let (_, Some((origin, group))) = split_dead_letter(r.flags, r.value) {
-            found.push((group.to_vec(), origin));
+            found.push((group.to_vec(), origin, r.sequence));
         }
     };
     let mut corrupt = 0;

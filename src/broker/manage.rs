@@ -13,6 +13,7 @@ use crate::consume::GroupRefusal;
 use crate::log::{PartitionLog, StorageError};
 
 use super::jobs::{DurableJob, Work};
+use super::positions::GroupTombstone;
 use super::{Broker, Now, PartitionKey};
 
 /// Reads one time lookup may make (binary search steps, damaged records stepped over):
@@ -204,11 +205,12 @@ impl Broker {
     pub fn change(&mut self, ticket: u64, change: &Change, now: Now) -> Result<(), ManageError> {
         match change {
             Change::DeleteGroup { group, topic } => {
-                let (topic_id, _, _) = self.topic_named(topic)?;
+                let (topic_id, count, _) = self.topic_named(topic)?;
                 let (coordinator, _) = self.consume.parts_mut();
                 let key = (group.as_bytes(), topic_id);
                 let refusal = |r| group_refusal(r, group, topic);
                 coordinator.delete_group(key).map_err(refusal)?;
+                self.bury_group(group.as_bytes(), topic_id, count);
                 self.wait_for_positions(ticket, ChangeDone::GroupDeleted, now);
             }
             Change::ResetGroup {
@@ -228,6 +230,27 @@ impl Broker {
             Change::Purge { topic } => self.purge(ticket, topic)?,
         }
         Ok(())
+    }
+
+    /// The deleted group's tombstone (`positions.rs`), so start-up does not read it back
+    /// from the dead letters it left in the twin; it is on disk with the write the delete
+    /// waits for. Spent tombstones are dropped here, at the rate of operator deletes.
+    fn bury_group(&mut self, group: &[u8], topic_id: u16, partition_count: u16) {
+        let twin_id = crate::wire::dlq_twin_id(topic_id);
+        let marks = (0..partition_count)
+            .filter_map(|p| {
+                let log = &self.partitions.get((twin_id, p))?.log;
+                let next = log.next_sequence();
+                (log.first_sequence() < next).then_some((p, next))
+            })
+            .collect();
+        self.consume.drop_spent_tombstones(&self.partitions);
+        let (_, positions) = self.consume.parts_mut();
+        positions.add_tombstone(GroupTombstone {
+            group: group.to_vec(),
+            topic_id,
+            marks,
+        });
     }
 
     /// Per partition (all, or the one named), the next sequence `to` means now.
