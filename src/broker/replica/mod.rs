@@ -10,5 +10,10 @@
 //!
 //! Depends on what `broker` may, plus `raft` and `slog` (raft's logging interface).
 
+pub mod entry;
 pub mod logger;
+pub mod machine;
 pub mod storage;
+
+#[cfg(test)]
+mod sim;
