@@ -38,6 +38,8 @@ struct Node {
     paused: bool,
     /// Its messages are lost.
     mute: bool,
+    /// Partitioned away: its messages and those sent to it are lost.
+    isolated: bool,
     sent: Vec<Message>,
     applied: Vec<(u64, u64, EntryData)>,
     answers: Vec<Answer>,
@@ -75,6 +77,7 @@ impl Cluster {
                     hold_persist: false,
                     paused: false,
                     mute: false,
+                    isolated: false,
                     sent: Vec::new(),
                     applied: Vec::new(),
                     answers: Vec::new(),
@@ -119,8 +122,10 @@ impl Cluster {
         match effect {
             Effect::Send(m) => {
                 node.sent.push(m.clone());
-                if !node.mute {
-                    self.nodes[m.to as usize - 1].inbox.push_back(m);
+                let lost = node.mute || node.isolated;
+                let to = &mut self.nodes[m.to as usize - 1];
+                if !lost && !to.isolated {
+                    to.inbox.push_back(m);
                 }
             }
             Effect::Persist(job) => node.jobs.push_back(job),
@@ -368,4 +373,57 @@ fn a_node_without_a_leader_answers_leader_unknown_then_election_timeout() {
     let gate = |now_ms| c.nodes[0].replica.admit(now_ms).unwrap_err().code;
     assert_eq!(gate(REPLICATION_TIMEOUT_MS - 1), ErrorCode::LeaderUnknown);
     assert_eq!(gate(REPLICATION_TIMEOUT_MS), ErrorCode::ElectionTimeout);
+}
+
+#[test]
+fn a_leader_cut_off_steps_down_and_fails_its_waiters_with_not_enough_replicas_after_append() {
+    let mut c = Cluster::new();
+    let l = c.settled_leader();
+    c.nodes[l].isolated = true;
+    let now = c.now_ms;
+    c.nodes[l]
+        .replica
+        .propose(&proposal(0), vec![waiter(0)], now)
+        .unwrap();
+    // Check-quorum: one election timeout without hearing from a majority.
+    c.run_until("the cut-off leader steps down", |c| {
+        !c.nodes[l].replica.is_leader()
+    });
+    let answers = &c.nodes[l].answers;
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0].1, Err(ErrorCode::NotEnoughReplicasAfterAppend));
+    assert_eq!(refusal_of(&c, l).0, ErrorCode::LeaderUnknown);
+}
+
+#[test]
+fn proposals_past_the_uncommitted_bytes_answer_backpressure() {
+    use super::machine::UNCOMMITTED_BYTES_MAX;
+    const ENTRY_BYTES: usize = 1024 * 1024;
+    let mut c = Cluster::new();
+    let l = c.settled_leader();
+    let big = EntryData::Batch(Batch {
+        leader_wall_ms: 0,
+        parts: vec![BatchPart {
+            topic_id: TOPIC,
+            partition: 0,
+            first_sequence: 1,
+            count: 1,
+            records: vec![0; ENTRY_BYTES],
+        }],
+        positions: Vec::new(),
+    });
+    let now = c.now_ms;
+    let mut accepted = 0u64;
+    let refusal = loop {
+        match c.nodes[l].replica.propose(&big, Vec::new(), now) {
+            Ok(_) => accepted += 1,
+            Err(r) => break r,
+        }
+        assert!(
+            accepted <= UNCOMMITTED_BYTES_MAX / ENTRY_BYTES as u64,
+            "never refused"
+        );
+    };
+    assert_eq!(refusal.code, ErrorCode::Backpressure);
+    assert_eq!(accepted, UNCOMMITTED_BYTES_MAX / ENTRY_BYTES as u64 - 1);
 }
