@@ -226,6 +226,11 @@ impl Replica {
         self.raw.raft.term
     }
 
+    /// The last entry in this node's log, persisted or not.
+    pub fn last_index(&self) -> u64 {
+        self.raw.raft.raft_log.last_index()
+    }
+
     pub fn commit_index(&self) -> u64 {
         self.raw.raft.raft_log.committed
     }

@@ -29,6 +29,7 @@ const TOPIC: u16 = 2;
 type Answer = (Waiter, Result<Replicated, ErrorCode>);
 
 struct Node {
+    disk: SimDisk,
     replica: Replica,
     inbox: VecDeque<Message>,
     /// Persist jobs not completed yet (all of them, at once, unless `hold_persist`).
@@ -54,35 +55,38 @@ struct Cluster {
     now_ms: u64,
 }
 
+fn open_node(id: u64, disk: SimDisk) -> Node {
+    let nodes: BTreeMap<u64, String> = (1..=NODES).map(|id| (id, address(id))).collect();
+    let storage: Arc<dyn Storage> = Arc::new(disk.clone());
+    let config = ReplicaConfig {
+        id,
+        nodes,
+        election_ticks: ELECTION_TICKS,
+        heartbeat_ticks: 2,
+        journal_file_bytes: JOURNAL_FILE_BYTES,
+        applied: 0,
+        replication_timeout_ms: REPLICATION_TIMEOUT_MS,
+    };
+    let (replica, _) = Replica::open(&storage, Path::new("/data"), config, 0).unwrap();
+    Node {
+        disk,
+        replica,
+        inbox: VecDeque::new(),
+        jobs: VecDeque::new(),
+        hold_persist: false,
+        paused: false,
+        mute: false,
+        isolated: false,
+        sent: Vec::new(),
+        applied: Vec::new(),
+        answers: Vec::new(),
+    }
+}
+
 impl Cluster {
     fn new() -> Cluster {
-        let nodes: BTreeMap<u64, String> = (1..=NODES).map(|id| (id, address(id))).collect();
         let nodes = (1..=NODES)
-            .map(|id| {
-                let storage: Arc<dyn Storage> = Arc::new(SimDisk::seeded(id));
-                let config = ReplicaConfig {
-                    id,
-                    nodes: nodes.clone(),
-                    election_ticks: ELECTION_TICKS,
-                    heartbeat_ticks: 2,
-                    journal_file_bytes: JOURNAL_FILE_BYTES,
-                    applied: 0,
-                    replication_timeout_ms: REPLICATION_TIMEOUT_MS,
-                };
-                let (replica, _) = Replica::open(&storage, Path::new("/data"), config, 0).unwrap();
-                Node {
-                    replica,
-                    inbox: VecDeque::new(),
-                    jobs: VecDeque::new(),
-                    hold_persist: false,
-                    paused: false,
-                    mute: false,
-                    isolated: false,
-                    sent: Vec::new(),
-                    applied: Vec::new(),
-                    answers: Vec::new(),
-                }
-            })
+            .map(|id| open_node(id, SimDisk::seeded(id)))
             .collect();
         Cluster { nodes, now_ms: 0 }
     }
@@ -426,4 +430,45 @@ fn proposals_past_the_uncommitted_bytes_answer_backpressure() {
     };
     assert_eq!(refusal.code, ErrorCode::Backpressure);
     assert_eq!(accepted, UNCOMMITTED_BYTES_MAX / ENTRY_BYTES as u64 - 1);
+}
+
+#[test]
+fn a_follower_that_loses_power_comes_back_with_what_it_acknowledged_and_applies_it_again() {
+    let mut c = Cluster::new();
+    let l = c.settled_leader();
+    for n in 0..5 {
+        let now = c.now_ms;
+        c.nodes[l]
+            .replica
+            .propose(&proposal(n), vec![waiter(n)], now)
+            .unwrap();
+    }
+    c.run_until("5 applied everywhere", |c| {
+        c.nodes.iter().all(|n| n.applied.len() == 5)
+    });
+    let f = (l + 1) % c.nodes.len();
+    let acknowledged = c.nodes[f].replica.commit_index();
+    // Three more reach the follower, whose fsync never completes: they are not its to keep.
+    c.nodes[f].hold_persist = true;
+    for n in 5..8 {
+        let now = c.now_ms;
+        c.nodes[l]
+            .replica
+            .propose(&proposal(n), vec![waiter(n)], now)
+            .unwrap();
+    }
+    c.deliver();
+    assert!(!c.nodes[f].jobs.is_empty());
+    let disk = c.nodes[f].disk.clone();
+    disk.power_cut();
+    c.nodes[f] = open_node(f as u64 + 1, disk);
+    let last = c.nodes[f].replica.last_index();
+    assert!(last >= acknowledged, "lost {last} < {acknowledged}");
+    c.run_until("the follower caught up", |c| {
+        c.nodes[f].applied.len() == 8 && c.nodes[l].applied.len() == 8
+    });
+    assert_eq!(
+        c.nodes[f].applied, c.nodes[l].applied,
+        "the same log, applied again"
+    );
 }
