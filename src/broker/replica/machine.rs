@@ -11,7 +11,7 @@
 //! majority fsynced.
 //!
 //! Not here yet (§10, increment 4): the lease of §7.3, the pending overlay of §4,
-//! NOT_ENOUGH_REPLICAS before a proposal, REPLICATION_TIMEOUT, snapshots.
+//! NOT_ENOUGH_REPLICAS before a proposal, snapshots.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
@@ -147,6 +147,13 @@ impl From<StorageError> for ReplicaError {
     }
 }
 
+/// A waiter and the entry it waits for: proposed in `term`, at `since_ms`.
+struct Pending {
+    term: u64,
+    since_ms: u64,
+    waiter: Waiter,
+}
+
 /// A Ready handed out and not yet known persisted, with the messages that wait for it.
 struct Persisting {
     ready: u64,
@@ -159,8 +166,8 @@ pub struct Replica {
     nodes: BTreeMap<u64, String>,
     replication_timeout_ms: u64,
     persisting: VecDeque<Persisting>,
-    /// By entry index: the term it was proposed in and who waits for it.
-    waiters: BTreeMap<u64, Vec<(u64, Waiter)>>,
+    /// By entry index; indexes and `since_ms` grow together.
+    waiters: BTreeMap<u64, Vec<Pending>>,
     committed_seqs: HashMap<(u16, u16), u64>,
     applied: u64,
     was_leader: bool,
@@ -302,7 +309,12 @@ impl Replica {
         let index = self.raw.raft.raft_log.last_index();
         let term = self.raw.raft.term;
         let list = self.waiters.entry(index).or_default();
-        list.extend(waiters.into_iter().map(|w| (term, w)));
+        let pending = |waiter| Pending {
+            term,
+            since_ms: now_ms,
+            waiter,
+        };
+        list.extend(waiters.into_iter().map(pending));
         Ok(index)
     }
 
@@ -343,7 +355,24 @@ impl Replica {
             self.handle_ready(rd)?;
         }
         self.note_role(now_ms);
+        self.expire_waiters(now_ms);
         Ok(std::mem::take(&mut self.effects))
+    }
+
+    /// 0x6006 for waiters older than `--replication-timeout`: the outcome is unknown, the
+    /// entry stays and may still commit (an idempotent producer resends, §7.2).
+    fn expire_waiters(&mut self, now_ms: u64) {
+        let timeout = self.replication_timeout_ms;
+        let expired = |p: &Pending| now_ms.saturating_sub(p.since_ms) >= timeout;
+        while let Some(first) = self.waiters.first_entry() {
+            if !first.get().iter().any(expired) {
+                break;
+            }
+            for Pending { waiter, .. } in first.remove() {
+                let result = Err(ErrorCode::ReplicationTimeout);
+                self.effects.push(Effect::Answer { waiter, result });
+            }
+        }
     }
 
     fn handle_ready(&mut self, mut rd: Ready) -> Result<(), ReplicaError> {
@@ -453,8 +482,11 @@ impl Replica {
                 break;
             }
             let (at, list) = first.remove_entry();
-            for (proposed_in, waiter) in list {
-                let result = if at == index && proposed_in == term {
+            for Pending {
+                term: t, waiter, ..
+            } in list
+            {
+                let result = if at == index && t == term {
                     Ok(Replicated {
                         index,
                         leader_epoch: term,
@@ -482,8 +514,8 @@ impl Replica {
         let indexes: Vec<u64> = self.waiters.range(first..).map(|(&i, _)| i).collect();
         for at in indexes {
             let list = self.waiters.remove(&at).expect("listed");
-            let (keep, lost): (Vec<_>, Vec<_>) = list.into_iter().partition(|w| kept(at, w.0));
-            for (_, waiter) in lost {
+            let (keep, lost): (Vec<_>, Vec<_>) = list.into_iter().partition(|p| kept(at, p.term));
+            for Pending { waiter, .. } in lost {
                 let result = Err(ErrorCode::LogTruncated);
                 self.effects.push(Effect::Answer { waiter, result });
             }
@@ -500,7 +532,7 @@ impl Replica {
         let leader = self.is_leader();
         if self.was_leader && !leader {
             for (_, list) in std::mem::take(&mut self.waiters) {
-                for (_, waiter) in list {
+                for Pending { waiter, .. } in list {
                     let result = Err(ErrorCode::NotEnoughReplicasAfterAppend);
                     self.effects.push(Effect::Answer { waiter, result });
                 }

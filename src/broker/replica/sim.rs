@@ -472,3 +472,39 @@ fn a_follower_that_loses_power_comes_back_with_what_it_acknowledged_and_applies_
         "the same log, applied again"
     );
 }
+
+#[test]
+fn a_waiter_past_the_replication_timeout_gets_replication_timeout_and_its_entry_still_commits() {
+    let mut c = Cluster::new();
+    let l = c.settled_leader();
+    for f in (0..c.nodes.len()).filter(|&f| f != l) {
+        c.nodes[f].hold_persist = true;
+    }
+    let since = c.now_ms;
+    let index = c.nodes[l]
+        .replica
+        .propose(&proposal(0), vec![waiter(0)], since)
+        .unwrap();
+    c.deliver();
+    c.now_ms = since + REPLICATION_TIMEOUT_MS - 1;
+    c.pass(l);
+    assert!(c.nodes[l].answers.is_empty(), "too early");
+    c.now_ms += 1;
+    c.pass(l);
+    assert_eq!(
+        c.nodes[l].answers,
+        vec![(waiter(0), Err(ErrorCode::ReplicationTimeout))]
+    );
+    // Still leader: the entry stays, commits once the followers' fsyncs complete, and
+    // nobody is answered twice.
+    for f in (0..c.nodes.len()).filter(|&f| f != l) {
+        c.nodes[f].hold_persist = false;
+        c.complete_jobs(f);
+    }
+    c.deliver();
+    c.run_until("the entry applied everywhere", |c| {
+        c.nodes.iter().all(|n| n.applied.len() == 1)
+    });
+    assert_eq!(c.nodes[l].applied[0].0, index);
+    assert_eq!(c.nodes[l].answers.len(), 1);
+}
