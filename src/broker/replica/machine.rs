@@ -11,7 +11,7 @@
 //! majority fsynced.
 //!
 //! Not here yet (§10, increment 4): the lease of §7.3, the pending overlay of §4,
-//! NOT_ENOUGH_REPLICAS before a proposal, snapshots.
+//! snapshots.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
@@ -165,6 +165,10 @@ pub struct Replica {
     raw: RawNode<JournalStorage>,
     nodes: BTreeMap<u64, String>,
     replication_timeout_ms: u64,
+    election_ticks: usize,
+    /// Ticks taken, and the tick at which each peer was last heard from.
+    ticks: u64,
+    last_heard: HashMap<u64, u64>,
     persisting: VecDeque<Persisting>,
     /// By entry index; indexes and `since_ms` grow together.
     waiters: BTreeMap<u64, Vec<Pending>>,
@@ -204,6 +208,9 @@ impl Replica {
             raw,
             nodes: config.nodes,
             replication_timeout_ms: config.replication_timeout_ms,
+            election_ticks: config.election_ticks,
+            ticks: 0,
+            last_heard: HashMap::new(),
             persisting: VecDeque::new(),
             waiters: BTreeMap::new(),
             committed_seqs: HashMap::new(),
@@ -256,12 +263,16 @@ impl Replica {
 
     /// One raft tick (the caller's `--raft-tick` timer).
     pub fn tick(&mut self) {
+        self.ticks += 1;
         self.raw.tick();
     }
 
     /// A message from a peer. An error is the peer's (an unknown sender, a local message
     /// type): the message is dropped, the node goes on.
     pub fn step(&mut self, msg: Message) -> Result<(), ReplicaError> {
+        if self.nodes.contains_key(&msg.from) {
+            self.last_heard.insert(msg.from, self.ticks);
+        }
         self.raw.step(msg).map_err(ReplicaError::Raft)
     }
 
@@ -287,6 +298,28 @@ impl Replica {
             (ErrorCode::LeaderUnknown, "no leader known".to_string())
         };
         Err(Refusal { code, text })
+    }
+
+    /// 0x6004 NOT_ENOUGH_REPLICAS (§7.1), for a leader to ask before it takes a
+    /// REPLICATED PUB or a DECLARE into a proposal: fewer than a majority, itself
+    /// included, heard from within an election timeout, so nothing is written.
+    pub fn check_replicas(&self) -> Result<(), Refusal> {
+        let me = self.id();
+        let recent = |id: &&u64| {
+            **id == me
+                || self
+                    .last_heard
+                    .get(id)
+                    .is_some_and(|&at| self.ticks - at < self.election_ticks as u64)
+        };
+        let heard = self.nodes.keys().filter(recent).count();
+        if heard > self.nodes.len() / 2 {
+            return Ok(());
+        }
+        Err(Refusal {
+            code: ErrorCode::NotEnoughReplicas,
+            text: format!("{heard} of {} nodes reachable", self.nodes.len()),
+        })
     }
 
     /// Proposes `entry`; `waiters` are answered once it commits (or fails). Returns the

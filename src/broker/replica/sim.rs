@@ -508,3 +508,30 @@ fn a_waiter_past_the_replication_timeout_gets_replication_timeout_and_its_entry_
     assert_eq!(c.nodes[l].applied[0].0, index);
     assert_eq!(c.nodes[l].answers.len(), 1);
 }
+
+#[test]
+fn a_leader_that_has_not_heard_from_a_majority_answers_not_enough_replicas_before_it_steps_down() {
+    let mut c = Cluster::new();
+    let l = c.settled_leader();
+    assert_eq!(c.nodes[l].replica.check_replicas(), Ok(()));
+    c.nodes[l].isolated = true;
+    let mut ticks = 0;
+    let refusal = loop {
+        assert!(
+            c.nodes[l].replica.is_leader(),
+            "stepped down before refusing"
+        );
+        if let Err(r) = c.nodes[l].replica.check_replicas() {
+            break r;
+        }
+        c.nodes[l].replica.tick();
+        c.pass(l);
+        ticks += 1;
+    };
+    assert_eq!(refusal.code, ErrorCode::NotEnoughReplicas);
+    assert_eq!(refusal.text, "1 of 3 nodes reachable");
+    assert_eq!(
+        ticks, ELECTION_TICKS,
+        "one election timeout after the last message"
+    );
+}
