@@ -163,6 +163,12 @@ impl JournalStorage {
         self.hard_state.commit = commit;
     }
 
+    /// The hard state as last handed to [`JournalStorage::hard_state_job`] or
+    /// [`JournalStorage::set_commit`].
+    pub fn hard_state(&self) -> &HardState {
+        &self.hard_state
+    }
+
     pub fn journal(&self) -> &RaftJournal {
         &self.journal
     }
@@ -173,6 +179,11 @@ impl JournalStorage {
 
     pub fn sync_done(&mut self, job: u64) -> u64 {
         self.journal.sync_done(job)
+    }
+
+    /// A sync job failed: the journal is poisoned (sticky, as in format 1).
+    pub fn sync_failed(&mut self, err: &io::Error) {
+        self.journal.sync_failed(err);
     }
 
     fn entry(&self, index: u64) -> raft::Result<Entry> {

@@ -1,0 +1,327 @@
+//! What a raft entry's data means (`docs/REPLICATION.md` §3.2, §4): the leader's
+//! proposals, encoded once and applied by every node in index order. Empty data is the
+//! no-op a new leader appends; otherwise the first byte is the kind.
+//!
+//! ```text
+//! (big-endian)
+//! BATCH     kind u8 = 1, leader_wall_ms u64,
+//!           parts u32, each: topic_id u16, partition u16, first_sequence u64, count u32,
+//!                            records_len u32, records (exactly as in a segment),
+//!           positions u32, each: topic_id u16, partition u16, committed u64,
+//!                                group_len u16, group
+//! REGISTRY  kind u8 = 2, op u8 (1 DECLARE, 2 DELETE), pair u16, partition_count u16,
+//!           name_len u16, name
+//! ```
+//!
+//! Pure code: no I/O, no raft types.
+
+use std::fmt;
+
+const ENTRY_BATCH: u8 = 1;
+const ENTRY_REGISTRY: u8 = 2;
+const OP_DECLARE: u8 = 1;
+const OP_DELETE: u8 = 2;
+
+/// One committed (or proposed) entry's meaning.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryData {
+    /// A new leader's empty entry: nothing to apply.
+    Noop,
+    Batch(Batch),
+    Registry(RegistryChange),
+}
+
+/// A reactor pass's records of every partition and the group positions it moved (§4).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Batch {
+    /// The leader's wall clock: `--producer-ttl` runs on it on every node.
+    pub leader_wall_ms: u64,
+    pub parts: Vec<BatchPart>,
+    pub positions: Vec<PositionChange>,
+}
+
+/// One partition's run of records, as a segment holds them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchPart {
+    pub topic_id: u16,
+    pub partition: u16,
+    pub first_sequence: u64,
+    pub count: u32,
+    pub records: Vec<u8>,
+}
+
+impl BatchPart {
+    /// The sequence of its last record (`first_sequence` when it holds none).
+    pub fn last_sequence(&self) -> u64 {
+        self.first_sequence + u64::from(self.count.max(1)) - 1
+    }
+}
+
+/// A group's committed position on one partition; apply keeps the higher one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PositionChange {
+    pub topic_id: u16,
+    pub partition: u16,
+    pub committed: u64,
+    pub group: Vec<u8>,
+}
+
+/// A registry mutation with the pair id the leader chose.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegistryChange {
+    Declare {
+        pair: u16,
+        partition_count: u16,
+        name: Vec<u8>,
+    },
+    Delete {
+        pair: u16,
+        name: Vec<u8>,
+    },
+}
+
+/// Entry data that does not decode: a bug or an entry from a newer version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryError(pub &'static str);
+
+impl fmt::Display for EntryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "raft entry data: {}", self.0)
+    }
+}
+
+impl std::error::Error for EntryError {}
+
+impl EntryData {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        match self {
+            EntryData::Noop => {}
+            EntryData::Batch(b) => encode_batch(b, &mut out),
+            EntryData::Registry(r) => encode_registry(r, &mut out),
+        }
+        out
+    }
+
+    pub fn decode(data: &[u8]) -> Result<EntryData, EntryError> {
+        let Some((&kind, rest)) = data.split_first() else {
+            return Ok(EntryData::Noop);
+        };
+        let mut r = Reader { data: rest };
+        let entry = match kind {
+            ENTRY_BATCH => EntryData::Batch(decode_batch(&mut r)?),
+            ENTRY_REGISTRY => EntryData::Registry(decode_registry(&mut r)?),
+            _ => return Err(EntryError("unknown kind")),
+        };
+        if !r.data.is_empty() {
+            return Err(EntryError("bytes after the entry"));
+        }
+        Ok(entry)
+    }
+}
+
+fn encode_batch(b: &Batch, out: &mut Vec<u8>) {
+    out.push(ENTRY_BATCH);
+    out.extend_from_slice(&b.leader_wall_ms.to_be_bytes());
+    out.extend_from_slice(&(b.parts.len() as u32).to_be_bytes());
+    for p in &b.parts {
+        out.extend_from_slice(&p.topic_id.to_be_bytes());
+        out.extend_from_slice(&p.partition.to_be_bytes());
+        out.extend_from_slice(&p.first_sequence.to_be_bytes());
+        out.extend_from_slice(&p.count.to_be_bytes());
+        out.extend_from_slice(&(p.records.len() as u32).to_be_bytes());
+        out.extend_from_slice(&p.records);
+    }
+    out.extend_from_slice(&(b.positions.len() as u32).to_be_bytes());
+    for p in &b.positions {
+        out.extend_from_slice(&p.topic_id.to_be_bytes());
+        out.extend_from_slice(&p.partition.to_be_bytes());
+        out.extend_from_slice(&p.committed.to_be_bytes());
+        out.extend_from_slice(&(p.group.len() as u16).to_be_bytes());
+        out.extend_from_slice(&p.group);
+    }
+}
+
+fn encode_registry(r: &RegistryChange, out: &mut Vec<u8>) {
+    out.push(ENTRY_REGISTRY);
+    let (op, pair, count, name) = match r {
+        RegistryChange::Declare {
+            pair,
+            partition_count,
+            name,
+        } => (OP_DECLARE, pair, *partition_count, name),
+        RegistryChange::Delete { pair, name } => (OP_DELETE, pair, 0, name),
+    };
+    out.push(op);
+    out.extend_from_slice(&pair.to_be_bytes());
+    out.extend_from_slice(&count.to_be_bytes());
+    out.extend_from_slice(&(name.len() as u16).to_be_bytes());
+    out.extend_from_slice(name);
+}
+
+struct Reader<'a> {
+    data: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8], EntryError> {
+        if self.data.len() < n {
+            return Err(EntryError("truncated"));
+        }
+        let (head, rest) = self.data.split_at(n);
+        self.data = rest;
+        Ok(head)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], EntryError> {
+        Ok(self.bytes(N)?.try_into().expect("N bytes"))
+    }
+    fn u8(&mut self) -> Result<u8, EntryError> {
+        Ok(self.bytes(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, EntryError> {
+        self.array().map(u16::from_be_bytes)
+    }
+    fn u32(&mut self) -> Result<u32, EntryError> {
+        self.array().map(u32::from_be_bytes)
+    }
+    fn u64(&mut self) -> Result<u64, EntryError> {
+        self.array().map(u64::from_be_bytes)
+    }
+}
+
+fn decode_batch(r: &mut Reader<'_>) -> Result<Batch, EntryError> {
+    let leader_wall_ms = r.u64()?;
+    let mut parts = Vec::new();
+    // Counts come from the data: no capacity is reserved from them.
+    for _ in 0..r.u32()? {
+        let (topic_id, partition) = (r.u16()?, r.u16()?);
+        let (first_sequence, count) = (r.u64()?, r.u32()?);
+        let len = r.u32()? as usize;
+        parts.push(BatchPart {
+            topic_id,
+            partition,
+            first_sequence,
+            count,
+            records: r.bytes(len)?.to_vec(),
+        });
+    }
+    let mut positions = Vec::new();
+    for _ in 0..r.u32()? {
+        let (topic_id, partition, committed) = (r.u16()?, r.u16()?, r.u64()?);
+        let len = r.u16()? as usize;
+        positions.push(PositionChange {
+            topic_id,
+            partition,
+            committed,
+            group: r.bytes(len)?.to_vec(),
+        });
+    }
+    Ok(Batch {
+        leader_wall_ms,
+        parts,
+        positions,
+    })
+}
+
+fn decode_registry(r: &mut Reader<'_>) -> Result<RegistryChange, EntryError> {
+    let (op, pair, partition_count) = (r.u8()?, r.u16()?, r.u16()?);
+    let len = r.u16()? as usize;
+    let name = r.bytes(len)?.to_vec();
+    match op {
+        OP_DECLARE => Ok(RegistryChange::Declare {
+            pair,
+            partition_count,
+            name,
+        }),
+        OP_DELETE => Ok(RegistryChange::Delete { pair, name }),
+        _ => Err(EntryError("unknown registry op")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch() -> EntryData {
+        EntryData::Batch(Batch {
+            leader_wall_ms: 1_764_600_000_123,
+            parts: vec![
+                BatchPart {
+                    topic_id: 2,
+                    partition: 0,
+                    first_sequence: 41,
+                    count: 3,
+                    records: vec![7; 300],
+                },
+                BatchPart {
+                    topic_id: 0x8002,
+                    partition: 5,
+                    first_sequence: 1,
+                    count: 1,
+                    records: b"dead letter".to_vec(),
+                },
+            ],
+            positions: vec![PositionChange {
+                topic_id: 2,
+                partition: 0,
+                committed: 40,
+                group: b"billing".to_vec(),
+            }],
+        })
+    }
+
+    fn registry() -> [EntryData; 2] {
+        [
+            EntryData::Registry(RegistryChange::Declare {
+                pair: 3,
+                partition_count: 16,
+                name: b"orders".to_vec(),
+            }),
+            EntryData::Registry(RegistryChange::Delete {
+                pair: 3,
+                name: b"orders".to_vec(),
+            }),
+        ]
+    }
+
+    #[test]
+    fn every_kind_round_trips_and_the_empty_entry_is_the_noop() {
+        let [declare, delete] = registry();
+        for e in [batch(), declare, delete, EntryData::Batch(Batch::default())] {
+            let bytes = e.encode();
+            assert_eq!(EntryData::decode(&bytes), Ok(e));
+        }
+        assert!(EntryData::Noop.encode().is_empty());
+        assert_eq!(EntryData::decode(&[]), Ok(EntryData::Noop));
+    }
+
+    #[test]
+    fn the_layout_is_the_documented_one() {
+        let [declare, _] = registry();
+        let mut want = vec![ENTRY_REGISTRY, OP_DECLARE, 0, 3, 0, 16, 0, 6];
+        want.extend_from_slice(b"orders");
+        assert_eq!(declare.encode(), want);
+        let b = batch().encode();
+        assert_eq!(b[0], ENTRY_BATCH);
+        assert_eq!(&b[9..13], &2u32.to_be_bytes(), "parts after the wall clock");
+        assert_eq!(&b[13..15], &2u16.to_be_bytes(), "topic id first");
+    }
+
+    #[test]
+    fn every_cut_short_or_padded_entry_is_refused() {
+        let [declare, _] = registry();
+        for e in [batch(), declare] {
+            let bytes = e.encode();
+            for len in 1..bytes.len() {
+                assert!(EntryData::decode(&bytes[..len]).is_err(), "cut at {len}");
+            }
+            let mut long = bytes.clone();
+            long.push(0);
+            assert_eq!(
+                EntryData::decode(&long),
+                Err(EntryError("bytes after the entry"))
+            );
+        }
+        assert_eq!(EntryData::decode(&[9]), Err(EntryError("unknown kind")));
+    }
+}

@@ -1,0 +1,582 @@
+//! The replicated state machine, sans-IO (`docs/REPLICATION.md` §5.2, §7.1): a `RawNode`
+//! over [`JournalStorage`], driven by the caller's ticks, peer messages and job
+//! completions, answering with [`Effect`]s: messages to peers, persist jobs for the fsync
+//! pool, committed entries to apply, answers for REPLICATED waiters.
+//!
+//! Persistence before acknowledgement: a Ready's entries and hard state become a
+//! [`PersistJob`]; raft is told (`on_persist_ready`) and the Ready's persisted messages
+//! (a follower's append and vote responses) go out only after the caller reports the job
+//! done, in Ready order. The leader's appends go out at once (raft thesis §10.2.1), and
+//! it counts itself toward a commit only after its own job, so "committed" always means a
+//! majority fsynced.
+//!
+//! Not here yet (§10, increment 4): the lease of §7.3, the pending overlay of §4,
+//! snapshots.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use raft::eraftpb::{Entry, EntryType, Message};
+use raft::{RawNode, Ready, StateRole, INVALID_ID};
+
+use super::entry::{EntryData, EntryError};
+use super::logger::raft_logger;
+use super::storage::{HardStateWrite, JournalStorage};
+use crate::broker::ConnRef;
+use crate::log::journal2::{RaftJournalReport, RaftJournalSync};
+use crate::log::{Storage, StorageError};
+use crate::wire::ErrorCode;
+
+/// Entry bytes in one append message (peer frames are capped at 2 MiB, §5.6).
+pub const MSG_BYTES_MAX: u64 = 1024 * 1024;
+/// Append messages in flight to one follower before the leader waits for responses.
+pub const INFLIGHT_MSGS_MAX: usize = 32;
+/// Committed entry bytes one Ready hands to apply: bounds the reactor's pass (§4).
+pub const COMMITTED_BYTES_PER_READY_MAX: u64 = 4 * 1024 * 1024;
+/// Proposed and not committed bytes before proposals answer BACKPRESSURE (§5.2): the
+/// single node's `UNSYNCED_BYTES_MAX`.
+pub const UNCOMMITTED_BYTES_MAX: u64 = crate::broker::publish::UNSYNCED_BYTES_MAX;
+
+/// What a node needs to know about the cluster (the flags of §6).
+#[derive(Debug, Clone)]
+pub struct ReplicaConfig {
+    pub id: u64,
+    /// Every voter's id and advertised client address (`host:port`), this node included.
+    pub nodes: BTreeMap<u64, String>,
+    pub election_ticks: usize,
+    pub heartbeat_ticks: usize,
+    pub journal_file_bytes: u64,
+    /// The index the broker's state already holds (apply starts after it).
+    pub applied: u64,
+    /// Leaderless time after which the gate answers ELECTION_TIMEOUT, not LEADER_UNKNOWN.
+    pub replication_timeout_ms: u64,
+}
+
+/// A request the role gate turns away, with the ERR frame's code and text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: ErrorCode,
+    pub text: String,
+}
+
+/// A request waiting for its entry to commit; `part` is the PUB's partition
+/// `(topic_id, partition)`, whose committed sequence the answer carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waiter {
+    pub conn: ConnRef,
+    pub slot: u64,
+    pub part: Option<(u16, u16)>,
+}
+
+/// A REPLICATED answer's fields (`man/mortarmq.7`, PUB result).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replicated {
+    pub index: u64,
+    /// The term of the entry holding the record.
+    pub leader_epoch: u64,
+    /// The partition's highest committed sequence, applied on this node.
+    pub commit_seq: u64,
+}
+
+#[derive(Debug)]
+pub enum Effect {
+    /// To peer `msg.to`.
+    Send(Message),
+    /// Run on the fsync pool, then [`Replica::persist_done`].
+    Persist(PersistJob),
+    /// A committed entry, in index order, to apply to the broker's state.
+    Apply {
+        index: u64,
+        term: u64,
+        entry: EntryData,
+    },
+    Answer {
+        waiter: Waiter,
+        result: Result<Replicated, ErrorCode>,
+    },
+}
+
+/// One Ready's persistence: its entries' fdatasync and, on a new term or vote, the
+/// `raft-state` write.
+#[derive(Debug)]
+pub struct PersistJob {
+    pub ready: u64,
+    sync: Option<RaftJournalSync>,
+    hard_state: Option<HardStateWrite>,
+}
+
+impl PersistJob {
+    /// Blocks: fsync worker only.
+    pub fn run(&self) -> io::Result<()> {
+        if let Some(sync) = &self.sync {
+            sync.run()?;
+        }
+        if let Some(hs) = &self.hard_state {
+            hs.run()?;
+        }
+        Ok(())
+    }
+}
+
+/// The node cannot go on: its log failed or holds an entry it cannot apply.
+#[derive(Debug)]
+pub enum ReplicaError {
+    Storage(StorageError),
+    Raft(raft::Error),
+    Entry { index: u64, error: EntryError },
+}
+
+impl fmt::Display for ReplicaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReplicaError::Storage(e) => write!(f, "{e}"),
+            ReplicaError::Raft(e) => write!(f, "raft: {e}"),
+            ReplicaError::Entry { index, error } => write!(f, "entry {index}: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for ReplicaError {}
+
+impl From<StorageError> for ReplicaError {
+    fn from(e: StorageError) -> Self {
+        ReplicaError::Storage(e)
+    }
+}
+
+/// A waiter and the entry it waits for: proposed in `term`, at `since_ms`.
+struct Pending {
+    term: u64,
+    since_ms: u64,
+    waiter: Waiter,
+}
+
+/// A Ready handed out and not yet known persisted, with the messages that wait for it.
+struct Persisting {
+    ready: u64,
+    done: bool,
+    messages: Vec<Message>,
+}
+
+pub struct Replica {
+    raw: RawNode<JournalStorage>,
+    nodes: BTreeMap<u64, String>,
+    replication_timeout_ms: u64,
+    election_ticks: usize,
+    /// Ticks taken, and the tick at which each peer was last heard from.
+    ticks: u64,
+    last_heard: HashMap<u64, u64>,
+    persisting: VecDeque<Persisting>,
+    /// By entry index; indexes and `since_ms` grow together.
+    waiters: BTreeMap<u64, Vec<Pending>>,
+    committed_seqs: HashMap<(u16, u16), u64>,
+    applied: u64,
+    was_leader: bool,
+    leaderless_since_ms: Option<u64>,
+    effects: Vec<Effect>,
+}
+
+impl Replica {
+    /// Opens the node's log in `dir` (blocking: start-up) and starts as a follower.
+    pub fn open(
+        storage: &Arc<dyn Storage>,
+        dir: &Path,
+        config: ReplicaConfig,
+        now_ms: u64,
+    ) -> Result<(Replica, RaftJournalReport), ReplicaError> {
+        let voters = config.nodes.keys().copied().collect();
+        let (store, report) =
+            JournalStorage::open(storage, dir, config.journal_file_bytes, voters)?;
+        let raft_config = raft::Config {
+            id: config.id,
+            election_tick: config.election_ticks,
+            heartbeat_tick: config.heartbeat_ticks,
+            applied: config.applied,
+            pre_vote: true,
+            check_quorum: true,
+            max_size_per_msg: MSG_BYTES_MAX,
+            max_inflight_msgs: INFLIGHT_MSGS_MAX,
+            max_committed_size_per_ready: COMMITTED_BYTES_PER_READY_MAX,
+            max_uncommitted_size: UNCOMMITTED_BYTES_MAX,
+            ..raft::Config::default()
+        };
+        let raw = RawNode::new(&raft_config, store, &raft_logger()).map_err(ReplicaError::Raft)?;
+        let replica = Replica {
+            raw,
+            nodes: config.nodes,
+            replication_timeout_ms: config.replication_timeout_ms,
+            election_ticks: config.election_ticks,
+            ticks: 0,
+            last_heard: HashMap::new(),
+            persisting: VecDeque::new(),
+            waiters: BTreeMap::new(),
+            committed_seqs: HashMap::new(),
+            applied: config.applied,
+            was_leader: false,
+            leaderless_since_ms: Some(now_ms),
+            effects: Vec::new(),
+        };
+        Ok((replica, report))
+    }
+
+    pub fn id(&self) -> u64 {
+        self.raw.raft.id
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.raw.raft.state == StateRole::Leader
+    }
+
+    /// The leader this node knows of, if any.
+    pub fn leader_id(&self) -> Option<u64> {
+        Some(self.raw.raft.leader_id).filter(|&id| id != INVALID_ID)
+    }
+
+    /// Raft's term: the `leader_epoch` of what this node appends as leader.
+    pub fn term(&self) -> u64 {
+        self.raw.raft.term
+    }
+
+    /// The last entry in this node's log, persisted or not.
+    pub fn last_index(&self) -> u64 {
+        self.raw.raft.raft_log.last_index()
+    }
+
+    pub fn commit_index(&self) -> u64 {
+        self.raw.raft.raft_log.committed
+    }
+
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+
+    /// The partition's highest committed sequence applied here.
+    pub fn commit_seq(&self, topic_id: u16, partition: u16) -> u64 {
+        self.committed_seqs
+            .get(&(topic_id, partition))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// One raft tick (the caller's `--raft-tick` timer).
+    pub fn tick(&mut self) {
+        self.ticks += 1;
+        self.raw.tick();
+    }
+
+    /// A message from a peer. An error is the peer's (an unknown sender, a local message
+    /// type): the message is dropped, the node goes on.
+    pub fn step(&mut self, msg: Message) -> Result<(), ReplicaError> {
+        if self.nodes.contains_key(&msg.from) {
+            self.last_heard.insert(msg.from, self.ticks);
+        }
+        self.raw.step(msg).map_err(ReplicaError::Raft)
+    }
+
+    /// The role gate of §7.1 for requests that change or read broker state.
+    pub fn admit(&self, now_ms: u64) -> Result<(), Refusal> {
+        if self.is_leader() {
+            return Ok(());
+        }
+        if let Some(id) = self.leader_id() {
+            let addr = self.nodes.get(&id).map_or("", String::as_str);
+            return Err(Refusal {
+                code: ErrorCode::NotLeader,
+                text: format!("leader {id} {addr}"),
+            });
+        }
+        let leaderless_ms = self
+            .leaderless_since_ms
+            .map_or(0, |since| now_ms.saturating_sub(since));
+        let (code, text) = if leaderless_ms >= self.replication_timeout_ms {
+            let text = format!("no leader for {leaderless_ms} ms");
+            (ErrorCode::ElectionTimeout, text)
+        } else {
+            (ErrorCode::LeaderUnknown, "no leader known".to_string())
+        };
+        Err(Refusal { code, text })
+    }
+
+    /// 0x6004 NOT_ENOUGH_REPLICAS (§7.1), for a leader to ask before it takes a
+    /// REPLICATED PUB or a DECLARE into a proposal: fewer than a majority, itself
+    /// included, heard from within an election timeout, so nothing is written.
+    pub fn check_replicas(&self) -> Result<(), Refusal> {
+        let me = self.id();
+        let recent = |id: &&u64| {
+            **id == me
+                || self
+                    .last_heard
+                    .get(id)
+                    .is_some_and(|&at| self.ticks - at < self.election_ticks as u64)
+        };
+        let heard = self.nodes.keys().filter(recent).count();
+        if heard > self.nodes.len() / 2 {
+            return Ok(());
+        }
+        Err(Refusal {
+            code: ErrorCode::NotEnoughReplicas,
+            text: format!("{heard} of {} nodes reachable", self.nodes.len()),
+        })
+    }
+
+    /// Proposes `entry`; `waiters` are answered once it commits (or fails). Returns the
+    /// entry's index. The caller ran [`Replica::admit`] first in this pass.
+    pub fn propose(
+        &mut self,
+        entry: &EntryData,
+        waiters: Vec<Waiter>,
+        now_ms: u64,
+    ) -> Result<u64, Refusal> {
+        self.admit(now_ms)?;
+        if let Err(e) = self.raw.propose(Vec::new(), entry.encode()) {
+            // ProposalDropped: past UNCOMMITTED_BYTES_MAX (a leader transfer would drop
+            // too, but membership is static and no transfer is ever started).
+            return Err(Refusal {
+                code: ErrorCode::Backpressure,
+                text: format!("replication backlog full ({e})"),
+            });
+        }
+        let index = self.raw.raft.raft_log.last_index();
+        let term = self.raw.raft.term;
+        let list = self.waiters.entry(index).or_default();
+        let pending = |waiter| Pending {
+            term,
+            since_ms: now_ms,
+            waiter,
+        };
+        list.extend(waiters.into_iter().map(pending));
+        Ok(index)
+    }
+
+    /// A persist job finished. An error is sticky (the journal is poisoned): the node
+    /// must stop, as a single node does when its journal fdatasync fails.
+    pub fn persist_done(
+        &mut self,
+        job: &PersistJob,
+        result: io::Result<()>,
+    ) -> Result<(), ReplicaError> {
+        let store = self.raw.mut_store();
+        if let Err(e) = result {
+            store.sync_failed(&e);
+            return Err(ReplicaError::Storage(StorageError::from_io(
+                store.journal().dir(),
+                None,
+                e,
+            )));
+        }
+        if let Some(sync) = &job.sync {
+            store.sync_done(sync.job);
+        }
+        if let Some(p) = self.persisting.iter_mut().find(|p| p.ready == job.ready) {
+            p.done = true;
+        }
+        Ok(())
+    }
+
+    /// The end of a pass: every Ready raft has, then what became persisted. Returns the
+    /// effects of everything since the previous poll.
+    pub fn poll(&mut self, now_ms: u64) -> Result<Vec<Effect>, ReplicaError> {
+        loop {
+            self.release_persisted();
+            if !self.raw.has_ready() {
+                break;
+            }
+            let rd = self.raw.ready();
+            self.handle_ready(rd)?;
+        }
+        self.note_role(now_ms);
+        self.expire_waiters(now_ms);
+        Ok(std::mem::take(&mut self.effects))
+    }
+
+    /// 0x6006 for waiters older than `--replication-timeout`: the outcome is unknown, the
+    /// entry stays and may still commit (an idempotent producer resends, §7.2).
+    fn expire_waiters(&mut self, now_ms: u64) {
+        let timeout = self.replication_timeout_ms;
+        let expired = |p: &Pending| now_ms.saturating_sub(p.since_ms) >= timeout;
+        while let Some(first) = self.waiters.first_entry() {
+            if !first.get().iter().any(expired) {
+                break;
+            }
+            for Pending { waiter, .. } in first.remove() {
+                let result = Err(ErrorCode::ReplicationTimeout);
+                self.effects.push(Effect::Answer { waiter, result });
+            }
+        }
+    }
+
+    fn handle_ready(&mut self, mut rd: Ready) -> Result<(), ReplicaError> {
+        debug_assert!(rd.snapshot().is_empty(), "snapshots are increment 7");
+        self.effects
+            .extend(rd.take_messages().into_iter().map(Effect::Send));
+        self.fail_replaced(rd.entries());
+        let store = self.raw.mut_store();
+        store.append(rd.entries())?;
+        let sync = match rd.entries().is_empty() {
+            true => None,
+            // Entries written and no sync to take: only a poisoned journal says so, and
+            // nothing may then count as persisted.
+            false => Some(
+                store
+                    .take_sync_job()
+                    .ok_or_else(|| StorageError::Poisoned {
+                        path: store.journal().dir().to_path_buf(),
+                        reason: "no fdatasync for entries written".to_string(),
+                    })?,
+            ),
+        };
+        let hard_state = match rd.hs() {
+            Some(hs)
+                if hs.term != store.hard_state().term || hs.vote != store.hard_state().vote =>
+            {
+                Some(store.hard_state_job(hs))
+            }
+            Some(hs) => {
+                store.set_commit(hs.commit);
+                None
+            }
+            None => None,
+        };
+        let waits = sync.is_some() || hard_state.is_some();
+        let ready = rd.number();
+        self.persisting.push_back(Persisting {
+            ready,
+            done: !waits,
+            messages: rd.take_persisted_messages(),
+        });
+        if waits {
+            self.effects.push(Effect::Persist(PersistJob {
+                ready,
+                sync,
+                hard_state,
+            }));
+        }
+        let committed = rd.take_committed_entries();
+        self.raw.advance_append_async(rd);
+        self.apply(committed)?;
+        self.raw.advance_apply_to(self.applied);
+        Ok(())
+    }
+
+    /// Tells raft about the persisted prefix of Readies and sends what waited for it.
+    fn release_persisted(&mut self) {
+        let mut last = None;
+        while self.persisting.front().is_some_and(|p| p.done) {
+            let p = self.persisting.pop_front().expect("checked");
+            last = Some(p.ready);
+            self.effects
+                .extend(p.messages.into_iter().map(Effect::Send));
+        }
+        if let Some(ready) = last {
+            self.raw.on_persist_ready(ready);
+        }
+    }
+
+    fn apply(&mut self, entries: Vec<Entry>) -> Result<(), ReplicaError> {
+        for e in entries {
+            self.applied = e.index;
+            // Static membership: no configuration change is ever proposed.
+            if e.get_entry_type() != EntryType::EntryNormal {
+                continue;
+            }
+            let entry = EntryData::decode(&e.data).map_err(|error| ReplicaError::Entry {
+                index: e.index,
+                error,
+            })?;
+            if let EntryData::Batch(batch) = &entry {
+                for p in &batch.parts {
+                    let seq = self
+                        .committed_seqs
+                        .entry((p.topic_id, p.partition))
+                        .or_default();
+                    *seq = (*seq).max(p.last_sequence());
+                }
+            }
+            if entry != EntryData::Noop {
+                self.effects.push(Effect::Apply {
+                    index: e.index,
+                    term: e.term,
+                    entry,
+                });
+            }
+            self.answer_committed(e.index, e.term);
+        }
+        Ok(())
+    }
+
+    /// Entry `index` of term `term` committed: its waiters get OK, unless they wait for
+    /// another entry that once had this index (replaced, so LOG_TRUNCATED).
+    fn answer_committed(&mut self, index: u64, term: u64) {
+        while let Some(first) = self.waiters.first_entry() {
+            if *first.key() > index {
+                break;
+            }
+            let (at, list) = first.remove_entry();
+            for Pending {
+                term: t, waiter, ..
+            } in list
+            {
+                let result = if at == index && t == term {
+                    Ok(Replicated {
+                        index,
+                        leader_epoch: term,
+                        commit_seq: waiter.part.map_or(0, |(t, p)| self.commit_seq(t, p)),
+                    })
+                } else {
+                    Err(ErrorCode::LogTruncated)
+                };
+                self.effects.push(Effect::Answer { waiter, result });
+            }
+        }
+    }
+
+    /// A Ready's entries replace this node's from their first index on: waiters for an
+    /// entry not among them with the same term lost it (§7.1, 0x6008).
+    fn fail_replaced(&mut self, entries: &[Entry]) {
+        let Some(first) = entries.first().map(|e| e.index) else {
+            return;
+        };
+        let kept = |at: u64, term: u64| {
+            entries
+                .get((at - first) as usize)
+                .is_some_and(|e| e.term == term)
+        };
+        let indexes: Vec<u64> = self.waiters.range(first..).map(|(&i, _)| i).collect();
+        for at in indexes {
+            let list = self.waiters.remove(&at).expect("listed");
+            let (keep, lost): (Vec<_>, Vec<_>) = list.into_iter().partition(|p| kept(at, p.term));
+            for Pending { waiter, .. } in lost {
+                let result = Err(ErrorCode::LogTruncated);
+                self.effects.push(Effect::Answer { waiter, result });
+            }
+            if !keep.is_empty() {
+                self.waiters.insert(at, keep);
+            }
+        }
+    }
+
+    /// After the pass's Readies: a node that stopped leading fails the waiters whose
+    /// entries it still holds (0x6005: they may yet commit), and the gate's leaderless
+    /// clock starts or stops.
+    fn note_role(&mut self, now_ms: u64) {
+        let leader = self.is_leader();
+        if self.was_leader && !leader {
+            for (_, list) in std::mem::take(&mut self.waiters) {
+                for Pending { waiter, .. } in list {
+                    let result = Err(ErrorCode::NotEnoughReplicasAfterAppend);
+                    self.effects.push(Effect::Answer { waiter, result });
+                }
+            }
+        }
+        self.was_leader = leader;
+        match self.leader_id() {
+            Some(_) => self.leaderless_since_ms = None,
+            None => {
+                self.leaderless_since_ms.get_or_insert(now_ms);
+            }
+        }
+    }
+}
