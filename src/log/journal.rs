@@ -5,8 +5,9 @@
 //! at checkpoints; until then the journal is what a power cut cannot take away. At start,
 //! the entries after the last checkpoint are replayed into the partitions that lost them
 //! (`broker/publish.rs`). This room knows files, byte positions and entries; it does not
-//! know what a partition is beyond the two numbers an entry carries. Depends on std,
-//! crc32fast, log and the storage seam (`storage.rs`).
+//! know what a partition is beyond the two numbers an entry carries. Depends on std, log,
+//! the journal files it shares with format 2 (`journal_files.rs`: naming, headers,
+//! replay, writing, syncing) and the storage seam (`storage.rs`).
 //!
 //! # Files: `<first_lsn:020>.jnl` and `checkpoint` in the journal directory
 //!
@@ -46,13 +47,17 @@
 //! are deleted.
 
 use std::collections::VecDeque;
-use std::io::{self, BufReader, Read};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::error::StorageError;
+use super::journal_files::{
+    self, EntryBounds, FilesSync, JournalFile, JournalFiles, FILE_HEADER_BYTES,
+};
+pub use super::journal_files::{journal_file_path, CHECKPOINT_FILE, JOURNAL_MAGIC, JOURNAL_SUFFIX};
 use super::meta;
-use super::storage::{self, FileReader, FileRef, Open, Storage};
+use super::storage::{Open, Storage};
 
 /// A journal file is closed once the next entry would take it past this size (an entry
 /// larger than this gets a file of its own).
@@ -62,18 +67,13 @@ pub const JOURNAL_FILE_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
 pub const JOURNAL_FILE_BYTES_MIN: u64 = 64 * 1024;
 /// Largest `--journal-file-size`: start-up replays up to one file's worth of entries.
 pub const JOURNAL_FILE_BYTES_MAX: u64 = 1024 * 1024 * 1024;
-/// First four bytes of every journal file.
-pub const JOURNAL_MAGIC: [u8; 4] = *b"MMQJ";
 /// Bumped whenever the journal layout changes.
 pub const JOURNAL_FORMAT_VERSION: u16 = 1;
-pub const JOURNAL_FILE_HEADER_BYTES: usize = 16;
+pub const JOURNAL_FILE_HEADER_BYTES: usize = FILE_HEADER_BYTES;
 pub const JOURNAL_ENTRY_HEADER_BYTES: usize = 40;
 /// The largest entry a reader accepts before allocating for it: one pass's records of one
 /// partition stay far below it (the broker refuses PUBs past 64 MiB unsynced).
 pub const JOURNAL_ENTRY_BYTES_MAX: usize = 1024 * 1024 * 1024;
-pub const JOURNAL_SUFFIX: &str = "jnl";
-/// The checkpoint's file name in the journal directory.
-pub const CHECKPOINT_FILE: &str = "checkpoint";
 /// A file whose blocks are already allocated, renamed into place when the journal needs
 /// its next file: writing inside allocated blocks leaves fdatasync nothing but the data to
 /// commit (no size or extent change), about a quarter of the cost of an appending write's
@@ -82,10 +82,8 @@ pub const CHECKPOINT_FILE: &str = "checkpoint";
 pub const SPARE_FILE: &str = "spare.jnl";
 /// Zeros written per call when a spare is filled.
 const SPARE_FILL_CHUNK_BYTES: usize = 1024 * 1024;
-/// Read buffer when replaying.
-const REPLAY_READ_BUFFER_BYTES: usize = 256 * 1024;
-
-const _: () = assert!(JOURNAL_ENTRY_BYTES_MAX <= u32::MAX as usize);
+const ENTRY_BOUNDS: EntryBounds =
+    EntryBounds::new(JOURNAL_ENTRY_HEADER_BYTES, JOURNAL_ENTRY_BYTES_MAX);
 
 /// One journal entry: the records one partition wrote in one pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,32 +104,23 @@ impl Entry<'_> {
     }
 
     fn encode(&self, buf: &mut Vec<u8>) {
-        let start = buf.len();
-        buf.extend_from_slice(&(self.encoded_len() as u32).to_be_bytes());
-        buf.extend_from_slice(&[0; 4]); // the crc, once the rest is there
-        buf.extend_from_slice(&self.lsn.to_be_bytes());
+        let start = journal_files::begin_entry(buf, self.encoded_len(), self.lsn);
         buf.extend_from_slice(&self.epoch.to_be_bytes());
         buf.extend_from_slice(&self.topic_id.to_be_bytes());
         buf.extend_from_slice(&self.partition.to_be_bytes());
         buf.extend_from_slice(&self.first_sequence.to_be_bytes());
         buf.extend_from_slice(&self.count.to_be_bytes());
         buf.extend_from_slice(self.records);
-        let crc = crc32fast::hash(&buf[start + 8..]);
-        buf[start + 4..start + 8].copy_from_slice(&crc.to_be_bytes());
+        journal_files::seal_entry(buf, start);
     }
 
     /// The entry `bytes` holds (exactly one, header included), if it counts at `lsn`
     /// after an entry of `min_epoch`.
     fn decode(bytes: &[u8], lsn: u64, min_epoch: u64) -> Result<Entry<'_>, String> {
-        if bytes.len() < JOURNAL_ENTRY_HEADER_BYTES {
-            return Err("short entry".into());
-        }
+        journal_files::check_entry(bytes, ENTRY_BOUNDS, lsn)?;
         let u64_at = |at: usize| u64::from_be_bytes(bytes[at..at + 8].try_into().expect("8"));
         let u32_at = |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().expect("4"));
         let u16_at = |at: usize| u16::from_be_bytes(bytes[at..at + 2].try_into().expect("2"));
-        if u32_at(0) as usize != bytes.len() || crc32fast::hash(&bytes[8..]) != u32_at(4) {
-            return Err("length or crc mismatch".into());
-        }
         let entry = Entry {
             lsn: u64_at(8),
             epoch: u64_at(16),
@@ -141,9 +130,6 @@ impl Entry<'_> {
             count: u32_at(36),
             records: &bytes[JOURNAL_ENTRY_HEADER_BYTES..],
         };
-        if entry.lsn != lsn {
-            return Err(format!("lsn {} where {lsn} was expected", entry.lsn));
-        }
         if entry.epoch < min_epoch {
             return Err(format!("epoch {} after epoch {min_epoch}", entry.epoch));
         }
@@ -151,25 +137,10 @@ impl Entry<'_> {
     }
 }
 
-pub fn journal_file_path(dir: &Path, first_lsn: u64) -> PathBuf {
-    dir.join(format!("{first_lsn:020}.{JOURNAL_SUFFIX}"))
-}
-
-fn file_header(first_lsn: u64) -> [u8; JOURNAL_FILE_HEADER_BYTES] {
-    let mut h = [0u8; JOURNAL_FILE_HEADER_BYTES];
-    h[..4].copy_from_slice(&JOURNAL_MAGIC);
-    h[4..6].copy_from_slice(&JOURNAL_FORMAT_VERSION.to_be_bytes());
-    h[8..].copy_from_slice(&first_lsn.to_be_bytes());
-    h
-}
-
 /// One fdatasync of everything the journal wrote before the job was taken.
 #[derive(Debug)]
 pub struct JournalSync {
-    storage: Arc<dyn Storage>,
-    files: Vec<FileRef>,
-    /// Set when a journal file was created or removed since the previous job.
-    sync_dir: Option<PathBuf>,
+    sync: FilesSync,
     /// After a successful run every entry below this LSN is durable.
     pub upto_lsn: u64,
 }
@@ -177,13 +148,7 @@ pub struct JournalSync {
 impl JournalSync {
     /// Blocks: fsync worker only.
     pub fn run(&self) -> io::Result<()> {
-        for file in &self.files {
-            file.sync_data()?;
-        }
-        match &self.sync_dir {
-            Some(dir) => self.storage.sync_dir(dir),
-            None => Ok(()),
-        }
+        self.sync.run()
     }
 }
 
@@ -215,26 +180,12 @@ pub struct JournalReport {
     pub files_removed: u32,
 }
 
-/// A journal file and the LSNs it holds.
-struct JournalFile {
-    first_lsn: u64,
-    path: PathBuf,
-    file: FileRef,
-    /// Bytes used, header included.
-    len: u64,
-    /// Made from a spare: its blocks are allocated, appends do not grow it.
-    preallocated: bool,
-}
-
 /// The journal of a data directory. Single-threaded: owned by the reactor; only
 /// [`JournalSync`] and [`CheckpointWrite`] cross to the fsync workers.
 pub struct Journal {
-    storage: Arc<dyn Storage>,
-    dir: PathBuf,
     file_bytes: u64,
     epoch: u64,
-    /// Oldest first; the last one is written to.
-    files: VecDeque<JournalFile>,
+    files: JournalFiles,
     /// Entries appended this pass, and each one's length.
     buf: Vec<u8>,
     entry_lens: Vec<usize>,
@@ -245,8 +196,6 @@ pub struct Journal {
     /// The synced LSN moves only over a completed prefix: a job taken after a new file
     /// was started covers only that file.
     syncs_in_flight: VecDeque<(u64, bool)>,
-    unsynced_files: Vec<FileRef>,
-    dir_dirty: bool,
     checkpoint_lsn: u64,
     /// `SPARE_FILE` exists, whole, for the next file.
     spare_ready: bool,
@@ -300,19 +249,15 @@ impl Journal {
     /// the journal.
     pub fn new(storage: &Arc<dyn Storage>, dir: &Path, file_bytes: u64, epoch: u64) -> Journal {
         Journal {
-            storage: Arc::clone(storage),
-            dir: dir.to_path_buf(),
             file_bytes,
             epoch,
-            files: VecDeque::new(),
+            files: JournalFiles::new(storage, dir, JOURNAL_FORMAT_VERSION, ENTRY_BOUNDS),
             buf: Vec::new(),
             entry_lens: Vec::new(),
             written_lsn: 0,
             sync_taken_lsn: 0,
             synced_lsn: 0,
             syncs_in_flight: VecDeque::new(),
-            unsynced_files: Vec::new(),
-            dir_dirty: false,
             checkpoint_lsn: 0,
             spare_ready: false,
             roll_at_next_write: false,
@@ -343,25 +288,15 @@ impl Journal {
         &mut self,
         replay: &mut dyn FnMut(&Entry<'_>),
     ) -> Result<JournalReport, StorageError> {
-        let io = |path: &Path, e: io::Error| StorageError::from_io(path, None, e);
-        storage::create_dir_durable(&*self.storage, &self.dir).map_err(|e| io(&self.dir, e))?;
-        let checkpoint_path = self.dir.join(CHECKPOINT_FILE);
-        let checkpoint = match meta::read_checked(&*self.storage, &checkpoint_path) {
-            Ok(Some(b)) if b.len() == 8 => Some(u64::from_be_bytes(b[..].try_into().expect("8"))),
-            Ok(None) => None,
-            Ok(Some(_)) | Err(_) => {
-                // Replaying from the oldest file is always safe, only slower: entries
-                // already in a partition are skipped.
-                log::warn!(
-                    "{}: unreadable; replaying the whole journal",
-                    checkpoint_path.display()
-                );
-                None
-            }
-        };
-        self.spare_ready = self.storage.file_len(&self.dir.join(SPARE_FILE)).is_ok();
+        self.files.create_dir()?;
+        let checkpoint = self
+            .files
+            .read_checkpoint(8)
+            .map(|b| u64::from_be_bytes(b[..].try_into().expect("8")));
+        let spare = self.files.dir.join(SPARE_FILE);
+        self.spare_ready = self.files.storage.file_len(&spare).is_ok();
         let report = self.replay_from(checkpoint, replay)?;
-        self.roll_at_next_write = self.spare_ready && !self.files.is_empty();
+        self.roll_at_next_write = self.spare_ready && !self.files.open.is_empty();
         Ok(report)
     }
 
@@ -371,148 +306,31 @@ impl Journal {
         checkpoint: Option<u64>,
         replay: &mut dyn FnMut(&Entry<'_>),
     ) -> Result<JournalReport, StorageError> {
-        let mut firsts = self.list_files()?;
-        let start = checkpoint.unwrap_or_else(|| firsts.first().copied().unwrap_or(0));
-        let mut report = JournalReport {
-            checkpoint_lsn: start,
-            ..JournalReport::default()
-        };
-        // Files wholly below the checkpoint: an interrupted removal.
-        while firsts.len() >= 2 && firsts[1] <= start {
-            self.remove_file(firsts.remove(0), &mut report)?;
-        }
-        let mut lsn = start;
+        let mut entries_replayed = 0;
         let mut min_epoch = 0;
-        let mut used = 0;
-        while used < firsts.len() && firsts[used] <= lsn {
-            let first = firsts[used];
-            let end = self.replay_file(first, lsn, &mut min_epoch, replay, &mut report)?;
-            lsn = end.0;
-            self.files.push_back(end.1);
-            used += 1;
-            // Only a file that starts exactly where this one ended continues the journal.
-            if firsts.get(used) != Some(&lsn) {
-                break;
-            }
-        }
-        for &first in &firsts[used..] {
-            self.remove_file(first, &mut report)?;
-        }
+        let found = self.files.replay(checkpoint, &mut |bytes, lsn| {
+            let entry = Entry::decode(bytes, lsn, min_epoch)?;
+            replay(&entry);
+            entries_replayed += 1;
+            min_epoch = entry.epoch;
+            Ok(())
+        })?;
+        let lsn = found.end_lsn;
         self.written_lsn = lsn;
         self.sync_taken_lsn = lsn;
         self.synced_lsn = lsn;
-        self.checkpoint_lsn = start.min(lsn);
-        report.end_lsn = lsn;
-        self.settle_after_replay()?;
-        Ok(report)
-    }
-
-    /// Cuts the last file at the end of its last entry and makes the directory durable:
-    /// what follows was never acknowledged, and a later entry must not land after it.
-    fn settle_after_replay(&mut self) -> Result<(), StorageError> {
-        if let Some(last) = self.files.back() {
-            let io = |e| StorageError::from_io(&last.path, Some(last.len), e);
-            last.file.set_len(last.len).map_err(io)?;
-            last.file.sync_data().map_err(io)?;
-        }
-        self.storage
-            .sync_dir(&self.dir)
-            .map_err(|e| StorageError::from_io(&self.dir, None, e))
-    }
-
-    /// The first LSNs of the journal files, sorted.
-    fn list_files(&self) -> Result<Vec<u64>, StorageError> {
-        let names = self
-            .storage
-            .list_dir(&self.dir)
-            .map_err(|e| StorageError::from_io(&self.dir, None, e))?;
-        let mut firsts: Vec<u64> = names
-            .iter()
-            .filter_map(|n| n.strip_suffix(&format!(".{JOURNAL_SUFFIX}")))
-            .filter(|stem| stem.len() == 20 && stem.bytes().all(|b| b.is_ascii_digit()))
-            .filter_map(|stem| stem.parse().ok())
-            .collect();
-        firsts.sort_unstable();
-        Ok(firsts)
-    }
-
-    fn remove_file(&self, first: u64, report: &mut JournalReport) -> Result<(), StorageError> {
-        let path = journal_file_path(&self.dir, first);
-        log::info!("{}: removed (outside the journal)", path.display());
-        report.files_removed += 1;
-        self.storage
-            .remove_file(&path)
-            .map_err(|e| StorageError::from_io(&path, None, e))
-    }
-
-    /// Replays file `first` from `lsn`; returns the LSN after its last entry that counts
-    /// and the file, open for writing there.
-    fn replay_file(
-        &self,
-        first: u64,
-        lsn: u64,
-        min_epoch: &mut u64,
-        replay: &mut dyn FnMut(&Entry<'_>),
-        report: &mut JournalReport,
-    ) -> Result<(u64, JournalFile), StorageError> {
-        let path = journal_file_path(&self.dir, first);
-        let io = |pos, e| StorageError::from_io(&path, pos, e);
-        let file = self
-            .storage
-            .open(&path, Open::ReadWrite)
-            .map_err(|e| io(None, e))?;
-        let mut size = file.size().map_err(|e| io(None, e))?;
-        let mut header = [0u8; JOURNAL_FILE_HEADER_BYTES];
-        let header_ok = size >= JOURNAL_FILE_HEADER_BYTES as u64
-            && storage::read_exact_at(&*file, 0, &mut header).is_ok()
-            && header == file_header(first);
-        if !header_ok {
-            // A file made just before a crash, its header lost: it holds nothing.
-            file.set_len(0).map_err(|e| io(Some(0), e))?;
-            file.write_at(0, &file_header(first))
-                .map_err(|e| io(Some(0), e))?;
-            size = JOURNAL_FILE_HEADER_BYTES as u64;
-        }
-        let start = JOURNAL_FILE_HEADER_BYTES as u64 + (lsn - first);
-        let mut reader =
-            BufReader::with_capacity(REPLAY_READ_BUFFER_BYTES, FileReader::new(&*file, start));
-        let mut pos = start;
-        let mut lsn = lsn;
-        let mut bytes = Vec::new();
-        loop {
-            let why = match read_entry(&mut reader, &mut bytes, size.saturating_sub(pos)) {
-                Ok(Some(())) => match Entry::decode(&bytes, lsn, *min_epoch) {
-                    Ok(entry) => {
-                        replay(&entry);
-                        report.entries_replayed += 1;
-                        *min_epoch = entry.epoch;
-                        lsn += bytes.len() as u64;
-                        pos += bytes.len() as u64;
-                        continue;
-                    }
-                    Err(why) => Some(why),
-                },
-                Ok(None) => None,
-                Err(e) => return Err(io(Some(pos), e)),
-            };
-            report.ended_by = why.map(|w| format!("{} at byte {pos}: {w}", path.display()));
-            let len = pos;
-            return Ok((
-                lsn,
-                JournalFile {
-                    first_lsn: first,
-                    path,
-                    file,
-                    len,
-                    // Cut at its end just after: it grows again.
-                    preallocated: false,
-                },
-            ));
-        }
+        self.checkpoint_lsn = found.start_lsn.min(lsn);
+        Ok(JournalReport {
+            checkpoint_lsn: found.start_lsn,
+            entries_replayed,
+            end_lsn: lsn,
+            ended_by: found.ended_by,
+            files_removed: found.files_removed,
+        })
     }
 
     pub fn dir(&self) -> &Path {
-        &self.dir
+        &self.files.dir
     }
 
     /// Queues the entry for `records` (`count` records from `first_sequence`) of one
@@ -548,13 +366,10 @@ impl Journal {
     /// starting a new file when the next entry would pass the file size. A failure
     /// poisons the journal: entries after a hole could never be replayed.
     pub fn write(&mut self) -> Result<(), StorageError> {
-        if let Some(reason) = &self.poisoned {
+        if let Err(refused) = journal_files::refuse_if_poisoned(&self.poisoned, &self.files.dir) {
             self.buf.clear();
             self.entry_lens.clear();
-            return Err(StorageError::Poisoned {
-                path: self.dir.clone(),
-                reason: reason.clone(),
-            });
+            return Err(refused);
         }
         if self.buf.is_empty() {
             return Ok(());
@@ -562,87 +377,33 @@ impl Journal {
         let result = self.write_entries();
         self.buf.clear();
         self.entry_lens.clear();
-        if let Err(e) = &result {
-            log::error!(
-                "{}: journal write failed, refusing writes until restart: {e}",
-                self.dir.display()
-            );
-            self.poisoned = Some(format!("journal write failed: {e}"));
-        }
+        let what = "journal write failed";
+        journal_files::poison_on(&mut self.poisoned, &self.files.dir, &result, what);
         result
     }
 
     fn write_entries(&mut self) -> Result<(), StorageError> {
-        let mut at = 0;
-        let mut i = 0;
-        while i < self.entry_lens.len() {
-            // An empty file keeps its name (its first LSN is the next one): it is
-            // written into, growing, as is a file made before the spare was ready.
-            let has_entries = |f: &JournalFile| f.len > JOURNAL_FILE_HEADER_BYTES as u64;
-            if std::mem::take(&mut self.roll_at_next_write)
-                && self.files.back().is_some_and(has_entries)
-            {
-                self.start_file(self.written_lsn)?;
-            }
-            let Some(f) = self.files.back() else {
-                self.start_file(self.written_lsn)?;
-                continue;
-            };
-            let room = self.file_bytes.saturating_sub(f.len) as usize;
-            let fresh = f.len == JOURNAL_FILE_HEADER_BYTES as u64;
-            let mut chunk = 0;
-            let mut j = i;
-            // A file takes entries while they fit; an empty one takes any entry.
-            while j < self.entry_lens.len()
-                && (chunk + self.entry_lens[j] <= room || (fresh && j == i))
-            {
-                chunk += self.entry_lens[j];
-                j += 1;
-            }
-            if j == i {
-                self.start_file(self.written_lsn)?;
-                continue;
-            }
-            let f = self.files.back_mut().expect("a file to write to");
-            f.file
-                .write_at(f.len, &self.buf[at..at + chunk])
-                .map_err(|e| StorageError::from_io(&f.path, Some(f.len), e))?;
-            f.len += chunk as u64;
-            if !self.unsynced_files.iter().any(|u| Arc::ptr_eq(u, &f.file)) {
-                self.unsynced_files.push(Arc::clone(&f.file));
-            }
-            self.written_lsn += chunk as u64;
-            at += chunk;
-            i = j;
+        // An empty file keeps its name (its first LSN is the next one): it is written
+        // into, growing, as is a file made before the spare was ready.
+        let has_entries = |f: &JournalFile| f.len > JOURNAL_FILE_HEADER_BYTES as u64;
+        if std::mem::take(&mut self.roll_at_next_write)
+            && self.files.open.back().is_some_and(has_entries)
+        {
+            start_file(
+                &mut self.files,
+                &mut self.spare_ready,
+                &mut self.spare_failed,
+                self.written_lsn,
+            )?;
         }
-        Ok(())
-    }
-
-    /// Starts the file whose first entry has LSN `first_lsn`.
-    fn start_file(&mut self, first_lsn: u64) -> Result<(), StorageError> {
-        let path = journal_file_path(&self.dir, first_lsn);
-        let io = |e| StorageError::from_io(&path, Some(0), e);
-        let preallocated = std::mem::take(&mut self.spare_ready);
-        self.spare_failed = false;
-        let file = if preallocated {
-            // The old bytes past the header are entries of other LSNs: they never count.
-            self.storage
-                .rename(&self.dir.join(SPARE_FILE), &path)
-                .map_err(io)?;
-            self.storage.open(&path, Open::ReadWrite).map_err(io)?
-        } else {
-            self.storage.open(&path, Open::CreateNew).map_err(io)?
-        };
-        file.write_at(0, &file_header(first_lsn)).map_err(io)?;
-        self.dir_dirty = true;
-        self.files.push_back(JournalFile {
-            first_lsn,
-            path,
-            file,
-            len: JOURNAL_FILE_HEADER_BYTES as u64,
-            preallocated,
-        });
-        Ok(())
+        let (spare_ready, spare_failed) = (&mut self.spare_ready, &mut self.spare_failed);
+        self.files.write_entries(
+            &self.buf,
+            &self.entry_lens,
+            self.file_bytes,
+            &mut self.written_lsn,
+            &mut |files, first_lsn| start_file(files, spare_ready, spare_failed, first_lsn),
+        )
     }
 
     /// The fdatasync for everything written since the previous job, if anything was.
@@ -651,12 +412,9 @@ impl Journal {
             return None;
         }
         let job = JournalSync {
-            storage: Arc::clone(&self.storage),
-            files: std::mem::take(&mut self.unsynced_files),
-            sync_dir: self.dir_dirty.then(|| self.dir.clone()),
+            sync: self.files.take_sync(),
             upto_lsn: self.written_lsn,
         };
-        self.dir_dirty = false;
         self.sync_taken_lsn = self.written_lsn;
         self.syncs_in_flight.push_back((job.upto_lsn, false));
         Some(job)
@@ -696,7 +454,7 @@ impl Journal {
     pub fn sync_failed(&mut self, err: &io::Error) {
         log::error!(
             "{}: journal fdatasync failed; refusing writes until restart: {err}",
-            self.dir.display()
+            self.files.dir.display()
         );
         if self.poisoned.is_none() {
             self.poisoned = Some(format!("journal fdatasync failed: {err}"));
@@ -715,6 +473,7 @@ impl Journal {
         !self.spare_failed
             && self
                 .files
+                .open
                 .back()
                 .is_none_or(|f| 2 * f.len >= self.file_bytes)
     }
@@ -736,8 +495,8 @@ impl Journal {
     pub fn checkpoint_job(&self, lsn: u64) -> CheckpointWrite {
         debug_assert!(lsn <= self.written_lsn);
         CheckpointWrite {
-            storage: Arc::clone(&self.storage),
-            path: self.dir.join(CHECKPOINT_FILE),
+            storage: Arc::clone(&self.files.storage),
+            path: self.files.dir.join(CHECKPOINT_FILE),
             lsn,
         }
     }
@@ -746,13 +505,7 @@ impl Journal {
     /// caller deletes off the reactor. The file being written is never one of them.
     pub fn checkpoint_done(&mut self, lsn: u64) -> Vec<PathBuf> {
         self.checkpoint_lsn = self.checkpoint_lsn.max(lsn);
-        let mut gone = Vec::new();
-        while self.files.len() >= 2 && self.files[1].first_lsn <= self.checkpoint_lsn {
-            let f = self.files.pop_front().expect("len checked");
-            self.unsynced_files.retain(|u| !Arc::ptr_eq(u, &f.file));
-            gone.push(f.path);
-        }
-        gone
+        self.files.release_below(self.checkpoint_lsn)
     }
 
     /// The job that makes the next spare, when there is none: from `recycle` (a file a
@@ -760,8 +513,8 @@ impl Journal {
     /// reports the outcome with [`spare_made`](Self::spare_made).
     pub fn spare_job(&self, recycle: Option<PathBuf>) -> Option<SpareWrite> {
         (!self.spare_ready).then(|| SpareWrite {
-            storage: Arc::clone(&self.storage),
-            dir: self.dir.clone(),
+            storage: Arc::clone(&self.files.storage),
+            dir: self.files.dir.clone(),
             recycle,
             bytes: self.file_bytes,
         })
@@ -773,14 +526,14 @@ impl Journal {
             Ok(()) => {
                 self.spare_ready = true;
                 // A file that grows costs a size change per fdatasync: leave it now.
-                self.roll_at_next_write = self.files.back().is_some_and(|f| !f.preallocated);
+                self.roll_at_next_write = self.files.open.back().is_some_and(|f| !f.preallocated);
             }
             // Harmless: the next file is made by appending, as without a spare.
             Err(e) => {
                 self.spare_failed = true;
                 log::warn!(
                     "{}: cannot make the spare journal file: {e}",
-                    self.dir.display()
+                    self.files.dir.display()
                 );
             }
         }
@@ -791,26 +544,13 @@ impl Journal {
     pub fn check_invariants(&self) {
         assert!(self.synced_lsn <= self.sync_taken_lsn && self.sync_taken_lsn <= self.written_lsn);
         assert!(self.checkpoint_lsn <= self.written_lsn);
-        for pair in self.files.iter().collect::<Vec<_>>().windows(2) {
+        for pair in self.files.open.iter().collect::<Vec<_>>().windows(2) {
             assert!(
                 pair[0].first_lsn < pair[1].first_lsn,
                 "journal files in order"
             );
-            let held = pair[0].len - JOURNAL_FILE_HEADER_BYTES as u64;
-            assert_eq!(
-                pair[0].first_lsn + held,
-                pair[1].first_lsn,
-                "journal files contiguous"
-            );
         }
-        if let Some(last) = self.files.back() {
-            let held = last.len - JOURNAL_FILE_HEADER_BYTES as u64;
-            assert_eq!(
-                last.first_lsn + held,
-                self.written_lsn,
-                "the writer at the end"
-            );
-        }
+        self.files.check_invariants(self.written_lsn);
         let mut last = self.synced_lsn;
         for &(upto, _) in &self.syncs_in_flight {
             // The injected hole moves the synced LSN past jobs still in flight; the
@@ -825,24 +565,17 @@ impl Journal {
     }
 }
 
-/// Reads the next entry's bytes into `buf` when `available` bytes can hold it: `None` at
-/// the end (fewer bytes than a header, a zero or impossible length, or a length past the
-/// end); the length is checked before anything is allocated for it.
-fn read_entry(reader: &mut impl Read, buf: &mut Vec<u8>, available: u64) -> io::Result<Option<()>> {
-    if available < JOURNAL_ENTRY_HEADER_BYTES as u64 {
-        return Ok(None);
-    }
-    buf.clear();
-    buf.resize(JOURNAL_ENTRY_HEADER_BYTES, 0);
-    reader.read_exact(buf)?;
-    let len = u32::from_be_bytes(buf[..4].try_into().expect("4")) as usize;
-    let possible = JOURNAL_ENTRY_HEADER_BYTES..=JOURNAL_ENTRY_BYTES_MAX;
-    if !possible.contains(&len) || len as u64 > available {
-        return Ok(None);
-    }
-    buf.resize(len, 0);
-    reader.read_exact(&mut buf[JOURNAL_ENTRY_HEADER_BYTES..])?;
-    Ok(Some(()))
+/// Starts the file whose first entry has LSN `first_lsn`, from the spare when one is
+/// ready.
+fn start_file(
+    files: &mut JournalFiles,
+    spare_ready: &mut bool,
+    spare_failed: &mut bool,
+    first_lsn: u64,
+) -> Result<(), StorageError> {
+    let spare = std::mem::take(spare_ready).then(|| files.dir.join(SPARE_FILE));
+    *spare_failed = false;
+    files.start_file(first_lsn, spare.as_deref())
 }
 
 #[cfg(test)]
@@ -894,7 +627,11 @@ mod tests {
             put(&mut j, i);
         }
         sync(&mut j);
-        assert!(j.files.len() > 3, "small files roll: {}", j.files.len());
+        assert!(
+            j.files.open.len() > 3,
+            "small files roll: {}",
+            j.files.open.len()
+        );
         let end = j.written_lsn();
         drop(j);
         let (mut j, report, seen) = open(dir, 256, 2);
@@ -933,7 +670,7 @@ mod tests {
             put(&mut j, i);
         }
         sync(&mut j);
-        let path = j.files[0].path.clone();
+        let path = j.files.open[0].path.clone();
         drop(j);
         let len = std::fs::metadata(&path).unwrap().len();
         let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
@@ -958,7 +695,7 @@ mod tests {
         for i in 0..3 {
             put(&mut j, i);
         }
-        let path = j.files[0].path.clone();
+        let path = j.files.open[0].path.clone();
         let bytes = std::fs::read(&path).unwrap();
         drop(j);
         // A power cut kept entries 0 and 2 but lost entry 1's page: the journal ends
@@ -1011,13 +748,13 @@ mod tests {
         j.spare_made(&made);
         assert!(j.spare_ready);
         // Fill the file being written, then one entry into the next: the spare.
-        while j.files.len() < 2 {
+        while j.files.open.len() < 2 {
             let next = 100 + j.written_lsn();
             put_same(&mut j, next);
         }
         sync(&mut j);
         assert!(!j.spare_ready, "used for the next file");
-        let last = j.files.back().unwrap().path.clone();
+        let last = j.files.open.back().unwrap().path.clone();
         assert!(
             std::fs::metadata(&last).unwrap().len() > 16 + 48,
             "old bytes behind"
@@ -1041,7 +778,7 @@ mod tests {
         j.spare_made(&j.spare_job(None).unwrap().run());
         put(&mut j, 1);
         sync(&mut j);
-        assert!(j.files.back().unwrap().preallocated);
+        assert!(j.files.open.back().unwrap().preallocated);
         assert!(!j.spare_due(), "not half full");
         j.spare_made(&j.spare_job(None).unwrap().run());
         drop(j);
@@ -1050,18 +787,18 @@ mod tests {
         assert_eq!(seen.len(), 1);
         put(&mut j, 2);
         sync(&mut j);
-        assert_eq!(j.files.len(), 2, "rolled into the spare");
-        assert!(j.files.back().unwrap().preallocated);
+        assert_eq!(j.files.open.len(), 2, "rolled into the spare");
+        assert!(j.files.open.back().unwrap().preallocated);
         // A spare that cannot be made (a full disk) is not tried again on every pass.
         j.spare_made(&Err(io::Error::from_raw_os_error(28)));
-        while 2 * j.files.back().unwrap().len < j.file_bytes {
+        while 2 * j.files.open.back().unwrap().len < j.file_bytes {
             put(&mut j, 3);
         }
         assert!(!j.spare_due(), "failed for this file");
-        while j.files.len() < 3 {
+        while j.files.open.len() < 3 {
             put(&mut j, 4);
         }
-        while 2 * j.files.back().unwrap().len < j.file_bytes {
+        while 2 * j.files.open.back().unwrap().len < j.file_bytes {
             put(&mut j, 5);
         }
         assert!(j.spare_due(), "a new file tries again");
@@ -1072,11 +809,11 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         let (mut j, _, _) = open(dir, 256, 1);
-        while j.files.len() < 2 {
+        while j.files.open.len() < 2 {
             put(&mut j, 7);
         }
         sync(&mut j);
-        let last = j.files.back().unwrap().path.clone();
+        let last = j.files.open.back().unwrap().path.clone();
         j.spare_made(&j.spare_job(None).unwrap().run());
         drop(j);
         // The second file's entries were lost: its header is all that is left.
@@ -1089,7 +826,7 @@ mod tests {
         let (mut j, _, _) = open(dir, 256, 2);
         put(&mut j, 8);
         sync(&mut j);
-        let names: Vec<&Path> = j.files.iter().map(|f| f.path.as_path()).collect();
+        let names: Vec<&Path> = j.files.open.iter().map(|f| f.path.as_path()).collect();
         assert_eq!(names.len(), 2, "{names:?}");
         assert_eq!(names[1], last, "the empty file is written into");
         assert!(j.spare_ready, "the spare waits for the next file");

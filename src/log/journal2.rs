@@ -1,13 +1,16 @@
 //! Journal format 2: the node-wide journal of a cluster data directory, which is also the
 //! raft log (`docs/REPLICATION.md` §3.2). Format 1 (`journal.rs`) stays the single-node
-//! journal, byte for byte; this file shares nothing with it but the storage seam, the meta
-//! files and the file naming, so that a change to one cannot move the other's bytes.
+//! journal, byte for byte. Both keep their files through `journal_files.rs` (naming, the
+//! file header with the format version its caller gives, replay file by file, writing,
+//! syncing) and frame entries the same way (length, CRC, LSN); what follows the LSN in an
+//! entry, when one counts, the checkpoint and truncation are this file's alone, so that a
+//! change to one format's entries cannot move the other's bytes.
 //!
 //! An entry carries raft's coordinates (index, term) where format 1 carries a partition's,
 //! and the data is raft's `Entry.data`, opaque here. Besides appending, this journal can
 //! cut itself back ([`RaftJournal::truncate_from`]): raft replaces a follower's
-//! uncommitted entries that conflict with a new leader's. Depends on std, crc32fast, log
-//! and the storage seam, like the rest of `log`.
+//! uncommitted entries that conflict with a new leader's. Depends on std, log, the
+//! journal files (`journal_files.rs`) and the storage seam, like the rest of `log`.
 //!
 //! # Files: `<first_lsn:020>.jnl` and `checkpoint` in the journal directory
 //!
@@ -50,28 +53,27 @@
 //! raft asks for as the term of the entry before the first one kept.
 
 use std::collections::VecDeque;
-use std::io::{self, BufReader, Read};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::error::StorageError;
-use super::journal::{journal_file_path, CHECKPOINT_FILE, JOURNAL_MAGIC, JOURNAL_SUFFIX};
+use super::journal_files::{self, EntryBounds, FilesSync, JournalFiles};
+use super::journal_files::{CHECKPOINT_FILE, FILE_HEADER_BYTES};
 use super::meta;
-use super::storage::{self, FileReader, FileRef, Open, Storage};
+use super::storage::{self, Storage};
 
 /// The `format_version` of a format 2 file.
 pub const JOURNAL2_FORMAT_VERSION: u16 = 2;
-pub const JOURNAL2_FILE_HEADER_BYTES: usize = 16;
+pub const JOURNAL2_FILE_HEADER_BYTES: usize = FILE_HEADER_BYTES;
 pub const JOURNAL2_ENTRY_HEADER_BYTES: usize = 48;
 /// The largest entry a reader accepts before allocating for it. A pass's proposal is
 /// bounded by the 64 MiB of unsynced bytes the broker allows, far below it.
 pub const JOURNAL2_ENTRY_BYTES_MAX: usize = 1024 * 1024 * 1024;
 /// Bytes of the checkpoint's payload: lsn, index, term.
 const CHECKPOINT2_BYTES: usize = 24;
-/// Read buffer when replaying.
-const REPLAY_READ_BUFFER_BYTES: usize = 256 * 1024;
-
-const _: () = assert!(JOURNAL2_ENTRY_BYTES_MAX <= u32::MAX as usize);
+const ENTRY_BOUNDS: EntryBounds =
+    EntryBounds::new(JOURNAL2_ENTRY_HEADER_BYTES, JOURNAL2_ENTRY_BYTES_MAX);
 
 /// One format 2 entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,29 +101,20 @@ impl RaftEntry<'_> {
     }
 
     fn encode(&self, buf: &mut Vec<u8>) {
-        let start = buf.len();
-        buf.extend_from_slice(&(self.encoded_len() as u32).to_be_bytes());
-        buf.extend_from_slice(&[0; 4]); // the crc, once the rest is there
-        for v in [self.lsn, self.term, self.index, self.prev_term, self.commit] {
+        let start = journal_files::begin_entry(buf, self.encoded_len(), self.lsn);
+        for v in [self.term, self.index, self.prev_term, self.commit] {
             buf.extend_from_slice(&v.to_be_bytes());
         }
         buf.extend_from_slice(self.data);
-        let crc = crc32fast::hash(&buf[start + 8..]);
-        buf[start + 4..start + 8].copy_from_slice(&crc.to_be_bytes());
+        journal_files::seal_entry(buf, start);
     }
 
     /// The entry `bytes` holds (exactly one, header included), if it counts at `lsn`
     /// after `prev`; `prev` is `None` for the first entry of a journal replayed without a
     /// checkpoint, which has nothing to follow.
     fn decode(bytes: &[u8], lsn: u64, prev: Option<(u64, u64)>) -> Result<RaftEntry<'_>, String> {
-        if bytes.len() < JOURNAL2_ENTRY_HEADER_BYTES {
-            return Err("short entry".into());
-        }
+        journal_files::check_entry(bytes, ENTRY_BOUNDS, lsn)?;
         let u64_at = |at: usize| u64::from_be_bytes(bytes[at..at + 8].try_into().expect("8"));
-        let u32_at = |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().expect("4"));
-        if u32_at(0) as usize != bytes.len() || crc32fast::hash(&bytes[8..]) != u32_at(4) {
-            return Err("length or crc mismatch".into());
-        }
         let e = RaftEntry {
             lsn: u64_at(8),
             term: u64_at(16),
@@ -130,9 +123,6 @@ impl RaftEntry<'_> {
             commit: u64_at(40),
             data: &bytes[JOURNAL2_ENTRY_HEADER_BYTES..],
         };
-        if e.lsn != lsn {
-            return Err(format!("lsn {} where {lsn} was expected", e.lsn));
-        }
         if let Some((index, term)) = prev {
             if e.index != index + 1 || e.prev_term != term {
                 return Err(format!(
@@ -150,20 +140,10 @@ impl RaftEntry<'_> {
     }
 }
 
-fn file_header(first_lsn: u64) -> [u8; JOURNAL2_FILE_HEADER_BYTES] {
-    let mut h = [0u8; JOURNAL2_FILE_HEADER_BYTES];
-    h[..4].copy_from_slice(&JOURNAL_MAGIC);
-    h[4..6].copy_from_slice(&JOURNAL2_FORMAT_VERSION.to_be_bytes());
-    h[8..].copy_from_slice(&first_lsn.to_be_bytes());
-    h
-}
-
 /// One fdatasync of everything the journal wrote before the job was taken.
 #[derive(Debug)]
 pub struct RaftJournalSync {
-    storage: Arc<dyn Storage>,
-    files: Vec<FileRef>,
-    sync_dir: Option<PathBuf>,
+    sync: FilesSync,
     /// Numbers the job for [`RaftJournal::sync_done`].
     pub job: u64,
 }
@@ -171,13 +151,7 @@ pub struct RaftJournalSync {
 impl RaftJournalSync {
     /// Blocks: fsync worker only.
     pub fn run(&self) -> io::Result<()> {
-        for file in &self.files {
-            file.sync_data()?;
-        }
-        match &self.sync_dir {
-            Some(dir) => self.storage.sync_dir(dir),
-            None => Ok(()),
-        }
+        self.sync.run()
     }
 }
 
@@ -214,14 +188,6 @@ pub struct RaftJournalReport {
     pub ended_by: Option<String>,
     /// Files past the end and files wholly below the checkpoint, deleted.
     pub files_removed: u32,
-}
-
-struct JournalFile {
-    first_lsn: u64,
-    path: PathBuf,
-    file: FileRef,
-    /// Bytes used, header included.
-    len: u64,
 }
 
 /// Which entries the journal holds: the LSN of each from `first_index` on, the terms as
@@ -297,10 +263,8 @@ impl IndexTable {
 /// owned by the reactor; only [`RaftJournalSync`] and [`Checkpoint2Write`] cross to the
 /// fsync workers.
 pub struct RaftJournal {
-    storage: Arc<dyn Storage>,
-    dir: PathBuf,
     file_bytes: u64,
-    files: VecDeque<JournalFile>,
+    files: JournalFiles,
     table: IndexTable,
     /// Entries appended and not yet written, and each one's length.
     buf: Vec<u8>,
@@ -313,8 +277,6 @@ pub struct RaftJournal {
     /// of jobs in flight: bytes written after it are not theirs to cover.
     syncs_in_flight: VecDeque<(u64, u64, bool)>,
     next_job: u64,
-    unsynced_files: Vec<FileRef>,
-    dir_dirty: bool,
     checkpoint: Checkpoint2,
     poisoned: Option<String>,
 }
@@ -330,10 +292,8 @@ impl RaftJournal {
         mut replay: impl FnMut(&RaftEntry<'_>),
     ) -> Result<(RaftJournal, RaftJournalReport), StorageError> {
         let mut j = RaftJournal {
-            storage: Arc::clone(storage),
-            dir: dir.to_path_buf(),
             file_bytes,
-            files: VecDeque::new(),
+            files: JournalFiles::new(storage, dir, JOURNAL2_FORMAT_VERSION, ENTRY_BOUNDS),
             table: IndexTable::default(),
             buf: Vec::new(),
             entry_lens: Vec::new(),
@@ -342,40 +302,20 @@ impl RaftJournal {
             synced_lsn: 0,
             syncs_in_flight: VecDeque::new(),
             next_job: 0,
-            unsynced_files: Vec::new(),
-            dir_dirty: false,
             checkpoint: Checkpoint2::default(),
             poisoned: None,
         };
-        let io = |path: &Path, e: io::Error| StorageError::from_io(path, None, e);
-        storage::create_dir_durable(&*j.storage, &j.dir).map_err(|e| io(&j.dir, e))?;
-        let checkpoint = j.read_checkpoint();
+        j.files.create_dir()?;
+        let checkpoint = j.files.read_checkpoint(CHECKPOINT2_BYTES).map(|b| {
+            let at = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().expect("8"));
+            Checkpoint2 {
+                lsn: at(0),
+                index: at(8),
+                term: at(16),
+            }
+        });
         let report = j.replay_from(checkpoint, &mut replay)?;
         Ok((j, report))
-    }
-
-    fn read_checkpoint(&self) -> Option<Checkpoint2> {
-        let path = self.dir.join(CHECKPOINT_FILE);
-        match meta::read_checked(&*self.storage, &path) {
-            Ok(Some(b)) if b.len() == CHECKPOINT2_BYTES => {
-                let at = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().expect("8"));
-                Some(Checkpoint2 {
-                    lsn: at(0),
-                    index: at(8),
-                    term: at(16),
-                })
-            }
-            Ok(None) => None,
-            Ok(Some(_)) | Err(_) => {
-                // Replaying from the oldest file is safe, only slower: entries already
-                // applied are skipped by the state machine, as in format 1.
-                log::warn!(
-                    "{}: unreadable; replaying the whole journal",
-                    path.display()
-                );
-                None
-            }
-        }
     }
 
     /// Finds the files, replays from the checkpoint, cuts what is past the end.
@@ -384,155 +324,43 @@ impl RaftJournal {
         checkpoint: Option<Checkpoint2>,
         replay: &mut dyn FnMut(&RaftEntry<'_>),
     ) -> Result<RaftJournalReport, StorageError> {
-        let mut firsts = self.list_files()?;
-        let oldest = firsts.first().copied().unwrap_or(0);
-        let start = checkpoint.map_or(oldest, |c| c.lsn);
-        let mut report = RaftJournalReport::default();
-        while firsts.len() >= 2 && firsts[1] <= start {
-            self.remove_file(firsts.remove(0), &mut report)?;
-        }
         let mut prev = checkpoint.map(|c| (c.index, c.term));
         if let Some(c) = checkpoint {
             self.table.before = (c.index, c.term);
             self.checkpoint = c;
         }
-        let mut lsn = start;
-        let mut used = 0;
-        while used < firsts.len() && firsts[used] <= lsn {
-            let file = self.replay_file(firsts[used], &mut lsn, &mut prev, replay, &mut report)?;
-            self.files.push_back(file);
-            used += 1;
-            // Only a file that starts exactly where this one ended continues the journal.
-            if firsts.get(used) != Some(&lsn) {
-                break;
-            }
-        }
-        for &first in &firsts[used..] {
-            self.remove_file(first, &mut report)?;
-        }
+        let mut report = RaftJournalReport::default();
+        let table = &mut self.table;
+        let found = self
+            .files
+            .replay(checkpoint.map(|c| c.lsn), &mut |bytes, lsn| {
+                let e = RaftEntry::decode(bytes, lsn, prev)?;
+                if prev.is_none() {
+                    table.before = (e.index - 1, e.prev_term);
+                }
+                table.push(e.index, e.term, e.lsn);
+                replay(&e);
+                report.entries_replayed += 1;
+                report.commit = report.commit.max(e.commit);
+                prev = Some((e.index, e.term));
+                Ok(())
+            })?;
+        let lsn = found.end_lsn;
         self.written_lsn = lsn;
         self.synced_lsn = lsn;
         self.checkpoint.lsn = self.checkpoint.lsn.min(lsn);
         self.queued_last = (self.table.last_index(), self.table.last_term());
         report.checkpoint = self.checkpoint;
         report.end_lsn = lsn;
-        self.settle_after_replay()?;
+        report.ended_by = found.ended_by;
+        report.files_removed = found.files_removed;
         Ok(report)
-    }
-
-    /// Cuts the last file at the end of its last entry and makes the directory durable:
-    /// what follows was never acknowledged, and a later entry must not land after it.
-    fn settle_after_replay(&mut self) -> Result<(), StorageError> {
-        if let Some(last) = self.files.back() {
-            let io = |e| StorageError::from_io(&last.path, Some(last.len), e);
-            last.file.set_len(last.len).map_err(io)?;
-            last.file.sync_data().map_err(io)?;
-        }
-        self.storage
-            .sync_dir(&self.dir)
-            .map_err(|e| StorageError::from_io(&self.dir, None, e))
-    }
-
-    /// The first LSNs of the journal files, sorted.
-    fn list_files(&self) -> Result<Vec<u64>, StorageError> {
-        let names = self
-            .storage
-            .list_dir(&self.dir)
-            .map_err(|e| StorageError::from_io(&self.dir, None, e))?;
-        let mut firsts: Vec<u64> = names
-            .iter()
-            .filter_map(|n| n.strip_suffix(&format!(".{JOURNAL_SUFFIX}")))
-            .filter(|stem| stem.len() == 20 && stem.bytes().all(|b| b.is_ascii_digit()))
-            .filter_map(|stem| stem.parse().ok())
-            .collect();
-        firsts.sort_unstable();
-        Ok(firsts)
-    }
-
-    fn remove_file(&self, first: u64, report: &mut RaftJournalReport) -> Result<(), StorageError> {
-        let path = journal_file_path(&self.dir, first);
-        log::info!("{}: removed (outside the journal)", path.display());
-        report.files_removed += 1;
-        self.storage
-            .remove_file(&path)
-            .map_err(|e| StorageError::from_io(&path, None, e))
-    }
-
-    /// Replays file `first` from `*lsn`, moving `*lsn` and `*prev` past each entry that
-    /// counts; returns the file, open for writing after the last of them.
-    fn replay_file(
-        &mut self,
-        first: u64,
-        lsn: &mut u64,
-        prev: &mut Option<(u64, u64)>,
-        replay: &mut dyn FnMut(&RaftEntry<'_>),
-        report: &mut RaftJournalReport,
-    ) -> Result<JournalFile, StorageError> {
-        let path = journal_file_path(&self.dir, first);
-        let file = self.open_checked(first, &path)?;
-        let io = |pos, e| StorageError::from_io(&path, pos, e);
-        let size = file.size().map_err(|e| io(None, e))?;
-        let start = JOURNAL2_FILE_HEADER_BYTES as u64 + (*lsn - first);
-        let mut reader =
-            BufReader::with_capacity(REPLAY_READ_BUFFER_BYTES, FileReader::new(&*file, start));
-        let mut pos = start;
-        let mut bytes = Vec::new();
-        loop {
-            let why = match read_entry(&mut reader, &mut bytes, size.saturating_sub(pos)) {
-                Ok(Some(())) => match RaftEntry::decode(&bytes, *lsn, *prev) {
-                    Ok(e) => {
-                        if prev.is_none() {
-                            self.table.before = (e.index - 1, e.prev_term);
-                        }
-                        self.table.push(e.index, e.term, e.lsn);
-                        replay(&e);
-                        report.entries_replayed += 1;
-                        report.commit = report.commit.max(e.commit);
-                        *prev = Some((e.index, e.term));
-                        *lsn += bytes.len() as u64;
-                        pos += bytes.len() as u64;
-                        continue;
-                    }
-                    Err(why) => Some(why),
-                },
-                Ok(None) => None,
-                Err(e) => return Err(io(Some(pos), e)),
-            };
-            report.ended_by = why.map(|w| format!("{} at byte {pos}: {w}", path.display()));
-            return Ok(JournalFile {
-                first_lsn: first,
-                path,
-                file,
-                len: pos,
-            });
-        }
-    }
-
-    /// Opens file `first` for replay; one whose header was lost (made just before a
-    /// crash) is reset to an empty file under its name.
-    fn open_checked(&self, first: u64, path: &Path) -> Result<FileRef, StorageError> {
-        let io = |pos, e| StorageError::from_io(path, pos, e);
-        let file = self
-            .storage
-            .open(path, Open::ReadWrite)
-            .map_err(|e| io(None, e))?;
-        let size = file.size().map_err(|e| io(None, e))?;
-        let mut header = [0u8; JOURNAL2_FILE_HEADER_BYTES];
-        let header_ok = size >= JOURNAL2_FILE_HEADER_BYTES as u64
-            && storage::read_exact_at(&*file, 0, &mut header).is_ok()
-            && header == file_header(first);
-        if !header_ok {
-            file.set_len(0).map_err(|e| io(Some(0), e))?;
-            file.write_at(0, &file_header(first))
-                .map_err(|e| io(Some(0), e))?;
-        }
-        Ok(file)
     }
 }
 
 impl RaftJournal {
     pub fn dir(&self) -> &Path {
-        &self.dir
+        &self.files.dir
     }
 
     /// Queues raft entry `index` (the one after the last appended) of `term`;
@@ -564,12 +392,7 @@ impl RaftJournal {
     /// Writes the queued entries: one write per file touched, starting a new file when
     /// the next entry would pass the file size. A failure poisons the journal.
     pub fn write(&mut self) -> Result<(), StorageError> {
-        if let Some(reason) = &self.poisoned {
-            return Err(StorageError::Poisoned {
-                path: self.dir.clone(),
-                reason: reason.clone(),
-            });
-        }
+        journal_files::refuse_if_poisoned(&self.poisoned, &self.files.dir)?;
         if self.buf.is_empty() {
             return Ok(());
         }
@@ -581,69 +404,17 @@ impl RaftJournal {
     }
 
     fn poison_on(&mut self, result: &Result<(), StorageError>, what: &str) {
-        if let Err(e) = result {
-            log::error!(
-                "{}: {what}, refusing writes until restart: {e}",
-                self.dir.display()
-            );
-            self.poisoned.get_or_insert_with(|| format!("{what}: {e}"));
-        }
+        journal_files::poison_on(&mut self.poisoned, &self.files.dir, result, what);
     }
 
     fn write_entries(&mut self) -> Result<(), StorageError> {
-        let (mut at, mut i) = (0, 0);
-        while i < self.entry_lens.len() {
-            let Some(f) = self.files.back() else {
-                self.start_file(self.written_lsn)?;
-                continue;
-            };
-            let room = self.file_bytes.saturating_sub(f.len) as usize;
-            let fresh = f.len == JOURNAL2_FILE_HEADER_BYTES as u64;
-            let (mut chunk, mut j) = (0, i);
-            // A file takes entries while they fit; an empty one takes any entry.
-            while j < self.entry_lens.len()
-                && (chunk + self.entry_lens[j] <= room || (fresh && j == i))
-            {
-                chunk += self.entry_lens[j];
-                j += 1;
-            }
-            if j == i {
-                self.start_file(self.written_lsn)?;
-                continue;
-            }
-            let f = self.files.back_mut().expect("a file to write to");
-            f.file
-                .write_at(f.len, &self.buf[at..at + chunk])
-                .map_err(|e| StorageError::from_io(&f.path, Some(f.len), e))?;
-            f.len += chunk as u64;
-            let file = Arc::clone(&f.file);
-            self.mark_unsynced(file);
-            self.written_lsn += chunk as u64;
-            at += chunk;
-            i = j;
-        }
-        Ok(())
-    }
-
-    fn mark_unsynced(&mut self, file: FileRef) {
-        if !self.unsynced_files.iter().any(|u| Arc::ptr_eq(u, &file)) {
-            self.unsynced_files.push(file);
-        }
-    }
-
-    fn start_file(&mut self, first_lsn: u64) -> Result<(), StorageError> {
-        let path = journal_file_path(&self.dir, first_lsn);
-        let io = |e| StorageError::from_io(&path, Some(0), e);
-        let file = self.storage.open(&path, Open::CreateNew).map_err(io)?;
-        file.write_at(0, &file_header(first_lsn)).map_err(io)?;
-        self.dir_dirty = true;
-        self.files.push_back(JournalFile {
-            first_lsn,
-            path,
-            file,
-            len: JOURNAL2_FILE_HEADER_BYTES as u64,
-        });
-        Ok(())
+        self.files.write_entries(
+            &self.buf,
+            &self.entry_lens,
+            self.file_bytes,
+            &mut self.written_lsn,
+            &mut |files, first_lsn| files.start_file(first_lsn, None),
+        )
     }
 
     /// Cuts the journal back so that `index` is the next entry appended: raft replaces
@@ -683,34 +454,34 @@ impl RaftJournal {
 
     /// Deletes the files that start past `cut` and shortens the one holding it.
     fn cut_files(&mut self, cut: u64) -> Result<(), StorageError> {
-        while self.files.len() > 1 && self.files.back().is_some_and(|f| f.first_lsn > cut) {
-            let f = self.files.pop_back().expect("len checked");
-            self.unsynced_files.retain(|u| !Arc::ptr_eq(u, &f.file));
-            self.storage
+        let files = &mut self.files;
+        while files.open.len() > 1 && files.open.back().is_some_and(|f| f.first_lsn > cut) {
+            let f = files.open.pop_back().expect("len checked");
+            files.forget(&f.file);
+            files
+                .storage
                 .remove_file(&f.path)
                 .map_err(|e| StorageError::from_io(&f.path, None, e))?;
-            self.dir_dirty = true;
+            files.dir_dirty = true;
         }
-        let f = self.files.back_mut().expect("the cut is in a file");
+        let f = files.open.back_mut().expect("the cut is in a file");
         let len = JOURNAL2_FILE_HEADER_BYTES as u64 + (cut - f.first_lsn);
         f.file
             .set_len(len)
             .map_err(|e| StorageError::from_io(&f.path, Some(len), e))?;
         f.len = len;
         let file = Arc::clone(&f.file);
-        self.mark_unsynced(file);
+        files.mark_unsynced(file);
         Ok(())
     }
 
     /// The fdatasync for everything written (or cut) since the previous job, if anything.
     pub fn take_sync_job(&mut self) -> Option<RaftJournalSync> {
-        if self.poisoned.is_some() || (self.unsynced_files.is_empty() && !self.dir_dirty) {
+        if self.poisoned.is_some() || !self.files.sync_due() {
             return None;
         }
         let job = RaftJournalSync {
-            storage: Arc::clone(&self.storage),
-            files: std::mem::take(&mut self.unsynced_files),
-            sync_dir: std::mem::take(&mut self.dir_dirty).then(|| self.dir.clone()),
+            sync: self.files.take_sync(),
             job: self.next_job,
         };
         self.next_job += 1;
@@ -737,7 +508,7 @@ impl RaftJournal {
     /// A sync job failed: sticky, as in format 1.
     pub fn sync_failed(&mut self, err: &io::Error) {
         let failed: Result<(), StorageError> =
-            Err(StorageError::from_io(&self.dir, None, clone_io(err)));
+            Err(StorageError::from_io(&self.files.dir, None, clone_io(err)));
         self.poison_on(&failed, "journal fdatasync failed");
         self.syncs_in_flight.clear();
     }
@@ -760,8 +531,8 @@ impl RaftJournal {
         };
         let term = self.table.term(index).expect("held");
         Checkpoint2Write {
-            storage: Arc::clone(&self.storage),
-            path: self.dir.join(CHECKPOINT_FILE),
+            storage: Arc::clone(&self.files.storage),
+            path: self.files.dir.join(CHECKPOINT_FILE),
             point: Checkpoint2 { lsn, index, term },
         }
     }
@@ -773,13 +544,8 @@ impl RaftJournal {
         if point.index > self.checkpoint.index {
             self.checkpoint = point;
         }
-        let mut gone = Vec::new();
-        while self.files.len() >= 2 && self.files[1].first_lsn <= self.checkpoint.lsn {
-            let f = self.files.pop_front().expect("len checked");
-            self.unsynced_files.retain(|u| !Arc::ptr_eq(u, &f.file));
-            gone.push(f.path);
-        }
-        if let Some(first) = self.files.front() {
+        let gone = self.files.release_below(self.checkpoint.lsn);
+        if let Some(first) = self.files.open.front() {
             self.table.compact_below(first.first_lsn);
         }
         gone
@@ -802,8 +568,8 @@ impl RaftJournal {
                     "entry {index} is not written yet"
                 )));
             }
-            let at = self.files.partition_point(|f| f.first_lsn <= lsn);
-            let f = &self.files[at - 1];
+            let at = self.files.open.partition_point(|f| f.first_lsn <= lsn);
+            let f = &self.files.open[at - 1];
             let mut bytes = vec![0u8; (end - lsn) as usize];
             let pos = JOURNAL2_FILE_HEADER_BYTES as u64 + (lsn - f.first_lsn);
             storage::read_exact_at(&*f.file, pos, &mut bytes)?;
@@ -859,22 +625,7 @@ impl RaftJournal {
     pub fn check_invariants(&self) {
         assert!(self.synced_lsn <= self.written_lsn);
         assert!(self.checkpoint.lsn <= self.written_lsn + self.buf.len() as u64);
-        for pair in self.files.iter().collect::<Vec<_>>().windows(2) {
-            let held = pair[0].len - JOURNAL2_FILE_HEADER_BYTES as u64;
-            assert_eq!(
-                pair[0].first_lsn + held,
-                pair[1].first_lsn,
-                "files contiguous"
-            );
-        }
-        if let Some(last) = self.files.back() {
-            let held = last.len - JOURNAL2_FILE_HEADER_BYTES as u64;
-            assert_eq!(
-                last.first_lsn + held,
-                self.written_lsn,
-                "the writer at the end"
-            );
-        }
+        self.files.check_invariants(self.written_lsn);
         let t = &self.table;
         assert!(t.lsns.iter().zip(t.lsns.iter().skip(1)).all(|(a, b)| a < b));
         assert!(t
@@ -890,25 +641,6 @@ impl RaftJournal {
             assert!(upto <= self.written_lsn);
         }
     }
-}
-
-/// Reads the next entry's bytes into `buf` when `available` bytes can hold it: `None` at
-/// the end; the length is checked before anything is allocated for it.
-fn read_entry(reader: &mut impl Read, buf: &mut Vec<u8>, available: u64) -> io::Result<Option<()>> {
-    if available < JOURNAL2_ENTRY_HEADER_BYTES as u64 {
-        return Ok(None);
-    }
-    buf.clear();
-    buf.resize(JOURNAL2_ENTRY_HEADER_BYTES, 0);
-    reader.read_exact(buf)?;
-    let len = u32::from_be_bytes(buf[..4].try_into().expect("4")) as usize;
-    let possible = JOURNAL2_ENTRY_HEADER_BYTES..=JOURNAL2_ENTRY_BYTES_MAX;
-    if !possible.contains(&len) || len as u64 > available {
-        return Ok(None);
-    }
-    buf.resize(len, 0);
-    reader.read_exact(&mut buf[JOURNAL2_ENTRY_HEADER_BYTES..])?;
-    Ok(Some(()))
 }
 
 #[cfg(test)]
@@ -970,7 +702,11 @@ mod tests {
             put(&mut j, i, 1 + i / 5); // terms 1, 2, 3 in runs
         }
         sync(&mut j);
-        assert!(j.files.len() > 2, "small files roll: {}", j.files.len());
+        assert!(
+            j.files.open.len() > 2,
+            "small files roll: {}",
+            j.files.open.len()
+        );
         assert_eq!(j.term_runs(), &[(1, 1), (5, 2), (10, 3)]);
         drop(j);
         let (mut j, seen) = open(tmp.path(), 256);
@@ -1010,13 +746,13 @@ mod tests {
             put(&mut j, i, 2);
         }
         sync(&mut j);
-        let files = j.files.len();
+        let files = j.files.open.len();
         // Inside the last file.
         j.truncate_from(15).unwrap();
         put(&mut j, 15, 3);
         // Across files: everything from 4 on goes, later files with it.
         j.truncate_from(4).unwrap();
-        assert!(j.files.len() < files, "{} files", j.files.len());
+        assert!(j.files.open.len() < files, "{} files", j.files.open.len());
         assert_eq!((j.last_index(), j.last_term()), (3, 2));
         for i in 4..=6 {
             put(&mut j, i, 5);
@@ -1053,7 +789,7 @@ mod tests {
             put(&mut j, i, t);
         }
         sync(&mut j);
-        let path = j.files[0].path.clone();
+        let path = j.files.open[0].path.clone();
         let old = std::fs::read(&path).unwrap();
         j.truncate_from(4).unwrap();
         put(&mut j, 4, 2);
@@ -1084,7 +820,7 @@ mod tests {
             put(&mut j, i, 1);
         }
         sync(&mut j);
-        let path = j.files[0].path.clone();
+        let path = j.files.open[0].path.clone();
         drop(j);
         let len = std::fs::metadata(&path).unwrap().len();
         let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();

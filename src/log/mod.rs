@@ -43,6 +43,7 @@
 
 pub mod journal;
 pub mod journal2;
+mod journal_files;
 pub mod meta;
 pub mod simdisk;
 pub mod storage;
