@@ -7,10 +7,11 @@ mod common;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::consume::consume_all;
 use common::mortard::Mortard;
+use common::wait;
 use mortarmq::client::{Client, ClientError, Delivery, Push};
 use mortarmq::wire::limits::SUB_PARTITION_ANY;
 use mortarmq::wire::ops::{Ack, ControlAck, Frame, Nack, Sub};
@@ -70,12 +71,8 @@ fn group_on(broker: &Mortard, topic: &str, group: &str) -> Option<(u64, u64, u64
     ))
 }
 
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::yield_now();
-    }
+fn wait_for(what: &str, ready: impl FnMut() -> bool) {
+    wait::wait_until(what, WAIT, ready);
 }
 
 fn sub(c: &mut Client, group: &str, topic_id: u16) -> Result<(), ClientError> {

@@ -9,6 +9,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::mortard::Mortard;
+use common::wait;
 use mortarmq::wire::errors::{After, Retry};
 use mortarmq::wire::{DeclareFlags, Durability, ErrorCode, Op};
 
@@ -889,12 +890,8 @@ fn sub_count_narrows_its_window_as_it_goes() {
 }
 
 /// Polls `done` until it holds; fails the test after RUN_TIMEOUT.
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + RUN_TIMEOUT;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn wait_until(what: &str, ready: impl FnMut() -> bool) {
+    wait::wait_until(what, RUN_TIMEOUT, ready);
 }
 
 /// A figure of the broker's `/stats`, by JSON pointer (`/connections/accepted`).

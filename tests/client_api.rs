@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::mortard::Mortard;
+use common::wait;
 use mortarmq::client::{
     Consumer, DeadLetterOrigin, Durability, Error, ErrorCode, Message, OriginReason, Producer,
     Rebalance, Record, Retry, SendHandle, StartPolicy,
@@ -50,12 +51,8 @@ fn addr(b: &Mortard) -> String {
     b.addr.to_string()
 }
 
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT_MAX;
-    while !done() {
-        assert!(Instant::now() < deadline, "waited {WAIT_MAX:?} for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn wait_until(what: &str, ready: impl FnMut() -> bool) {
+    wait::wait_until(what, WAIT_MAX, ready);
 }
 
 /// The partition `mortarctl pub` and the Python client pick for a key (man/mortarctl.1):

@@ -21,9 +21,10 @@ mod common;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use common::mortard::Mortard;
+use common::wait;
 use mortarmq::broker::JOURNAL_DIR;
 use mortarmq::client::ClientError;
 use mortarmq::log::journal::{
@@ -313,12 +314,8 @@ fn an_fdatasync_eio_acknowledges_nothing_it_did_not_cover() {
 
 /// Waits until `ready` holds, polling (the trace and the log are files another process
 /// writes); panics after `WAIT_LIMIT`.
-fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT_LIMIT;
-    while !ready() {
-        assert!(Instant::now() < deadline, "waited for {what}");
-        std::thread::yield_now();
-    }
+fn wait_for(what: &str, ready: impl FnMut() -> bool) {
+    wait::wait_until(what, WAIT_LIMIT, ready);
 }
 
 /// How long `wait_for` waits for another process.

@@ -10,6 +10,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::mortard::Mortard;
+use common::wait;
 use mortarmq::client::{Consumer, StartPolicy};
 use mortarmq::wire::{DeclareFlags, Durability};
 use serde_json::Value;
@@ -86,12 +87,8 @@ fn sequences(doc: &Value) -> Vec<u64> {
 
 /// Waits until `ready` holds (the broker dead-letters on its own time); panics after
 /// RUN_TIMEOUT.
-fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
-    let deadline = Instant::now() + RUN_TIMEOUT;
-    while !ready() {
-        assert!(Instant::now() < deadline, "waited for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+fn wait_for(what: &str, ready: impl FnMut() -> bool) {
+    wait::wait_until(what, RUN_TIMEOUT, ready);
 }
 
 #[test]
