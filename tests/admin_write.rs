@@ -6,17 +6,17 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Output, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::consume::consume_all;
+use common::consume::{self, consume_all};
+use common::mortarctl;
 use common::mortard::Mortard;
 use common::wait;
-use mortarmq::client::{Client, ClientError, Delivery, Push};
+use mortarmq::client::{Client, ClientError, Delivery};
 use mortarmq::wire::limits::SUB_PARTITION_ANY;
-use mortarmq::wire::ops::{Ack, ControlAck, Frame, Nack, Sub};
+use mortarmq::wire::ops::{Ack, Frame, Nack, Sub};
 use mortarmq::wire::{
-    AckFlags, ControlResult, DeclareFlags, Durability, ErrorCode, NackReason, StartPolicy, SubFlags,
+    AckFlags, DeclareFlags, Durability, ErrorCode, NackReason, StartPolicy, SubFlags,
 };
 use serde_json::Value;
 
@@ -90,18 +90,7 @@ fn sub(c: &mut Client, group: &str, topic_id: u16) -> Result<(), ClientError> {
 
 /// Answers ASSIGNs and returns the first `n` MSGs.
 fn receive(c: &mut Client, n: usize) -> Vec<Delivery> {
-    c.set_read_timeout(Some(WAIT)).unwrap();
-    let mut got = Vec::new();
-    while got.len() < n {
-        match c.next_push().expect("a push within the wait") {
-            Push::Notice(notice) => {
-                let answer = ControlAck::answering(&notice, ControlResult::Ok);
-                c.request(&Frame::ControlAck(answer)).unwrap();
-            }
-            Push::Msg(m) => got.push(m),
-        }
-    }
-    got
+    consume::receive(c, n, WAIT)
 }
 
 fn ack(c: &mut Client, m: &Delivery) -> Result<(), ClientError> {
@@ -458,18 +447,13 @@ fn purge_drops_records_moves_groups_up_and_never_reuses_sequences() {
     );
 }
 
-/// `mortarctl --admin A args…` with `env`; (exit code, stdout, stderr).
+/// `mortarctl --broker B --admin A args…` with `env` (and no other MORTAR_ variable);
+/// (exit code, stdout, stderr).
 fn ctl(broker: &Mortard, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let admin = broker.admin.unwrap().to_string();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mortarctl"));
-    cmd.args(["--admin", &admin, "--broker", &broker.addr.to_string()]);
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .env_remove("MORTAR_TOKEN");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out: Output = cmd.output().expect("run mortarctl");
+    let mut cmd = mortarctl::against(broker);
+    cmd.args(args).envs(env.iter().copied());
+    let out = mortarctl::run_to_end(cmd, b"", WAIT)
+        .unwrap_or_else(|_| panic!("mortarctl {args:?} did not finish"));
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     (
         out.status.code().unwrap_or(-1),

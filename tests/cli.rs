@@ -5,9 +5,10 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use common::mortarctl;
 use common::mortard::Mortard;
 use common::wait;
 use mortarmq::wire::errors::{After, Retry};
@@ -38,15 +39,6 @@ fn man_page(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-/// The variables mortarctl reads; cleared for every run so that the caller's shell
-/// cannot change what a test sees.
-const ENV_VARS: &[&str] = &[
-    "MORTAR_BROKER",
-    "MORTAR_ADMIN",
-    "MORTAR_TOKEN",
-    "MORTAR_TOKEN_FILE",
-];
-
 /// Runs `mortarctl` with `args` and `stdin`, killing it after RUN_TIMEOUT.
 fn run(args: &[&str], stdin: &str) -> Output {
     run_env(args, stdin, &[])
@@ -54,31 +46,10 @@ fn run(args: &[&str], stdin: &str) -> Output {
 
 /// `run` with these environment variables set (and no other MORTAR_ ones).
 fn run_env(args: &[&str], stdin: &str, env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mortarctl"));
-    for var in ENV_VARS {
-        cmd.env_remove(var);
-    }
-    let mut child = cmd
-        .envs(env.iter().copied())
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn mortarctl");
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin.as_bytes()).unwrap();
-    drop(input);
-    let deadline = Instant::now() + RUN_TIMEOUT;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!("mortarctl {args:?} did not finish: {}", text(&out.stderr));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+    let mut cmd = mortarctl::command();
+    cmd.envs(env.iter().copied()).args(args);
+    mortarctl::run_to_end(cmd, stdin.as_bytes(), RUN_TIMEOUT)
+        .unwrap_or_else(|out| panic!("mortarctl {args:?} did not finish: {}", text(&out.stderr)))
 }
 
 fn text(b: &[u8]) -> String {
@@ -585,13 +556,7 @@ fn pub_carries_its_records_across_a_broker_restart() {
         "",
     );
     let addr = broker.addr.to_string();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mortarctl"))
-        .args(["--broker", &addr, "pub", "restarted", "--key", "k"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn mortarctl");
+    let mut child = spawn_ctl(&["--broker", &addr, "pub", "restarted", "--key", "k"]);
     let mut input = child.stdin.take().unwrap();
     let lines = |from: u32| -> String { (from..from + 100).map(|i| format!("v{i}\n")).collect() };
     input.write_all(lines(0).as_bytes()).unwrap();
@@ -666,34 +631,15 @@ fn sub_goes_on_after_a_broker_restart() {
     let args = [
         "--broker", &addr, "sub", "steady", "--group", "g", "--count", "10",
     ];
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mortarctl"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn mortarctl");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, lines) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stdout).lines() {
-            let _ = tx.send(line.unwrap());
-        }
-    });
+    let mut child = spawn_ctl(&args);
+    let lines = lines_of(&mut child);
     let mut got: Vec<String> = (0..5)
         .map(|_| lines.recv_timeout(RUN_TIMEOUT).expect("a line"))
         .collect();
     // Once the five are committed, a SIGTERM keeps them committed.
-    let deadline = Instant::now() + RUN_TIMEOUT;
-    loop {
-        let (_, body) = broker.http("GET", "/stats");
-        let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
-        if stats["groups"][0]["partitions"][0]["committed"] == 5 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "not committed: {body}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until("the five to be committed", || {
+        stat(&broker, "/groups/0/partitions/0/committed") == 5
+    });
     broker.restart();
     ok(&broker, &["pub", "steady"], "v5\nv6\nv7\nv8\nv9\n");
     got.extend((0..5).map(|_| lines.recv_timeout(RUN_TIMEOUT).expect("a line")));
@@ -858,16 +804,7 @@ fn sub_count_narrows_its_window_as_it_goes() {
     let args = [
         "--broker", &addr, "sub", "trickle", "--group", "g", "--count", "3",
     ];
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mortarctl"));
-    for var in ENV_VARS {
-        cmd.env_remove(var);
-    }
-    let mut child = cmd
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn mortarctl");
+    let mut child = spawn_ctl(&args);
     let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
     ok(&broker, &["pub", "trickle", "--value", "first"], "");
     let mut line = String::new();
@@ -913,16 +850,22 @@ fn metric(broker: &Mortard, sample: &str) -> u64 {
 
 /// `mortarctl ARGS` left running with its standard streams piped to the test.
 fn spawn_ctl(args: &[&str]) -> std::process::Child {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mortarctl"));
-    for var in ENV_VARS {
-        cmd.env_remove(var);
-    }
-    cmd.args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn mortarctl")
+    let mut cmd = mortarctl::command();
+    cmd.args(args);
+    mortarctl::spawn(cmd)
+}
+
+/// The lines a running `mortarctl` prints, as they come (read on a thread of their own).
+fn lines_of(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines() {
+            let _ = tx.send(line.unwrap());
+        }
+    });
+    lines
 }
 
 /// `tail -f app.log | mortarctl pub logs` with lines `from..to`, a quiet spell that
@@ -1005,14 +948,7 @@ fn sub_without_count_rejoins_after_a_broker_restart() {
     );
     let addr = broker.addr.to_string();
     let mut child = spawn_ctl(&["--broker", &addr, "sub", "live", "--group", "g"]);
-    let stdout = child.stdout.take().unwrap();
-    let (tx, lines) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stdout).lines() {
-            let _ = tx.send(line.unwrap());
-        }
-    });
+    let lines = lines_of(&mut child);
     let take = |n: usize| -> BTreeSet<String> {
         let got: BTreeSet<String> = (0..n)
             .map(|_| lines.recv_timeout(RUN_TIMEOUT).expect("a line"))

@@ -6,9 +6,10 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+use std::time::Duration;
 
+use common::mortarctl;
 use common::mortard::Mortard;
 use mortarmq::wire::{DeclareFlags, Durability};
 
@@ -21,23 +22,8 @@ fn text(b: &[u8]) -> String {
 
 /// Runs `program` to its end, killing it after RUN_TIMEOUT (a `mortard` that should
 /// have refused is then still serving: `None`).
-fn run_to_end(mut cmd: Command) -> Option<Output> {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let deadline = Instant::now() + RUN_TIMEOUT;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Some(child.wait_with_output().unwrap())
+fn run_to_end(cmd: Command) -> Option<Output> {
+    mortarctl::run_to_end(cmd, b"", RUN_TIMEOUT).ok()
 }
 
 /// Starts `mortard` on `data_dir`, expecting it to refuse: its exit status and stderr.
@@ -51,7 +37,7 @@ fn refused_start(data_dir: &Path) -> (Option<i32>, String) {
 }
 
 fn mortarctl(args: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mortarctl"));
+    let mut cmd = mortarctl::command();
     cmd.args(args);
     run_to_end(cmd).unwrap_or_else(|| panic!("mortarctl {args:?} did not finish"))
 }

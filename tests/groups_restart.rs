@@ -4,14 +4,15 @@
 
 mod common;
 
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::consume;
+use common::mortarctl;
 use common::mortard::Mortard;
-use mortarmq::client::{Client, Delivery, Push};
+use mortarmq::client::{Client, Delivery};
 use mortarmq::wire::limits::SUB_PARTITION_ANY;
-use mortarmq::wire::ops::{Ack, ControlAck, Frame, Sub};
-use mortarmq::wire::{AckFlags, ControlResult, DeclareFlags, Durability, StartPolicy, SubFlags};
+use mortarmq::wire::ops::{Ack, Frame, Sub};
+use mortarmq::wire::{AckFlags, DeclareFlags, Durability, StartPolicy, SubFlags};
 use serde_json::Value;
 
 const TOPIC: &str = "restart";
@@ -21,8 +22,6 @@ const RECORDS: [u64; 2] = [6, 4];
 const ACKED: [u64; 2] = [3, 1];
 /// Longest a single `mortarctl` run may take before the test fails.
 const RUN_TIMEOUT: Duration = Duration::from_secs(30);
-/// How often a running `mortarctl` is looked at.
-const RUN_POLL: Duration = Duration::from_millis(20);
 /// How long a delivery the test waits for may take.
 const MSG_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -44,18 +43,7 @@ fn sub(c: &mut Client, topic_id: u16) {
 
 /// Answers ASSIGNs and returns the MSGs until `n` of them arrived.
 fn receive(c: &mut Client, n: usize) -> Vec<Delivery> {
-    c.set_read_timeout(Some(MSG_TIMEOUT)).unwrap();
-    let mut got = Vec::new();
-    while got.len() < n {
-        match c.next_push().expect("a push within the timeout") {
-            Push::Notice(notice) => {
-                let answer = ControlAck::answering(&notice, ControlResult::Ok);
-                c.request(&Frame::ControlAck(answer)).unwrap();
-            }
-            Push::Msg(m) => got.push(m),
-        }
-    }
-    got
+    consume::receive(c, n, MSG_TIMEOUT)
 }
 
 fn ack(c: &mut Client, m: &Delivery) {
@@ -78,24 +66,10 @@ fn groups_g(broker: &Mortard) -> Vec<Value> {
 
 /// `mortarctl --broker B --admin A args…`, expected to exit 0; its stdout.
 fn ctl(broker: &Mortard, args: &[&str]) -> String {
-    let (addr, admin) = (broker.addr.to_string(), broker.admin.unwrap().to_string());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mortarctl"))
-        .args(["--broker", &addr, "--admin", &admin])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn mortarctl");
-    let deadline = Instant::now() + RUN_TIMEOUT;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("mortarctl {args:?} did not finish");
-        }
-        std::thread::sleep(RUN_POLL);
-    }
-    let out: Output = child.wait_with_output().unwrap();
+    let mut cmd = mortarctl::against(broker);
+    cmd.args(args);
+    let out = mortarctl::run_to_end(cmd, b"", RUN_TIMEOUT)
+        .unwrap_or_else(|_| panic!("mortarctl {args:?} did not finish"));
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     assert!(
         out.status.success(),

@@ -9,6 +9,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::mortarctl;
 use common::mortard::Mortard;
 use common::wait;
 use mortarmq::client::{Consumer, StartPolicy};
@@ -21,36 +22,13 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(30);
 /// `mortarctl --broker B --admin A args…`, killed after RUN_TIMEOUT; no MORTAR_ variable
 /// of the caller's shell reaches it.
 fn ctl(broker: &Mortard, args: &[&str]) -> Output {
-    let mut child = ctl_command(broker, args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn mortarctl");
-    let deadline = Instant::now() + RUN_TIMEOUT;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("mortarctl {args:?} did not finish");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+    mortarctl::run_to_end(ctl_command(broker, args), b"", RUN_TIMEOUT)
+        .unwrap_or_else(|_| panic!("mortarctl {args:?} did not finish"))
 }
 
 fn ctl_command(broker: &Mortard, args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mortarctl"));
-    for var in [
-        "MORTAR_BROKER",
-        "MORTAR_ADMIN",
-        "MORTAR_TOKEN",
-        "MORTAR_TOKEN_FILE",
-    ] {
-        cmd.env_remove(var);
-    }
-    let admin = broker.admin.expect("admin listener").to_string();
-    cmd.args(["--broker", &broker.addr.to_string(), "--admin", &admin])
-        .args(args)
-        .stdin(Stdio::null());
+    let mut cmd = mortarctl::against(broker);
+    cmd.args(args).stdin(Stdio::null());
     cmd
 }
 

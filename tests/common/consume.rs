@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use mortarmq::client::{Client, Push};
+use mortarmq::client::{Client, Delivery, Push};
 use mortarmq::wire::ops::{ControlAck, Frame, Sub};
 use mortarmq::wire::{AckFlags, ControlResult};
 
@@ -32,6 +32,23 @@ pub fn consume_all(c: &mut Client, topic: u16) -> Vec<(u64, Vec<u8>)> {
                 c.request(&Frame::Ack(m.ack(AckFlags::empty()))).unwrap();
                 got.push((m.sequence, m.value));
             }
+        }
+    }
+    got
+}
+
+/// Answers the group's NOTICEs (ASSIGNs) and returns the first `n` MSGs, each within
+/// `timeout` of the push before it.
+pub fn receive(c: &mut Client, n: usize, timeout: Duration) -> Vec<Delivery> {
+    c.set_read_timeout(Some(timeout)).unwrap();
+    let mut got = Vec::new();
+    while got.len() < n {
+        match c.next_push().expect("a push within the timeout") {
+            Push::Notice(notice) => {
+                let answer = ControlAck::answering(&notice, ControlResult::Ok);
+                c.request(&Frame::ControlAck(answer)).unwrap();
+            }
+            Push::Msg(m) => got.push(m),
         }
     }
     got

@@ -1,5 +1,6 @@
 pub mod consume;
 pub mod golden;
+pub mod mortarctl;
 pub mod mortard;
 pub mod rng;
 pub mod wait;
