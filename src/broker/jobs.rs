@@ -101,6 +101,11 @@ pub enum Work {
         path: PathBuf,
         bytes: Vec<u8>,
     },
+    /// Cluster mode: one raft Ready's journal fdatasync and `raft-state` write
+    /// (`broker::replica::machine`).
+    Persist {
+        job: super::replica::machine::PersistJob,
+    },
 }
 
 impl crate::fsync::Job for DurableJob {
@@ -147,6 +152,7 @@ impl crate::fsync::Job for DurableJob {
         match &self.work {
             Work::CreateTopic { .. } | Work::Checkpoint { .. } | Work::SyncJournal { .. } => Ok(()),
             Work::MakeSpare { write } => write.run(),
+            Work::Persist { job } => job.run(),
             Work::Purge { files, .. } => files.iter().try_for_each(|(_, f)| f.run()),
             Work::RemoveFiles { paths } => {
                 for path in paths {

@@ -160,6 +160,9 @@ pub struct Broker {
     /// Operator changes waiting to be durable (`manage.rs`).
     manage: manage::ManageWaits,
     pub counters: BrokerCounters,
+    /// Cluster mode (`replica::cluster`): the raft group and what waits on it; `None` on
+    /// a single node.
+    cluster: Option<Box<replica::cluster::Cluster>>,
 }
 
 /// An exclusive `flock` on `DATA_DIR/lock`, released when dropped (or when the process
@@ -274,6 +277,7 @@ impl Broker {
             jobs: Vec::new(),
             manage: manage::ManageWaits::default(),
             counters: BrokerCounters::default(),
+            cluster: None,
         };
         let mut report = StartupReport {
             leader_epoch,
@@ -359,8 +363,12 @@ impl Broker {
         self.config.max_data_bytes
     }
 
+    /// The epoch of this start; in a cluster, raft's term.
     pub fn leader_epoch(&self) -> u64 {
-        self.leader_epoch
+        match &self.cluster {
+            Some(c) => c.term(),
+            None => self.leader_epoch,
+        }
     }
 
     pub fn registry(&self) -> &Registry {
@@ -420,7 +428,7 @@ impl Broker {
         let fail =
             |code, message: String| Handled::Answer(Response::err(code, Op::Pub as u8, message));
         let need = p.flags.durability().unwrap_or(self.config.durability);
-        if need == Durability::Replicated {
+        if need == Durability::Replicated && self.cluster.is_none() {
             return fail(
                 ErrorCode::DurabilityUnavailable,
                 "REPLICATED durability needs replicas; this broker is a single node".into(),
@@ -441,6 +449,9 @@ impl Broker {
                 ),
             );
         }
+        if self.cluster.is_some() {
+            return self.publish_replicated(conn, slot, p, need, now);
+        }
         self.partitions
             .publish(conn, slot, p, need, now, &mut self.counters)
     }
@@ -450,6 +461,9 @@ impl Broker {
     /// fdatasyncs and registry writes (group commit: every PUB written before a sync
     /// starts rides it). PULLs answered here fit `room`.
     pub fn end_pass(&mut self, now: Now, room: &dyn OutputRoom) {
+        if self.cluster.is_some() {
+            return self.end_pass_cluster(now, room);
+        }
         let consume = &mut self.consume;
         let flushed = |key: PartitionKey, written: Result<(), u64>| match written {
             Ok(()) => consume.records_available(key.0, key.1),
@@ -524,6 +538,7 @@ impl Broker {
             Work::WriteProducerSnapshot { key, .. } => {
                 self.partitions.snapshot_written(key, &result)
             }
+            Work::Persist { job } => self.persist_done(&job, result),
         }
     }
 
@@ -551,8 +566,11 @@ impl Broker {
     /// buffered on the calling thread, and persists what must survive a restart.
     pub fn shutdown_sync(&mut self, now: Now) -> Result<(), String> {
         let mut failed = Vec::new();
-        self.partitions
-            .shutdown_sync(now, &mut failed, &mut self.counters);
+        // A cluster node's records are in its raft journal; a start applies them again.
+        if self.cluster.is_none() {
+            self.partitions
+                .shutdown_sync(now, &mut failed, &mut self.counters);
+        }
         if let Err(e) = self.consume.persist_positions_now() {
             failed.push(format!("group positions: {e}"));
         }

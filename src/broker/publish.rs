@@ -162,6 +162,12 @@ impl Partitions {
         if let Some(why) = &report.ended_by {
             log::info!("journal: ends at {why}");
         }
+        self.rebuild_all_producers(now, counters);
+        Ok(())
+    }
+
+    /// Every partition's producers, from its snapshot and the records after it.
+    pub(super) fn rebuild_all_producers(&mut self, now: Now, counters: &mut BrokerCounters) {
         let keys: Vec<PartitionKey> = self.map.keys().copied().collect();
         for key in keys {
             let mut part = self.map.remove(&key).expect("listed");
@@ -173,7 +179,6 @@ impl Partitions {
             self.map.insert(key, part);
         }
         self.data_bytes = self.map.values().map(|p| p.log.stats().bytes).sum();
-        Ok(())
     }
 
     /// The producer state of a partition at start; returns it and the last sequence the
@@ -441,6 +446,73 @@ impl Partitions {
         Ok(())
     }
 
+    /// Cluster mode, apply of a committed BATCH part (`docs/REPLICATION.md` §4): the
+    /// journal-replay path appends the records the log does not hold yet, writes them to
+    /// the segment and feeds their producers to the dedup state. Returns how many were
+    /// appended. Applied entries are in this node's fsynced raft journal (raft hands out
+    /// only persisted committed entries), so they count as durable.
+    pub(super) fn apply_part(
+        &mut self,
+        key: PartitionKey,
+        first_sequence: u64,
+        records: &[u8],
+        now_mono_ms: u64,
+        counters: &mut BrokerCounters,
+    ) -> Result<u64, StorageError> {
+        let max_producers = self.max_producers;
+        let Some(part) = self.map.get_mut(&key) else {
+            // A pair deleted by a later entry this node applied before a restart.
+            return Ok(0);
+        };
+        let next = part.log.next_sequence();
+        let pending = part.log.pending_bytes() as u64;
+        let appended = part.log.replay(first_sequence, records)?;
+        let bytes = part.log.pending_bytes() as u64 - pending;
+        part.log.flush()?;
+        part.log.journal_durable(part.log.written_sequence());
+        let (mut pos, mut sequence) = (0, first_sequence);
+        while pos < records.len() {
+            let (rec, len) = crate::log::decode_record(&records[pos..], Some(sequence))
+                .map_err(|e| StorageError::Corrupt {
+                    path: part.log.dir().to_path_buf(),
+                    position: pos as u64,
+                    reason: format!("raft entry record {sequence}: {e}"),
+                })?;
+            if sequence >= next && rec.producer_id != 0 {
+                let (id, seq) = (rec.producer_id, rec.producer_seq);
+                let evicted = part
+                    .producers
+                    .record(id, seq, sequence, now_mono_ms, max_producers);
+                counters.producers_evicted += evicted as u64;
+            }
+            pos += len;
+            sequence += 1;
+        }
+        counters.records_appended += appended;
+        self.data_bytes += bytes;
+        Ok(appended)
+    }
+
+    /// Cluster mode: writes what the consume plane buffered (dead letters, not
+    /// replicated yet) to the segments, without the single node's journal.
+    pub(super) fn flush_local(&mut self, mut flushed: impl FnMut(PartitionKey, Result<(), u64>)) {
+        for key in std::mem::take(&mut self.flush_list) {
+            let Some(part) = self.map.get_mut(&key) else {
+                continue;
+            };
+            part.dirty = false;
+            let pending = part.log.pending_bytes() as u64;
+            let outcome = part.log.flush().map_err(|e| {
+                log::error!("append to topic {} partition {} failed: {e}", key.0, key.1);
+                part.log.written_sequence()
+            });
+            if outcome.is_ok() {
+                self.data_bytes += pending;
+            }
+            flushed(key, outcome);
+        }
+    }
+
     /// Group commit: a journal sync job for what this pass wrote (unless enough run),
     /// and a checkpoint when the journal has grown enough since the last one.
     pub(super) fn take_sync_jobs(&mut self, out: &mut Vec<DurableJob>) {
@@ -636,7 +708,7 @@ impl Partitions {
 }
 
 /// The PUB checks that need no partition state (`man/mortarmq.7`, PUB).
-fn refuse_fields(p: &Pub<'_>) -> Option<Handled> {
+pub(super) fn refuse_fields(p: &Pub<'_>) -> Option<Handled> {
     if p.key.len() > MAX_KEY_LEN_BYTES {
         return Some(fail(
             ErrorCode::KeyTooLarge,

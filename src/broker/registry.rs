@@ -32,11 +32,11 @@ struct QueuedDeclare {
     flags: DeclareFlags,
 }
 
-/// The topic whose files the fsync pool is creating, and the DECLARE that asked for it.
-struct Creating {
+/// The topic whose files the fsync pool is creating, and the DECLARE that asked for it
+/// (none on a cluster node applying another node's DECLARE).
+pub(super) struct Creating {
     pair: TopicPair,
-    conn: ConnRef,
-    slot: u64,
+    reply: Option<(ConnRef, u64)>,
 }
 
 /// A DECLARE answered once the registry version it changed (or saw) is durable.
@@ -61,7 +61,7 @@ pub struct TopicRegistry {
     waiters: VecDeque<RegistryWaiter>,
     /// Directories of deleted pairs, removed once the registry without them is durable.
     doomed_dirs: Vec<PathBuf>,
-    creating: Option<Creating>,
+    pub(super) creating: Option<Creating>,
     queued: VecDeque<QueuedDeclare>,
     /// Pairs whose files exist but whose registry version is not yet durable, with that
     /// version: nobody may PUB to or SUB on them yet (a crash would delete their files).
@@ -303,11 +303,11 @@ impl TopicRegistry {
     }
 }
 
-fn declare_err(code: ErrorCode, message: String) -> Handled {
+pub(super) fn declare_err(code: ErrorCode, message: String) -> Handled {
     Handled::Answer(Response::err(code, Op::Declare as u8, message))
 }
 
-fn declared(pair: &TopicPair, created: DeclareCreated) -> Response {
+pub(super) fn declared(pair: &TopicPair, created: DeclareCreated) -> Response {
     Response::Declare(DeclareResult {
         topic_id: pair.source_id(),
         partition_count: pair.partition_count,
@@ -341,7 +341,7 @@ impl Broker {
             Ok(name) => name,
             Err(refused) => return refused,
         };
-        if self.topics.creating.is_some() {
+        if self.registry_busy() {
             self.topics.queued.push_back(QueuedDeclare {
                 conn,
                 slot,
@@ -378,7 +378,7 @@ impl Broker {
         if d.flags.contains(DeclareFlags::PASSIVE) {
             return declare_err(ErrorCode::UnknownTopic, format!("no topic '{name}'"));
         }
-        self.create_topic(conn, slot, name, d.partition_count)
+        self.create_topic(conn, slot, name, d.partition_count, now)
     }
 
     /// Registers the pair and hands the making of its files to the fsync pool; the
@@ -389,6 +389,7 @@ impl Broker {
         slot: u64,
         name: &str,
         partition_count: u16,
+        now: Now,
     ) -> Handled {
         if partition_count == 0 || partition_count > self.config.max_partitions {
             let max = self.config.max_partitions;
@@ -405,6 +406,9 @@ impl Broker {
                 format!("data directory cap of {cap} bytes reached"),
             );
         }
+        if self.cluster.is_some() {
+            return self.propose_declare(conn, slot, name, partition_count, now);
+        }
         let topics = &mut self.topics;
         let avoid = &topics.freed_uncheckpointed;
         let pair = match topics
@@ -414,15 +418,56 @@ impl Broker {
             Ok(pair) => pair,
             Err(code) => return declare_err(code, "all 32767 topic pairs are in use".into()),
         };
-        let job = self.partitions.create_job(&pair);
-        self.topics.creating = Some(Creating { pair, conn, slot });
-        self.sink.submit(job);
+        self.start_creation(pair, Some((conn, slot)));
         Handled::Wait
+    }
+
+    /// Hands the making of a registered pair's files to the fsync pool; `reply` is
+    /// answered once they exist and the registry naming the pair is durable.
+    pub(super) fn start_creation(&mut self, pair: TopicPair, reply: Option<(ConnRef, u64)>) {
+        let job = self.partitions.create_job(&pair);
+        self.topics.creating = Some(Creating { pair, reply });
+        self.sink.submit(job);
+    }
+
+    /// The pair `create_avoiding` would take now (a cluster's leader proposes it).
+    pub(super) fn next_pair(&self) -> Result<u16, ErrorCode> {
+        let topics = &self.topics;
+        topics.registry.next_pair(&topics.freed_uncheckpointed)
+    }
+
+    /// A cluster node applies a DECLARE the leader made: the pair as the leader chose it.
+    /// `None` when that pair is in use, alike on every node.
+    pub(super) fn register_at(&mut self, pair: u16, name: &str, count: u16) -> Option<TopicPair> {
+        self.topics.registry.create_at(pair, name, count)
+    }
+
+    /// Answers `reply` now if registry `version` is durable, else when it is.
+    pub(super) fn answer_registry_at(&mut self, version: u64, reply: (ConnRef, u64), r: Response) {
+        let (conn, slot) = reply;
+        if let Handled::Answer(response) = self.topics.answer_at(version, conn, slot, r) {
+            self.effects.push(Effect::Answer {
+                conn,
+                slot,
+                response,
+            });
+        }
+    }
+
+    /// The registry version a pair's DECLARE is durable at (0: already).
+    pub(super) fn pair_version(&self, pair: u16) -> u64 {
+        self.topics.unwritten.get(&pair).copied().unwrap_or(0)
+    }
+
+    /// DECLAREs that change the registry run one at a time: while a pair's files are made,
+    /// or (in a cluster) while a REGISTRY entry is proposed and not applied.
+    fn registry_busy(&self) -> bool {
+        self.topics.creating.is_some() || self.registry_in_flight()
     }
 
     /// The fsync pool made (or failed to make) the files of the topic being created.
     pub(super) fn topic_created(&mut self, opened: OpenedLogs, result: &io::Result<()>, now: Now) {
-        let Some(Creating { pair, conn, slot }) = self.topics.creating.take() else {
+        let Some(Creating { pair, reply }) = self.topics.creating.take() else {
             return;
         };
         let response = match result {
@@ -437,12 +482,14 @@ impl Broker {
                 let topics = &mut self.topics;
                 topics.version += 1;
                 topics.unwritten.insert(pair.pair, topics.version);
-                topics.waiters.push_back(RegistryWaiter {
-                    conn,
-                    slot,
-                    version: topics.version,
-                    response: declared(&pair, DeclareCreated::Created),
-                });
+                if let Some((conn, slot)) = reply {
+                    topics.waiters.push_back(RegistryWaiter {
+                        conn,
+                        slot,
+                        version: topics.version,
+                        response: declared(&pair, DeclareCreated::Created),
+                    });
+                }
                 None
             }
             Err(e) => {
@@ -458,7 +505,7 @@ impl Broker {
                 Some(Response::err(code, Op::Declare as u8, message))
             }
         };
-        if let Some(response) = response {
+        if let (Some(response), Some((conn, slot))) = (response, reply) {
             self.effects.push(Effect::Answer {
                 conn,
                 slot,
@@ -466,11 +513,12 @@ impl Broker {
             });
         }
         self.run_queued_declares(now);
+        self.creation_done(now);
     }
 
     /// DECLAREs that waited for a creation, in order, until one starts another.
-    fn run_queued_declares(&mut self, now: Now) {
-        while self.topics.creating.is_none() {
+    pub(super) fn run_queued_declares(&mut self, now: Now) {
+        while !self.registry_busy() {
             let Some(q) = self.topics.queued.pop_front() else {
                 return;
             };
@@ -503,6 +551,18 @@ impl Broker {
                 format!("topic '{}' has live subscriptions", pair.name),
             );
         }
+        if self.cluster.is_some() {
+            return self.propose_delete(conn, slot, pair, now);
+        }
+        self.delete_pair(pair, now);
+        let response = declared(pair, DeclareCreated::Deleted);
+        let version = self.topics.version;
+        self.topics.answer_at(version, conn, slot, response)
+    }
+
+    /// Forgets a pair: its partitions, its registry entry, its directories once the
+    /// registry without it is durable, its groups.
+    pub(super) fn delete_pair(&mut self, pair: &TopicPair, now: Now) {
         self.partitions.remove_pair(pair, &mut self.effects);
         let topics = &mut self.topics;
         topics.registry.delete(pair.pair);
@@ -519,8 +579,10 @@ impl Broker {
         log::info!("deleted topic '{}' id {}", pair.name, pair.source_id());
         self.consume.topic_deleted(pair, now);
         self.collect_consume_effects(now);
-        let response = declared(pair, DeclareCreated::Deleted);
-        let version = self.topics.version;
-        self.topics.answer_at(version, conn, slot, response)
+    }
+
+    /// The registry version every mutation so far is durable at.
+    pub(super) fn registry_version(&self) -> u64 {
+        self.topics.version
     }
 }

@@ -184,6 +184,40 @@ impl Registry {
         Ok(topic)
     }
 
+    /// The pair [`create_avoiding`](Self::create_avoiding) would take now, without
+    /// taking it: a cluster's leader names it in the REGISTRY entry every node applies
+    /// with [`create_at`](Self::create_at).
+    pub fn next_pair<T>(&self, avoid: &BTreeMap<u16, T>) -> Result<u16, ErrorCode> {
+        if self.next_unused_pair < TOPIC_PAIRS_MAX {
+            return Ok(self.next_unused_pair);
+        }
+        let reusable = self.freed.iter().find(|p| !avoid.contains_key(p));
+        reusable.copied().ok_or(ErrorCode::TopicRegistryFull)
+    }
+
+    /// Registers `name` as the pair a cluster's leader chose; `None` when that pair is in
+    /// use (every node then refuses the entry alike).
+    pub fn create_at(&mut self, pair: u16, name: &str, partition_count: u16) -> Option<TopicPair> {
+        if pair >= TOPIC_PAIRS_MAX || self.by_pair.contains_key(&pair) {
+            return None;
+        }
+        if pair >= self.next_unused_pair {
+            // Pairs jumped over stay reusable, as if used and deleted.
+            self.freed.extend(self.next_unused_pair..pair);
+            self.next_unused_pair = pair + 1;
+        } else {
+            self.freed.remove(&pair);
+        }
+        let topic = TopicPair {
+            pair,
+            name: name.to_string(),
+            partition_count,
+        };
+        self.by_name.insert(topic.name.clone(), pair);
+        self.by_pair.insert(pair, topic.clone());
+        Some(topic)
+    }
+
     pub fn delete(&mut self, pair: u16) -> Option<TopicPair> {
         let topic = self.by_pair.remove(&pair)?;
         self.by_name.remove(&topic.name);

@@ -261,6 +261,13 @@ impl Replica {
             .unwrap_or(0)
     }
 
+    /// Starts an election now (tests steer which node leads; raft 0.7 draws timeouts
+    /// from `thread_rng`).
+    #[cfg(test)]
+    pub(crate) fn campaign(&mut self) -> Result<(), ReplicaError> {
+        self.raw.campaign().map_err(ReplicaError::Raft)
+    }
+
     /// One raft tick (the caller's `--raft-tick` timer).
     pub fn tick(&mut self) {
         self.ticks += 1;

@@ -12,10 +12,17 @@
 //!
 //! Depends on what `broker` may, plus `raft` and `slog` (raft's logging interface).
 
+pub mod cluster;
 pub mod entry;
 pub mod logger;
 pub mod machine;
 pub mod storage;
 
+/// What peers exchange: the crate's message, named here so that no room outside
+/// `broker::replica` names `raft`.
+pub use raft::eraftpb::Message as PeerMessage;
+
+#[cfg(test)]
+mod cluster_sim;
 #[cfg(test)]
 mod sim;

@@ -1,0 +1,815 @@
+//! The broker in cluster mode (`docs/REPLICATION.md` §4, §5.2, §7.1; §10 increment 4): a
+//! [`Broker`] opened with [`Broker::open_cluster`] owns a [`Replica`] and changes its
+//! partitions, producers and registry only by applying committed entries, on every node
+//! alike, leader included.
+//!
+//! - **Leader, PUB**: today's checks; then the dedup check and the sequence run against
+//!   the applied state plus a *pending overlay* of this term's proposals, and the record
+//!   is encoded, as a segment holds it, into the pass's run for its partition.
+//!   [`Broker::end_pass`] turns the pass's runs into ONE BATCH proposal whose waiters are
+//!   the pass's PUBs. A REPLICATED PUB first asks `check_replicas` (0x6004).
+//! - **Leader, DECLARE / DELETE**: a REGISTRY proposal naming the pair the leader chose;
+//!   one at a time (later ones queue as they do behind a topic creation).
+//! - **Every node, apply**: BATCH parts through the journal-replay path
+//!   (`PartitionLog::replay`, which skips sequences already held) into the segments,
+//!   producers from the records appended; REGISTRY changes through today's DECLARE and
+//!   DELETE machinery. Segments are written on apply only: consumers never see an
+//!   uncommitted record. Apply waits while a topic's files are being made.
+//! - **Answers**: a PUB of any durability is answered when its entry is committed and
+//!   applied (`docs/DECISIONS.md`), with the entry's term as `leader_epoch` and the
+//!   partition's highest applied sequence as `commit_seq`; a DECLARE once its pair's
+//!   files and registry write are done on the leader, as on a single node.
+//!
+//! The overlay is dropped when the node stops leading or its term changes, so a
+//! truncated entry's sequences and producer seqs are handed out again. A new leader (and
+//! one whose proposal raft dropped) serves nothing until it has applied its whole log
+//! (0x6002 meanwhile): entries of earlier terms may still commit, and their sequences
+//! must be known before any is handed out again.
+//!
+//! The reactor drives it with [`Broker::peer_message`], [`Broker::raft_tick`],
+//! [`Broker::admit`], `job_done` (persist jobs travel as `Work::Persist`) and `end_pass`
+//! (which polls the replica), and sends what [`Broker::drain_peer_messages`] hands it.
+//!
+//! Not yet: group positions and dead letters in BATCHes (dead letters are written on the
+//! leader only), `--producer-ttl` on the leader's wall clock, the broker's applied index
+//! kept across restarts (a start applies the whole raft log again; replay skips what the
+//! segments hold), journal compaction, the lease of §7.3.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io;
+use std::sync::Arc;
+
+use super::entry::{Batch, BatchPart, EntryData, RegistryChange};
+use super::machine::{
+    Effect as ReplicaEffect, PersistJob, Replica, ReplicaConfig, Replicated, Waiter,
+};
+use super::PeerMessage;
+use crate::broker::deliver::ConsumeDriver;
+use crate::broker::jobs::{DurableJob, JobSink, Work};
+use crate::broker::partition::Partition;
+use crate::broker::producers::Idempotence;
+use crate::broker::publish::{refuse_fields, Partitions};
+use crate::broker::registry::{declare_err, declared, TopicRegistry};
+use crate::broker::{
+    manage, BrokerConfig, BrokerCounters, ConnRef, Effect, Handled, Now, OutputRoom,
+    PartitionKey, StartupReport, TOPICS_DIR,
+};
+use crate::broker::{topics::TopicPair, Broker};
+use crate::log::{encode_record, RecordView, Storage};
+use crate::wire::ops::{Pub, PubResult};
+use crate::wire::{DeclareCreated, Durability, ErrorCode, Op, PubResultFlags, Response};
+
+/// A PUB waiting for its entry: what its answer needs besides the replica's fields.
+struct PubWait {
+    sequence: u64,
+    deduplicated: bool,
+}
+
+/// One partition's records proposed in this term and not applied yet.
+struct PendingPart {
+    next_sequence: u64,
+    /// Producer id → `(producer_seq, sequence)`, contiguous in `producer_seq`.
+    producers: HashMap<u64, VecDeque<(u64, u64)>>,
+}
+
+/// One partition's records of this pass, encoded as a segment holds them.
+struct PassPart {
+    first_sequence: u64,
+    count: u32,
+    records: Vec<u8>,
+}
+
+/// What a cluster node holds beside the broker's state.
+pub struct Cluster {
+    replica: Replica,
+    overlay: HashMap<PartitionKey, PendingPart>,
+    /// The term the overlay belongs to; 0 while not leading.
+    leading_term: u64,
+    pass: BTreeMap<PartitionKey, PassPart>,
+    pass_waiters: Vec<Waiter>,
+    pubs: HashMap<(ConnRef, u64), PubWait>,
+    /// DECLAREs proposed, by (conn, slot), with their entry's index.
+    declares: HashMap<(ConnRef, u64), u64>,
+    /// The REGISTRY entry proposed and neither applied nor failed.
+    registry_in_flight: Option<u64>,
+    /// Committed entries not applied yet (apply waits while a topic's files are made).
+    applying: VecDeque<(u64, EntryData)>,
+    applied_index: u64,
+    /// Leading, but requests wait until the log is applied up to this index.
+    catching_up: Option<u64>,
+    peer_out: Vec<PeerMessage>,
+    /// The raft journal failed or an entry could not be applied: the node refuses all.
+    failed: Option<String>,
+}
+
+/// A cluster node's place in the group, for /stats.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterStatus {
+    pub node_id: u64,
+    pub is_leader: bool,
+    pub term: u64,
+    pub leader_id: Option<u64>,
+    pub commit_index: u64,
+    /// The last entry applied to this broker's state.
+    pub applied_index: u64,
+}
+
+impl Cluster {
+    fn new(replica: Replica) -> Cluster {
+        Cluster {
+            replica,
+            overlay: HashMap::new(),
+            leading_term: 0,
+            pass: BTreeMap::new(),
+            pass_waiters: Vec::new(),
+            pubs: HashMap::new(),
+            declares: HashMap::new(),
+            registry_in_flight: None,
+            applying: VecDeque::new(),
+            applied_index: 0,
+            catching_up: None,
+            peer_out: Vec::new(),
+            failed: None,
+        }
+    }
+
+    pub fn term(&self) -> u64 {
+        self.replica.term()
+    }
+
+    #[cfg(test)]
+    pub(super) fn replica_mut(&mut self) -> &mut Replica {
+        &mut self.replica
+    }
+
+    /// The role gate: leader, applied up to its term's start, log healthy.
+    fn gate(&self, now_ms: u64) -> Result<(), (ErrorCode, String)> {
+        if let Some(why) = &self.failed {
+            return Err((ErrorCode::InternalError, why.clone()));
+        }
+        self.replica.admit(now_ms).map_err(|r| (r.code, r.text))?;
+        if self.catching_up.is_some() {
+            let id = self.replica.id();
+            let text = format!("node {id} leads but is still applying its log");
+            return Err((ErrorCode::LeaderUnknown, text));
+        }
+        Ok(())
+    }
+
+    /// Dedup against the overlay, then the applied state; `true` with a duplicate whose
+    /// original is not known applied yet.
+    fn check_producer(&self, key: PartitionKey, part: &Partition, p: &Pub<'_>) -> (Idempotence, bool) {
+        let (id, seq) = (p.producer_id, p.producer_seq);
+        let pending = self.overlay.get(&key).and_then(|o| o.producers.get(&id));
+        if let Some((&(first, _), &(last, _))) = pending.and_then(|l| l.front().zip(l.back())) {
+            if seq == last + 1 {
+                return (Idempotence::Fresh, false);
+            }
+            if seq > last + 1 {
+                let expected = last + 1;
+                return (Idempotence::OutOfOrder { expected, too_old: false }, false);
+            }
+            if seq >= first {
+                let sequence = pending.expect("found")[(seq - first) as usize].1;
+                return (Idempotence::Duplicate { sequence }, true);
+            }
+        }
+        (part.producers.check(id, seq), false)
+    }
+
+    /// The next sequence of `key`: past what is applied and what is pending.
+    fn take_sequence(&mut self, key: PartitionKey, applied_next: u64) -> u64 {
+        let pending = self.overlay.entry(key).or_insert_with(|| PendingPart {
+            next_sequence: applied_next,
+            producers: HashMap::new(),
+        });
+        let sequence = pending.next_sequence.max(applied_next);
+        pending.next_sequence = sequence + 1;
+        sequence
+    }
+
+    fn note_producer(&mut self, key: PartitionKey, id: u64, seq: u64, sequence: u64) {
+        let pending = self.overlay.get_mut(&key).expect("take_sequence made it");
+        pending
+            .producers
+            .entry(id)
+            .or_default()
+            .push_back((seq, sequence));
+    }
+
+    fn encode(&mut self, key: PartitionKey, record: &RecordView<'_>) {
+        let run = self.pass.entry(key).or_insert_with(|| PassPart {
+            first_sequence: record.sequence,
+            count: 0,
+            records: Vec::new(),
+        });
+        encode_record(&mut run.records, record);
+        run.count += 1;
+    }
+
+    fn wait(&mut self, conn: ConnRef, slot: u64, key: PartitionKey, pub_wait: PubWait) {
+        self.pubs.insert((conn, slot), pub_wait);
+        let part = Some(key);
+        self.pass_waiters.push(Waiter { conn, slot, part });
+    }
+
+    /// The OK of a duplicate whose original is applied: now, under the current term.
+    fn duplicate_ok(&self, key: PartitionKey, sequence: u64) -> Response {
+        Response::Pub(PubResult {
+            sequence,
+            durability: Durability::Replicated.as_code(),
+            leader_epoch: self.replica.term(),
+            commit_seq: self.replica.commit_seq(key.0, key.1),
+            result_flags: PubResultFlags::DEDUPLICATED,
+        })
+    }
+
+    /// A truncated or never-proposed entry's sequences may be handed out again.
+    fn drop_overlay(&mut self) {
+        self.overlay.clear();
+    }
+
+    /// Forgets pending runs that apply has caught up with: the applied state says it all.
+    fn prune_overlay(&mut self, partitions: &Partitions) {
+        self.overlay.retain(|key, pending| {
+            partitions
+                .get(*key)
+                .is_some_and(|p| p.log.next_sequence() < pending.next_sequence)
+        });
+        if self.catching_up.is_some_and(|i| self.applied_index >= i) {
+            self.catching_up = None;
+        }
+    }
+
+    /// After a poll: a new term as leader starts an empty overlay and waits for apply; a
+    /// node that stopped leading forgets its overlay.
+    fn note_leadership(&mut self) {
+        let (leader, term) = (self.replica.is_leader(), self.replica.term());
+        if leader && self.leading_term == term {
+            return;
+        }
+        self.drop_overlay();
+        if leader {
+            self.leading_term = term;
+            self.catching_up = Some(self.replica.last_index());
+        } else {
+            self.leading_term = 0;
+            self.catching_up = None;
+        }
+    }
+
+    fn take_declare(&mut self, index: u64) -> Option<(ConnRef, u64)> {
+        if self.registry_in_flight == Some(index) {
+            self.registry_in_flight = None;
+        }
+        let reply = self
+            .declares
+            .iter()
+            .find(|(_, &i)| i == index)
+            .map(|(&k, _)| k)?;
+        self.declares.remove(&reply);
+        Some(reply)
+    }
+}
+
+fn pub_err(code: ErrorCode, text: String) -> Handled {
+    Handled::Answer(Response::err(code, Op::Pub as u8, text))
+}
+
+/// The text of a waiter's failure (`man/mortarmq.7`, the 0x6xxx codes).
+fn waiter_text(code: ErrorCode) -> String {
+    match code {
+        ErrorCode::LogTruncated => "the entry was replaced by a newer leader's; resend".into(),
+        ErrorCode::NotEnoughReplicasAfterAppend => {
+            "appended, but this node stopped leading before a majority had it".into()
+        }
+        ErrorCode::ReplicationTimeout => {
+            "no majority within --replication-timeout; the entry may still commit".into()
+        }
+        ErrorCode::Backpressure => "replication backlog full".into(),
+        other => format!("{other:?}"),
+    }
+}
+
+impl Broker {
+    /// Opens a cluster node's data directory (blocking: start-up): registry, partitions
+    /// and producers as a single node does, then the raft journal (format 2) and
+    /// `raft-state` under `config.data_dir`. No format 1 journal and no `epoch` file:
+    /// raft's term is the epoch. The caller holds the [`DataDirLock`](super::super::DataDirLock).
+    pub fn open_cluster(
+        config: BrokerConfig,
+        replica: ReplicaConfig,
+        storage: Arc<dyn Storage>,
+        sink: Box<dyn JobSink>,
+        now: Now,
+    ) -> Result<(Broker, StartupReport), String> {
+        let dir = config.data_dir.clone();
+        let topics_dir = dir.join(TOPICS_DIR);
+        crate::log::storage::create_dir_durable(&*storage, &topics_dir)
+            .map_err(|e| format!("cannot create data directory {}: {e}", dir.display()))?;
+        let (topics, _) = TopicRegistry::load(Arc::clone(&storage), &dir)?;
+        let (replica, _) = Replica::open(&storage, &dir, replica, now.mono_ms)
+            .map_err(|e| format!("raft journal: {e}"))?;
+        let mut broker = Broker {
+            partitions: Partitions::new(Arc::clone(&storage), topics_dir, &config, 0),
+            consume: ConsumeDriver::new(Arc::clone(&storage), &config),
+            storage,
+            config,
+            leader_epoch: 0,
+            topics,
+            sink,
+            effects: Vec::new(),
+            jobs: Vec::new(),
+            manage: manage::ManageWaits::default(),
+            counters: BrokerCounters::default(),
+            cluster: Some(Box::new(Cluster::new(replica))),
+        };
+        let mut report = StartupReport {
+            topics: broker.topics.registry().len(),
+            ..StartupReport::default()
+        };
+        let pairs: Vec<TopicPair> = broker.topics.registry().pairs().cloned().collect();
+        for pair in &pairs {
+            report.partitions += broker.open_pair(pair)?;
+        }
+        broker
+            .partitions
+            .rebuild_all_producers(now, &mut broker.counters);
+        report.group_positions = broker.consume.restore(
+            broker.topics.registry(),
+            &mut broker.partitions,
+            &mut broker.counters,
+            now,
+        )?;
+        Ok((broker, report))
+    }
+
+    fn cluster_mut(&mut self) -> &mut Cluster {
+        self.cluster.as_deref_mut().expect("cluster mode")
+    }
+
+    /// The role gate of `docs/REPLICATION.md` §7.1 for `op`: DECLARE, PUB, SUB, PULL,
+    /// ACK, NACK, CREDIT and HEARTBEAT reach a cluster node's state only on a leader that
+    /// has applied its log; the error is the ERR frame's code and text (0x6001 NOT_LEADER
+    /// `leader <id> <host:port>`, 0x6002, 0x600C). Always `Ok` on a single node.
+    pub fn admit(&self, op: Op, now: Now) -> Result<(), (ErrorCode, String)> {
+        let Some(c) = self.cluster.as_deref() else {
+            return Ok(());
+        };
+        match op {
+            Op::Declare
+            | Op::Pub
+            | Op::Sub
+            | Op::Pull
+            | Op::Ack
+            | Op::Nack
+            | Op::Credit
+            | Op::Heartbeat => c.gate(now.mono_ms),
+            _ => Ok(()),
+        }
+    }
+
+    /// A message from peer `msg.from`, decoded by the `peer` room. A stale or foreign one
+    /// is dropped (raft tolerates loss). Its effects come out of the next `end_pass`.
+    pub fn peer_message(&mut self, msg: PeerMessage) {
+        let Some(c) = self.cluster.as_deref_mut() else {
+            return;
+        };
+        if let Err(e) = c.replica.step(msg) {
+            log::debug!("raft message dropped: {e}");
+        }
+    }
+
+    /// One `--raft-tick`; its effects come out of the next `end_pass`.
+    pub fn raft_tick(&mut self) {
+        if let Some(c) = self.cluster.as_deref_mut() {
+            c.replica.tick();
+        }
+    }
+
+    /// Moves the messages for peers (each names its `to`) that the last `end_pass`
+    /// released into `out`. A follower's append and vote responses come out only after
+    /// the persist job they depend on was reported through `job_done`.
+    pub fn drain_peer_messages(&mut self, out: &mut Vec<PeerMessage>) {
+        if let Some(c) = self.cluster.as_deref_mut() {
+            out.append(&mut c.peer_out);
+        }
+    }
+
+    /// Role, term, leader, commit and applied index; `None` on a single node.
+    pub fn cluster_status(&self) -> Option<ClusterStatus> {
+        let c = self.cluster.as_deref()?;
+        Some(ClusterStatus {
+            node_id: c.replica.id(),
+            is_leader: c.replica.is_leader(),
+            term: c.replica.term(),
+            leader_id: c.replica.leader_id(),
+            commit_index: c.replica.commit_index(),
+            applied_index: c.applied_index,
+        })
+    }
+
+    /// PUB in a cluster (the caller checked topic and partition): into this pass's BATCH.
+    pub(in crate::broker) fn publish_replicated(
+        &mut self,
+        conn: ConnRef,
+        slot: u64,
+        p: &Pub<'_>,
+        need: Durability,
+        now: Now,
+    ) -> Handled {
+        let c = self.cluster.as_deref_mut().expect("cluster mode");
+        if let Err((code, text)) = c.gate(now.mono_ms) {
+            return pub_err(code, text);
+        }
+        if need == Durability::Replicated {
+            if let Err(r) = c.replica.check_replicas() {
+                return pub_err(r.code, r.text);
+            }
+        }
+        if let Some(refused) = refuse_fields(p) {
+            return refused;
+        }
+        let key = (p.topic_id, p.partition);
+        let Some(part) = self.partitions.get(key) else {
+            return pub_err(ErrorCode::InternalError, "partition not open".into());
+        };
+        let counters = &mut self.counters;
+        counters.pubs += 1;
+        if p.producer_id == 0 {
+            counters.pubs_non_idempotent += 1;
+        } else {
+            match c.check_producer(key, part, p) {
+                (Idempotence::Fresh, _) => {}
+                (Idempotence::Duplicate { sequence }, pending) => {
+                    counters.pubs_deduplicated += 1;
+                    if !pending {
+                        return Handled::Answer(c.duplicate_ok(key, sequence));
+                    }
+                    let deduplicated = true;
+                    c.wait(conn, slot, key, PubWait { sequence, deduplicated });
+                    return Handled::Wait;
+                }
+                (Idempotence::OutOfOrder { expected, too_old }, _) => {
+                    let why = if too_old { "older than the dedup window" } else { "skips ahead" };
+                    let text = format!("producer_seq {} {why}; expected {expected}", p.producer_seq);
+                    return pub_err(ErrorCode::SequenceOutOfOrder, text);
+                }
+            }
+        }
+        let record_bytes = (p.key.len() + p.value.len()) as u64;
+        if let Some(cap) = self.partitions.over_data_cap(record_bytes) {
+            let text = format!("data directory cap of {cap} bytes reached");
+            return pub_err(ErrorCode::StorageFull, text);
+        }
+        let sequence = c.take_sequence(key, part.log.next_sequence());
+        c.encode(
+            key,
+            &RecordView {
+                sequence,
+                timestamp_ms: now.wall_ms,
+                producer_id: p.producer_id,
+                producer_seq: p.producer_seq,
+                flags: 0,
+                key: p.key,
+                value: p.value,
+            },
+        );
+        if p.producer_id != 0 {
+            c.note_producer(key, p.producer_id, p.producer_seq, sequence);
+        }
+        let deduplicated = false;
+        c.wait(conn, slot, key, PubWait { sequence, deduplicated });
+        Handled::Wait
+    }
+
+    /// DECLARE of a new topic in a cluster: a REGISTRY entry with the pair chosen here.
+    pub(in crate::broker) fn propose_declare(
+        &mut self,
+        conn: ConnRef,
+        slot: u64,
+        name: &str,
+        partition_count: u16,
+        now: Now,
+    ) -> Handled {
+        let pair = match self.next_pair() {
+            Ok(pair) => pair,
+            Err(code) => return declare_err(code, "all 32767 topic pairs are in use".into()),
+        };
+        let name = name.as_bytes().to_vec();
+        let change = RegistryChange::Declare {
+            pair,
+            partition_count,
+            name,
+        };
+        self.propose_registry(conn, slot, change, now)
+    }
+
+    /// DECLARE with DELETE in a cluster (IF_UNUSED already checked here).
+    pub(in crate::broker) fn propose_delete(
+        &mut self,
+        conn: ConnRef,
+        slot: u64,
+        pair: &TopicPair,
+        now: Now,
+    ) -> Handled {
+        let name = pair.name.as_bytes().to_vec();
+        let change = RegistryChange::Delete {
+            pair: pair.pair,
+            name,
+        };
+        self.propose_registry(conn, slot, change, now)
+    }
+
+    fn propose_registry(
+        &mut self,
+        conn: ConnRef,
+        slot: u64,
+        change: RegistryChange,
+        now: Now,
+    ) -> Handled {
+        let c = self.cluster_mut();
+        if let Err((code, text)) = c.gate(now.mono_ms) {
+            return declare_err(code, text);
+        }
+        if let Err(r) = c.replica.check_replicas() {
+            return declare_err(r.code, r.text);
+        }
+        let waiter = Waiter {
+            conn,
+            slot,
+            part: None,
+        };
+        let entry = EntryData::Registry(change);
+        match c.replica.propose(&entry, vec![waiter], now.mono_ms) {
+            Ok(index) => {
+                c.declares.insert((conn, slot), index);
+                c.registry_in_flight = Some(index);
+                Handled::Wait
+            }
+            Err(r) => declare_err(r.code, r.text),
+        }
+    }
+
+    /// A REGISTRY entry is proposed and neither applied nor failed.
+    pub(in crate::broker) fn registry_in_flight(&self) -> bool {
+        self.cluster
+            .as_deref()
+            .is_some_and(|c| c.registry_in_flight.is_some())
+    }
+
+    /// `end_pass` in a cluster: the pass's BATCH, the Ready loop, apply, answers; then
+    /// the consume plane and registry writes as on a single node.
+    pub(in crate::broker) fn end_pass_cluster(&mut self, now: Now, room: &dyn OutputRoom) {
+        self.propose_pass(now);
+        self.poll_replica(now);
+        self.run_queued_declares(now);
+        let consume = &mut self.consume;
+        self.partitions.flush_local(|key, written| match written {
+            Ok(()) => consume.records_available(key.0, key.1),
+            Err(written) => consume.twin_flush_failed(key, written),
+        });
+        self.jobs.extend(self.topics.take_write_job(now.mono_ms));
+        self.consume.settle_dead_letters(&self.partitions);
+        self.pump_consume(now, room);
+        self.jobs.extend(self.consume.positions_job(now, false));
+        self.submit_jobs();
+    }
+
+    /// The pass's records become one BATCH proposal waited on by the pass's PUBs.
+    fn propose_pass(&mut self, now: Now) {
+        let c = self.cluster.as_deref_mut().expect("cluster mode");
+        if c.pass.is_empty() && c.pass_waiters.is_empty() {
+            return;
+        }
+        let parts = std::mem::take(&mut c.pass)
+            .into_iter()
+            .map(|((topic_id, partition), run)| BatchPart {
+                topic_id,
+                partition,
+                first_sequence: run.first_sequence,
+                count: run.count,
+                records: run.records,
+            })
+            .collect();
+        // A pass of duplicates only proposes an empty BATCH: its commit follows theirs.
+        let entry = EntryData::Batch(Batch {
+            leader_wall_ms: now.wall_ms,
+            parts,
+            positions: Vec::new(),
+        });
+        let waiters = std::mem::take(&mut c.pass_waiters);
+        let Err(refused) = c.replica.propose(&entry, waiters.clone(), now.mono_ms) else {
+            return;
+        };
+        // The overlay names this pass's records, which are in no entry: it goes, and the
+        // node serves again once it applied what it proposed before.
+        c.drop_overlay();
+        c.catching_up = Some(c.replica.last_index());
+        for w in waiters {
+            c.pubs.remove(&(w.conn, w.slot));
+            let response = Response::err(refused.code, Op::Pub as u8, refused.text.clone());
+            self.effects.push(Effect::Answer {
+                conn: w.conn,
+                slot: w.slot,
+                response,
+            });
+        }
+    }
+
+    /// The replica's Ready loop: messages out, persist jobs to the pool, committed
+    /// entries applied in order, waiters answered.
+    fn poll_replica(&mut self, now: Now) {
+        let effects = match self.cluster_mut().replica.poll(now.mono_ms) {
+            Ok(effects) => effects,
+            Err(e) => return self.cluster_failed(format!("raft: {e}")),
+        };
+        for effect in effects {
+            match effect {
+                ReplicaEffect::Send(msg) => self.cluster_mut().peer_out.push(msg),
+                ReplicaEffect::Persist(job) => self.jobs.push(DurableJob {
+                    storage: Arc::clone(&self.storage),
+                    work: Work::Persist { job },
+                }),
+                ReplicaEffect::Apply { index, entry, .. } => {
+                    self.cluster_mut().applying.push_back((index, entry));
+                    self.apply_queued(now);
+                }
+                ReplicaEffect::Answer { waiter, result } => self.answer_waiter(waiter, result),
+            }
+        }
+        self.cluster_mut().note_leadership();
+        self.apply_queued(now);
+    }
+
+    /// A persist job came back from the pool (`job_done`).
+    pub(in crate::broker) fn persist_done(&mut self, job: &PersistJob, result: io::Result<()>) {
+        if let Err(e) = self.cluster_mut().replica.persist_done(job, result) {
+            self.cluster_failed(format!("raft journal: {e}"));
+        }
+    }
+
+    /// After a topic's files were made: the entries that waited for them.
+    pub(in crate::broker) fn creation_done(&mut self, now: Now) {
+        if self.cluster.is_some() {
+            self.apply_queued(now);
+        }
+    }
+
+    fn cluster_failed(&mut self, why: String) {
+        log::error!("cluster node stops serving: {why}");
+        self.cluster_mut().failed.get_or_insert(why);
+    }
+
+    fn answer_waiter(&mut self, waiter: Waiter, result: Result<Replicated, ErrorCode>) {
+        let c = self.cluster_mut();
+        let key = (waiter.conn, waiter.slot);
+        let response = if let Some(w) = c.pubs.remove(&key) {
+            match result {
+                Ok(r) => Response::Pub(PubResult {
+                    sequence: w.sequence,
+                    durability: Durability::Replicated.as_code(),
+                    leader_epoch: r.leader_epoch,
+                    commit_seq: r.commit_seq,
+                    result_flags: match w.deduplicated {
+                        true => PubResultFlags::DEDUPLICATED,
+                        false => PubResultFlags::empty(),
+                    },
+                }),
+                Err(code) => Response::err(code, Op::Pub as u8, waiter_text(code)),
+            }
+        } else if c.declares.contains_key(&key) {
+            // Committed: apply answers it, once the pair's files and registry are done.
+            let Err(code) = result else {
+                return;
+            };
+            let index = c.declares.remove(&key);
+            if c.registry_in_flight == index {
+                c.registry_in_flight = None;
+            }
+            Response::err(code, Op::Declare as u8, waiter_text(code))
+        } else {
+            return;
+        };
+        self.effects.push(Effect::Answer {
+            conn: waiter.conn,
+            slot: waiter.slot,
+            response,
+        });
+    }
+
+    /// Applies committed entries in order, until one needs a topic still being made.
+    fn apply_queued(&mut self, now: Now) {
+        while self.topics.creating.is_none() {
+            let Some((index, entry)) = self.cluster_mut().applying.pop_front() else {
+                break;
+            };
+            match entry {
+                EntryData::Batch(batch) => self.apply_batch(&batch, now),
+                EntryData::Registry(change) => self.apply_registry(index, change, now),
+                EntryData::Noop => {}
+            }
+            self.cluster_mut().applied_index = index;
+        }
+        let c = self.cluster.as_deref_mut().expect("cluster mode");
+        if c.applying.is_empty() {
+            // The replica hands out no Apply for a no-op: past the last one, all is done.
+            c.applied_index = c.applied_index.max(c.replica.applied());
+        }
+        c.prune_overlay(&self.partitions);
+    }
+
+    fn apply_batch(&mut self, batch: &Batch, now: Now) {
+        for p in &batch.parts {
+            let key = (p.topic_id, p.partition);
+            let applied = self.partitions.apply_part(
+                key,
+                p.first_sequence,
+                &p.records,
+                now.mono_ms,
+                &mut self.counters,
+            );
+            match applied {
+                Ok(_) => self.consume.records_available(key.0, key.1),
+                Err(e) => {
+                    let why = format!("applying topic {} partition {}: {e}", key.0, key.1);
+                    self.cluster_failed(why);
+                }
+            }
+        }
+    }
+
+    fn apply_registry(&mut self, index: u64, change: RegistryChange, now: Now) {
+        let reply = self.cluster_mut().take_declare(index);
+        match change {
+            RegistryChange::Declare {
+                pair,
+                partition_count,
+                name,
+            } => self.apply_declare(pair, partition_count, &name, reply),
+            RegistryChange::Delete { pair, name } => self.apply_delete(pair, &name, reply, now),
+        }
+    }
+
+    fn apply_declare(&mut self, pair: u16, count: u16, name: &[u8], reply: Option<(ConnRef, u64)>) {
+        let name = String::from_utf8_lossy(name).into_owned();
+        if let Some(existing) = self.registry().lookup(&name).cloned() {
+            // Applied before this start (a start applies the log again), or declared
+            // twice before either committed.
+            let Some(reply) = reply else {
+                return;
+            };
+            let response = if existing.pair == pair && existing.partition_count == count {
+                declared(&existing, DeclareCreated::IdempotentOk)
+            } else {
+                let n = existing.partition_count;
+                let text = format!("topic '{name}' exists with {n} partitions");
+                Response::err(ErrorCode::TopicConfigConflict, Op::Declare as u8, text)
+            };
+            let version = self.pair_version(existing.pair);
+            return self.answer_registry_at(version, reply, response);
+        }
+        match self.register_at(pair, &name, count) {
+            Some(pair) => self.start_creation(pair, reply),
+            None => {
+                let Some((conn, slot)) = reply else {
+                    return;
+                };
+                let text = format!("topic pair {pair} was taken by another DECLARE; retry");
+                let response = Response::err(ErrorCode::InternalError, Op::Declare as u8, text);
+                self.effects.push(Effect::Answer {
+                    conn,
+                    slot,
+                    response,
+                });
+            }
+        }
+    }
+
+    fn apply_delete(&mut self, pair: u16, name: &[u8], reply: Option<(ConnRef, u64)>, now: Now) {
+        let name = String::from_utf8_lossy(name).into_owned();
+        let found = self.registry().lookup(&name).filter(|p| p.pair == pair).cloned();
+        let response = match found {
+            Some(found) => {
+                self.delete_pair(&found, now);
+                let Some(reply) = reply else {
+                    return;
+                };
+                let version = self.registry_version();
+                let response = declared(&found, DeclareCreated::Deleted);
+                return self.answer_registry_at(version, reply, response);
+            }
+            None => {
+                let text = format!("no topic '{name}'");
+                Response::err(ErrorCode::UnknownTopic, Op::Declare as u8, text)
+            }
+        };
+        if let Some((conn, slot)) = reply {
+            self.effects.push(Effect::Answer {
+                conn,
+                slot,
+                response,
+            });
+        }
+    }
+}

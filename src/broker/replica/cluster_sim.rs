@@ -1,0 +1,403 @@
+//! Three cluster-mode [`Broker`]s in one process (`docs/REPLICATION.md` §10 increment
+//! 4), each over its own `SimDisk`: the test carries their peer messages (or loses them),
+//! ticks them, and runs every job they submit as soon as it is submitted.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+use std::path::Path;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::machine::ReplicaConfig;
+use super::PeerMessage;
+use crate::broker::{
+    unlimited_room, Broker, BrokerConfig, ConnRef, DurableJob, Effect, Handled, JobSink, Now,
+};
+use crate::fsync::{Completion, Job as _};
+use crate::log::simdisk::SimDisk;
+use crate::log::Storage;
+use crate::wire::ops::{Declare, Pub, PubResult};
+use crate::wire::{DeclareFlags, Durability, ErrorCode, Op, PubFlags, PubResultFlags, Response};
+
+const NODES: u64 = 3;
+const ELECTION_TICKS: usize = 10;
+const TICK_MS: u64 = 50;
+/// Rounds (a tick, then messages and jobs until quiet) a test may take to reach its
+/// condition.
+const ROUNDS_MAX: usize = 500;
+/// Passes of every node within one round before the harness calls the network busy
+/// forever.
+const PASSES_PER_ROUND_MAX: usize = 10_000;
+const CONN: ConnRef = ConnRef { id: 1, serial: 1 };
+
+/// Holds what a broker submits until the harness runs it.
+#[derive(Clone, Default)]
+struct Jobs(Rc<RefCell<Vec<DurableJob>>>);
+
+impl JobSink for Jobs {
+    fn submit(&self, job: DurableJob) {
+        self.0.borrow_mut().push(job);
+    }
+}
+
+struct Node {
+    broker: Broker,
+    jobs: Jobs,
+    inbox: VecDeque<PeerMessage>,
+    /// Partitioned away: what it sends and what is sent to it is lost.
+    isolated: bool,
+    /// Answers by slot.
+    answers: BTreeMap<u64, Response>,
+}
+
+fn address(id: u64) -> String {
+    format!("127.0.0.1:{}", 7000 + id)
+}
+
+fn open_node(id: u64) -> Node {
+    let disk = SimDisk::seeded(id);
+    let storage: Arc<dyn Storage> = Arc::new(disk);
+    let config = BrokerConfig {
+        data_dir: Path::new("/data").to_path_buf(),
+        durability: Durability::Replicated,
+        max_partitions: 8,
+        producer_ttl_ms: 60_000,
+        ..BrokerConfig::default()
+    };
+    let replica = ReplicaConfig {
+        id,
+        nodes: (1..=NODES).map(|id| (id, address(id))).collect(),
+        election_ticks: ELECTION_TICKS,
+        heartbeat_ticks: 2,
+        journal_file_bytes: 64 * 1024,
+        applied: 0,
+        replication_timeout_ms: 5_000,
+    };
+    let jobs = Jobs::default();
+    let sink = Box::new(jobs.clone());
+    let (broker, _) =
+        Broker::open_cluster(config, replica, storage, sink, Now::default()).unwrap();
+    Node {
+        broker,
+        jobs,
+        inbox: VecDeque::new(),
+        isolated: false,
+        answers: BTreeMap::new(),
+    }
+}
+
+struct Net {
+    nodes: Vec<Node>,
+    now: Now,
+}
+
+impl Net {
+    fn new() -> Net {
+        let nodes = (1..=NODES).map(open_node).collect();
+        Net {
+            nodes,
+            now: Now::default(),
+        }
+    }
+
+    /// Node `i` reads its inbox and ends its pass, its jobs run and it passes again until
+    /// none is left; what it sends is routed.
+    fn pass(&mut self, i: usize) {
+        loop {
+            let now = self.now;
+            let node = &mut self.nodes[i];
+            while let Some(m) = node.inbox.pop_front() {
+                node.broker.peer_message(m);
+            }
+            node.broker.end_pass(now, &unlimited_room);
+            node.broker.check_invariants();
+            let mut effects = Vec::new();
+            node.broker.drain_effects(&mut effects);
+            for e in effects {
+                if let Effect::Answer { slot, response, .. } = e {
+                    assert!(node.answers.insert(slot, response).is_none(), "slot {slot} twice");
+                }
+            }
+            let mut out = Vec::new();
+            node.broker.drain_peer_messages(&mut out);
+            let lost = node.isolated;
+            for m in out {
+                let to = &mut self.nodes[m.to as usize - 1];
+                if !lost && !to.isolated {
+                    to.inbox.push_back(m);
+                }
+            }
+            let jobs: Vec<DurableJob> = self.nodes[i].jobs.0.borrow_mut().drain(..).collect();
+            if jobs.is_empty() {
+                return;
+            }
+            for mut job in jobs {
+                let result = job.run();
+                let elapsed = Duration::from_micros(50);
+                let done = Completion {
+                    job,
+                    result,
+                    elapsed,
+                };
+                self.nodes[i].broker.job_done(done, now);
+            }
+        }
+    }
+
+    /// Passes every node until no inbox holds anything.
+    fn deliver(&mut self) {
+        for _ in 0..PASSES_PER_ROUND_MAX {
+            for i in 0..self.nodes.len() {
+                self.pass(i);
+            }
+            if self.nodes.iter().all(|n| n.inbox.is_empty()) {
+                return;
+            }
+        }
+        panic!("the network never quietens");
+    }
+
+    fn tick(&mut self) {
+        self.now.mono_ms += TICK_MS;
+        self.now.wall_ms += TICK_MS;
+        for n in &mut self.nodes {
+            n.broker.raft_tick();
+        }
+    }
+
+    /// Ticks and delivers until `done`, at most `ROUNDS_MAX` times.
+    fn run_until(&mut self, what: &str, done: impl Fn(&Net) -> bool) {
+        self.deliver();
+        for _ in 0..ROUNDS_MAX {
+            if done(self) {
+                return;
+            }
+            self.tick();
+            self.deliver();
+        }
+        panic!("never: {what}");
+    }
+
+    /// A node that leads and serves (its log applied), other than `not`.
+    fn serving_leader(&self, not: Option<usize>) -> Option<usize> {
+        (0..self.nodes.len()).find(|&i| {
+            Some(i) != not && self.nodes[i].broker.admit(Op::Pub, self.now).is_ok()
+        })
+    }
+
+    fn settled_leader(&mut self) -> usize {
+        self.run_until("a serving leader", |n| n.serving_leader(None).is_some());
+        self.serving_leader(None).unwrap()
+    }
+
+    /// DECLAREs a one-partition topic on node `i` and waits for its answer.
+    fn declare(&mut self, i: usize, name: &str) -> u16 {
+        let d = Declare {
+            topic: name.as_bytes(),
+            partition_count: 1,
+            flags: DeclareFlags::empty(),
+        };
+        let slot = 1_000 + self.nodes[i].answers.len() as u64;
+        let handled = self.nodes[i].broker.declare(CONN, slot, &d, self.now);
+        assert!(matches!(handled, Handled::Wait));
+        self.run_until("the DECLARE's answer", |n| {
+            n.nodes[i].answers.contains_key(&slot)
+        });
+        match &self.nodes[i].answers[&slot] {
+            Response::Declare(r) => r.topic_id,
+            other => panic!("DECLARE answered {other:?}"),
+        }
+    }
+
+    fn publish(&mut self, i: usize, slot: u64, topic: u16, producer: (u64, u64), value: &str) {
+        let p = Pub {
+            topic_id: topic,
+            partition: 0,
+            flags: PubFlags::empty(),
+            producer_id: producer.0,
+            producer_seq: producer.1,
+            key: b"",
+            value: value.as_bytes(),
+        };
+        match self.nodes[i].broker.publish(CONN, slot, &p, self.now) {
+            Handled::Wait => {}
+            Handled::Answer(r) => {
+                self.nodes[i].answers.insert(slot, r);
+            }
+        }
+    }
+
+    fn wait_answer(&mut self, i: usize, slot: u64) -> Response {
+        self.run_until("an answer", |n| n.nodes[i].answers.contains_key(&slot));
+        self.nodes[i].answers[&slot].clone()
+    }
+
+    /// Node `i`'s record at `sequence` of partition 0: `(producer_id, value)`.
+    fn record(&mut self, i: usize, topic: u16, sequence: u64) -> Option<(u64, String)> {
+        let r = self.nodes[i].broker.read_record(topic, 0, sequence).unwrap()?;
+        Some((r.producer_id, String::from_utf8(r.value).unwrap()))
+    }
+
+    fn term(&self, i: usize) -> u64 {
+        self.nodes[i].broker.cluster_status().unwrap().term
+    }
+}
+
+fn pub_ok(response: &Response) -> PubResult {
+    match response {
+        Response::Pub(r) => *r,
+        other => panic!("PUB answered {other:?}"),
+    }
+}
+
+fn error_code(response: &Response) -> Option<ErrorCode> {
+    response.error_code()
+}
+
+#[test]
+fn a_pub_on_the_leader_is_answered_only_after_commit_and_every_node_holds_it() {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    let followers: Vec<usize> = (0..3).filter(|&i| i != l).collect();
+    for &f in &followers {
+        net.nodes[f].isolated = true;
+    }
+    net.publish(l, 1, topic, (5, 1), "a");
+    net.publish(l, 2, topic, (5, 2), "b");
+    for _ in 0..3 {
+        net.tick();
+        net.deliver();
+    }
+    assert!(net.nodes[l].answers.get(&1).is_none(), "answered before a majority had it");
+    assert_eq!(net.record(l, topic, 1), None, "written to a segment before commit");
+    for &f in &followers {
+        net.nodes[f].isolated = false;
+    }
+    let (a, b) = (net.wait_answer(l, 1), net.wait_answer(l, 2));
+    let (a, b) = (pub_ok(&a), pub_ok(&b));
+    assert_eq!((a.sequence, b.sequence), (1, 2));
+    assert_eq!(a.durability, Durability::Replicated.as_code());
+    assert_eq!(a.leader_epoch, net.term(l));
+    assert!(a.commit_seq >= 1 && b.commit_seq >= 2);
+    assert!(a.result_flags.is_empty());
+    net.run_until("every node applied both", |n| {
+        (0..3).all(|i| n.nodes[i].broker.partition(topic, 0).unwrap().log.next_sequence() == 3)
+    });
+    for i in 0..3 {
+        assert_eq!(net.record(i, topic, 1), Some((5, "a".into())), "node {i}");
+        assert_eq!(net.record(i, topic, 2), Some((5, "b".into())), "node {i}");
+    }
+}
+
+#[test]
+fn a_follower_turns_requests_away_naming_the_leader() {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    let leader_id = l as u64 + 1;
+    for f in (0..3).filter(|&i| i != l) {
+        let broker = &net.nodes[f].broker;
+        for op in [Op::Pub, Op::Declare, Op::Sub, Op::Ack] {
+            let (code, text) = broker.admit(op, net.now).unwrap_err();
+            assert_eq!(code, ErrorCode::NotLeader);
+            assert_eq!(text, format!("leader {leader_id} {}", address(leader_id)));
+        }
+        assert_eq!(broker.admit(Op::Ping, net.now), Ok(()));
+        let status = broker.cluster_status().unwrap();
+        assert_eq!(status.leader_id, Some(leader_id));
+        assert!(!status.is_leader);
+    }
+    assert_eq!(net.nodes[l].broker.admit(Op::Pub, net.now), Ok(()));
+}
+
+#[test]
+fn a_producer_resending_after_a_failover_is_deduplicated() {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    net.publish(l, 1, topic, (9, 1), "x");
+    assert_eq!(pub_ok(&net.wait_answer(l, 1)).sequence, 1);
+    net.run_until("every node applied it", |n| {
+        (0..3).all(|i| n.nodes[i].broker.cluster_status().unwrap().applied_index > 0)
+            && n.nodes.iter().all(|node| {
+                node.broker.partition(topic, 0).unwrap().log.next_sequence() == 2
+            })
+    });
+    // The leader dies (cut off); the producer, unsure, resends to the new one.
+    net.nodes[l].isolated = true;
+    net.run_until("a new leader", |n| n.serving_leader(Some(l)).is_some());
+    let n = net.serving_leader(Some(l)).unwrap();
+    net.publish(n, 2, topic, (9, 1), "x");
+    let again = pub_ok(&net.wait_answer(n, 2));
+    assert_eq!(again.sequence, 1);
+    assert_eq!(again.result_flags, PubResultFlags::DEDUPLICATED);
+    assert_eq!(again.leader_epoch, net.term(n));
+    net.publish(n, 3, topic, (9, 2), "y");
+    assert_eq!(pub_ok(&net.wait_answer(n, 3)).sequence, 2);
+    net.nodes[l].isolated = false;
+    net.run_until("the old leader caught up", |net| {
+        net.nodes[l].broker.partition(topic, 0).unwrap().log.next_sequence() == 3
+    });
+    for i in 0..3 {
+        assert_eq!(net.record(i, topic, 1), Some((9, "x".into())), "node {i}");
+        assert_eq!(net.record(i, topic, 2), Some((9, "y".into())), "node {i}");
+    }
+}
+
+#[test]
+fn a_truncated_proposals_sequences_and_producer_seqs_are_handed_out_again() {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    // Cut off, the leader takes two PUBs into an entry nobody else gets.
+    net.nodes[l].isolated = true;
+    net.publish(l, 1, topic, (7, 1), "old-1");
+    net.publish(l, 2, topic, (7, 2), "old-2");
+    net.run_until("a new leader, the old one deposed", |net| {
+        net.serving_leader(Some(l)).is_some()
+            && !net.nodes[l].broker.cluster_status().unwrap().is_leader
+    });
+    for slot in [1, 2] {
+        let code = error_code(&net.nodes[l].answers[&slot]);
+        assert_eq!(code, Some(ErrorCode::NotEnoughReplicasAfterAppend));
+    }
+    let n = net.serving_leader(Some(l)).unwrap();
+    net.publish(n, 3, topic, (8, 1), "new-1");
+    assert_eq!(pub_ok(&net.wait_answer(n, 3)).sequence, 1);
+    net.nodes[l].isolated = false;
+    net.run_until("the old leader took the new entries", |net| {
+        net.nodes[l].broker.partition(topic, 0).unwrap().log.next_sequence() == 2
+    });
+    // The old leader leads again: the third node must be out of the new leader's lease
+    // to vote for it, and the new leader out of the way.
+    let third = (0..3).find(|&i| i != l && i != n).unwrap();
+    net.nodes[n].isolated = true;
+    net.nodes[third].isolated = true;
+    for _ in 0..ELECTION_TICKS {
+        net.nodes[third].broker.raft_tick();
+        net.pass(third);
+    }
+    net.nodes[third].isolated = false;
+    let cluster = net.nodes[l].broker.cluster.as_deref_mut().unwrap();
+    cluster.replica_mut().campaign().unwrap();
+    net.run_until("the old leader serves again", |net| {
+        net.serving_leader(Some(n)) == Some(l)
+    });
+    net.publish(l, 4, topic, (7, 1), "again-1");
+    net.publish(l, 5, topic, (7, 2), "again-2");
+    let (a, b) = (pub_ok(&net.wait_answer(l, 4)), pub_ok(&net.wait_answer(l, 5)));
+    assert_eq!((a.sequence, b.sequence), (2, 3));
+    assert!(a.result_flags.is_empty(), "a truncated PUB counted as stored");
+    net.nodes[n].isolated = false;
+    net.run_until("every node applied it", |net| {
+        net.nodes.iter().all(|node| {
+            node.broker.partition(topic, 0).unwrap().log.next_sequence() == 4
+        })
+    });
+    for i in 0..3 {
+        assert_eq!(net.record(i, topic, 1), Some((8, "new-1".into())), "node {i}");
+        assert_eq!(net.record(i, topic, 2), Some((7, "again-1".into())), "node {i}");
+        assert_eq!(net.record(i, topic, 3), Some((7, "again-2".into())), "node {i}");
+    }
+}
