@@ -472,11 +472,13 @@ impl Partitions {
         part.log.journal_durable(part.log.written_sequence());
         let (mut pos, mut sequence) = (0, first_sequence);
         while pos < records.len() {
-            let (rec, len) = crate::log::decode_record(&records[pos..], Some(sequence))
-                .map_err(|e| StorageError::Corrupt {
-                    path: part.log.dir().to_path_buf(),
-                    position: pos as u64,
-                    reason: format!("raft entry record {sequence}: {e}"),
+            let (rec, len) =
+                crate::log::decode_record(&records[pos..], Some(sequence)).map_err(|e| {
+                    StorageError::Corrupt {
+                        path: part.log.dir().to_path_buf(),
+                        position: pos as u64,
+                        reason: format!("raft entry record {sequence}: {e}"),
+                    }
                 })?;
             if sequence >= next && rec.producer_id != 0 {
                 let (id, seq) = (rec.producer_id, rec.producer_seq);

@@ -63,8 +63,8 @@ pub use error::{is_no_space_io, StorageError};
 pub use journal::{JOURNAL_FILE_BYTES_MAX, JOURNAL_FILE_BYTES_MIN};
 pub use purge::PurgeFiles;
 pub use record::{
-    decode as decode_record, encode as encode_record, RecordView, RECORD_BYTES_MAX, RECORD_KEY_BYTES_MAX, RECORD_OVERHEAD_BYTES,
-    RECORD_VALUE_BYTES_MAX,
+    decode as decode_record, encode as encode_record, RecordView, RECORD_BYTES_MAX,
+    RECORD_KEY_BYTES_MAX, RECORD_OVERHEAD_BYTES, RECORD_VALUE_BYTES_MAX,
 };
 pub use recovery::{
     check_partition, Backup, Change, ChangeKind, CheckProblem, CheckReport, DamagedRecord,

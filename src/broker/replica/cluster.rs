@@ -51,8 +51,8 @@ use crate::broker::producers::Idempotence;
 use crate::broker::publish::{refuse_fields, Partitions};
 use crate::broker::registry::{declare_err, declared, TopicRegistry};
 use crate::broker::{
-    manage, BrokerConfig, BrokerCounters, ConnRef, Effect, Handled, Now, OutputRoom,
-    PartitionKey, StartupReport, TOPICS_DIR,
+    manage, BrokerConfig, BrokerCounters, ConnRef, Effect, Handled, Now, OutputRoom, PartitionKey,
+    StartupReport, TOPICS_DIR,
 };
 use crate::broker::{topics::TopicPair, Broker};
 use crate::log::{encode_record, RecordView, Storage};
@@ -158,7 +158,12 @@ impl Cluster {
 
     /// Dedup against the overlay, then the applied state; `true` with a duplicate whose
     /// original is not known applied yet.
-    fn check_producer(&self, key: PartitionKey, part: &Partition, p: &Pub<'_>) -> (Idempotence, bool) {
+    fn check_producer(
+        &self,
+        key: PartitionKey,
+        part: &Partition,
+        p: &Pub<'_>,
+    ) -> (Idempotence, bool) {
         let (id, seq) = (p.producer_id, p.producer_seq);
         let pending = self.overlay.get(&key).and_then(|o| o.producers.get(&id));
         if let Some((&(first, _), &(last, _))) = pending.and_then(|l| l.front().zip(l.back())) {
@@ -167,7 +172,13 @@ impl Cluster {
             }
             if seq > last + 1 {
                 let expected = last + 1;
-                return (Idempotence::OutOfOrder { expected, too_old: false }, false);
+                return (
+                    Idempotence::OutOfOrder {
+                        expected,
+                        too_old: false,
+                    },
+                    false,
+                );
             }
             if seq >= first {
                 let sequence = pending.expect("found")[(seq - first) as usize].1;
@@ -175,6 +186,47 @@ impl Cluster {
             }
         }
         (part.producers.check(id, seq), false)
+    }
+
+    /// The idempotence check of a PUB (`man/mortarmq.7`): `None` lets it append; a
+    /// duplicate of an applied record is answered now, one of a pending record waits
+    /// with this pass (whose entry commits after the original's).
+    fn dedup(
+        &mut self,
+        conn: ConnRef,
+        slot: u64,
+        key: PartitionKey,
+        part: &Partition,
+        p: &Pub<'_>,
+        counters: &mut BrokerCounters,
+    ) -> Option<Handled> {
+        if p.producer_id == 0 {
+            counters.pubs_non_idempotent += 1;
+            return None;
+        }
+        match self.check_producer(key, part, p) {
+            (Idempotence::Fresh, _) => None,
+            (Idempotence::Duplicate { sequence }, pending) => {
+                counters.pubs_deduplicated += 1;
+                if !pending {
+                    return Some(Handled::Answer(self.duplicate_ok(key, sequence)));
+                }
+                let wait = PubWait {
+                    sequence,
+                    deduplicated: true,
+                };
+                self.wait(conn, slot, key, wait);
+                Some(Handled::Wait)
+            }
+            (Idempotence::OutOfOrder { expected, too_old }, _) => {
+                let why = match too_old {
+                    true => "older than the dedup window",
+                    false => "skips ahead",
+                };
+                let text = format!("producer_seq {} {why}; expected {expected}", p.producer_seq);
+                Some(pub_err(ErrorCode::SequenceOutOfOrder, text))
+            }
+        }
     }
 
     /// The next sequence of `key`: past what is applied and what is pending.
@@ -434,28 +486,9 @@ impl Broker {
         let Some(part) = self.partitions.get(key) else {
             return pub_err(ErrorCode::InternalError, "partition not open".into());
         };
-        let counters = &mut self.counters;
-        counters.pubs += 1;
-        if p.producer_id == 0 {
-            counters.pubs_non_idempotent += 1;
-        } else {
-            match c.check_producer(key, part, p) {
-                (Idempotence::Fresh, _) => {}
-                (Idempotence::Duplicate { sequence }, pending) => {
-                    counters.pubs_deduplicated += 1;
-                    if !pending {
-                        return Handled::Answer(c.duplicate_ok(key, sequence));
-                    }
-                    let deduplicated = true;
-                    c.wait(conn, slot, key, PubWait { sequence, deduplicated });
-                    return Handled::Wait;
-                }
-                (Idempotence::OutOfOrder { expected, too_old }, _) => {
-                    let why = if too_old { "older than the dedup window" } else { "skips ahead" };
-                    let text = format!("producer_seq {} {why}; expected {expected}", p.producer_seq);
-                    return pub_err(ErrorCode::SequenceOutOfOrder, text);
-                }
-            }
+        self.counters.pubs += 1;
+        if let Some(answered) = c.dedup(conn, slot, key, part, p, &mut self.counters) {
+            return answered;
         }
         let record_bytes = (p.key.len() + p.value.len()) as u64;
         if let Some(cap) = self.partitions.over_data_cap(record_bytes) {
@@ -478,8 +511,11 @@ impl Broker {
         if p.producer_id != 0 {
             c.note_producer(key, p.producer_id, p.producer_seq, sequence);
         }
-        let deduplicated = false;
-        c.wait(conn, slot, key, PubWait { sequence, deduplicated });
+        let wait = PubWait {
+            sequence,
+            deduplicated: false,
+        };
+        c.wait(conn, slot, key, wait);
         Handled::Wait
     }
 
@@ -788,7 +824,11 @@ impl Broker {
 
     fn apply_delete(&mut self, pair: u16, name: &[u8], reply: Option<(ConnRef, u64)>, now: Now) {
         let name = String::from_utf8_lossy(name).into_owned();
-        let found = self.registry().lookup(&name).filter(|p| p.pair == pair).cloned();
+        let found = self
+            .registry()
+            .lookup(&name)
+            .filter(|p| p.pair == pair)
+            .cloned();
         let response = match found {
             Some(found) => {
                 self.delete_pair(&found, now);

@@ -76,8 +76,7 @@ fn open_node(id: u64) -> Node {
     };
     let jobs = Jobs::default();
     let sink = Box::new(jobs.clone());
-    let (broker, _) =
-        Broker::open_cluster(config, replica, storage, sink, Now::default()).unwrap();
+    let (broker, _) = Broker::open_cluster(config, replica, storage, sink, Now::default()).unwrap();
     Node {
         broker,
         jobs,
@@ -116,7 +115,10 @@ impl Net {
             node.broker.drain_effects(&mut effects);
             for e in effects {
                 if let Effect::Answer { slot, response, .. } = e {
-                    assert!(node.answers.insert(slot, response).is_none(), "slot {slot} twice");
+                    assert!(
+                        node.answers.insert(slot, response).is_none(),
+                        "slot {slot} twice"
+                    );
                 }
             }
             let mut out = Vec::new();
@@ -181,9 +183,8 @@ impl Net {
 
     /// A node that leads and serves (its log applied), other than `not`.
     fn serving_leader(&self, not: Option<usize>) -> Option<usize> {
-        (0..self.nodes.len()).find(|&i| {
-            Some(i) != not && self.nodes[i].broker.admit(Op::Pub, self.now).is_ok()
-        })
+        (0..self.nodes.len())
+            .find(|&i| Some(i) != not && self.nodes[i].broker.admit(Op::Pub, self.now).is_ok())
     }
 
     fn settled_leader(&mut self) -> usize {
@@ -235,8 +236,29 @@ impl Net {
 
     /// Node `i`'s record at `sequence` of partition 0: `(producer_id, value)`.
     fn record(&mut self, i: usize, topic: u16, sequence: u64) -> Option<(u64, String)> {
-        let r = self.nodes[i].broker.read_record(topic, 0, sequence).unwrap()?;
+        let r = self.nodes[i]
+            .broker
+            .read_record(topic, 0, sequence)
+            .unwrap()?;
         Some((r.producer_id, String::from_utf8(r.value).unwrap()))
+    }
+
+    /// Node `l` leads again while `n` is cut off: the third node must first be out of
+    /// `n`'s lease to vote (check-quorum), then `l` campaigns.
+    fn lead_again(&mut self, l: usize, n: usize) {
+        let third = (0..3).find(|&i| i != l && i != n).unwrap();
+        self.nodes[n].isolated = true;
+        self.nodes[third].isolated = true;
+        for _ in 0..ELECTION_TICKS {
+            self.nodes[third].broker.raft_tick();
+            self.pass(third);
+        }
+        self.nodes[third].isolated = false;
+        let cluster = self.nodes[l].broker.cluster.as_deref_mut().unwrap();
+        cluster.replica_mut().campaign().unwrap();
+        self.run_until("the old leader serves again", |net| {
+            net.serving_leader(Some(n)) == Some(l)
+        });
     }
 
     fn term(&self, i: usize) -> u64 {
@@ -270,8 +292,15 @@ fn a_pub_on_the_leader_is_answered_only_after_commit_and_every_node_holds_it() {
         net.tick();
         net.deliver();
     }
-    assert!(net.nodes[l].answers.get(&1).is_none(), "answered before a majority had it");
-    assert_eq!(net.record(l, topic, 1), None, "written to a segment before commit");
+    assert!(
+        !net.nodes[l].answers.contains_key(&1),
+        "answered before a majority had it"
+    );
+    assert_eq!(
+        net.record(l, topic, 1),
+        None,
+        "written to a segment before commit"
+    );
     for &f in &followers {
         net.nodes[f].isolated = false;
     }
@@ -283,7 +312,15 @@ fn a_pub_on_the_leader_is_answered_only_after_commit_and_every_node_holds_it() {
     assert!(a.commit_seq >= 1 && b.commit_seq >= 2);
     assert!(a.result_flags.is_empty());
     net.run_until("every node applied both", |n| {
-        (0..3).all(|i| n.nodes[i].broker.partition(topic, 0).unwrap().log.next_sequence() == 3)
+        (0..3).all(|i| {
+            n.nodes[i]
+                .broker
+                .partition(topic, 0)
+                .unwrap()
+                .log
+                .next_sequence()
+                == 3
+        })
     });
     for i in 0..3 {
         assert_eq!(net.record(i, topic, 1), Some((5, "a".into())), "node {i}");
@@ -320,9 +357,9 @@ fn a_producer_resending_after_a_failover_is_deduplicated() {
     assert_eq!(pub_ok(&net.wait_answer(l, 1)).sequence, 1);
     net.run_until("every node applied it", |n| {
         (0..3).all(|i| n.nodes[i].broker.cluster_status().unwrap().applied_index > 0)
-            && n.nodes.iter().all(|node| {
-                node.broker.partition(topic, 0).unwrap().log.next_sequence() == 2
-            })
+            && n.nodes
+                .iter()
+                .all(|node| node.broker.partition(topic, 0).unwrap().log.next_sequence() == 2)
     });
     // The leader dies (cut off); the producer, unsure, resends to the new one.
     net.nodes[l].isolated = true;
@@ -337,7 +374,13 @@ fn a_producer_resending_after_a_failover_is_deduplicated() {
     assert_eq!(pub_ok(&net.wait_answer(n, 3)).sequence, 2);
     net.nodes[l].isolated = false;
     net.run_until("the old leader caught up", |net| {
-        net.nodes[l].broker.partition(topic, 0).unwrap().log.next_sequence() == 3
+        net.nodes[l]
+            .broker
+            .partition(topic, 0)
+            .unwrap()
+            .log
+            .next_sequence()
+            == 3
     });
     for i in 0..3 {
         assert_eq!(net.record(i, topic, 1), Some((9, "x".into())), "node {i}");
@@ -367,37 +410,108 @@ fn a_truncated_proposals_sequences_and_producer_seqs_are_handed_out_again() {
     assert_eq!(pub_ok(&net.wait_answer(n, 3)).sequence, 1);
     net.nodes[l].isolated = false;
     net.run_until("the old leader took the new entries", |net| {
-        net.nodes[l].broker.partition(topic, 0).unwrap().log.next_sequence() == 2
+        net.nodes[l]
+            .broker
+            .partition(topic, 0)
+            .unwrap()
+            .log
+            .next_sequence()
+            == 2
     });
-    // The old leader leads again: the third node must be out of the new leader's lease
-    // to vote for it, and the new leader out of the way.
-    let third = (0..3).find(|&i| i != l && i != n).unwrap();
-    net.nodes[n].isolated = true;
-    net.nodes[third].isolated = true;
-    for _ in 0..ELECTION_TICKS {
-        net.nodes[third].broker.raft_tick();
-        net.pass(third);
-    }
-    net.nodes[third].isolated = false;
-    let cluster = net.nodes[l].broker.cluster.as_deref_mut().unwrap();
-    cluster.replica_mut().campaign().unwrap();
-    net.run_until("the old leader serves again", |net| {
-        net.serving_leader(Some(n)) == Some(l)
-    });
+    net.lead_again(l, n);
     net.publish(l, 4, topic, (7, 1), "again-1");
     net.publish(l, 5, topic, (7, 2), "again-2");
-    let (a, b) = (pub_ok(&net.wait_answer(l, 4)), pub_ok(&net.wait_answer(l, 5)));
+    let (a, b) = (
+        pub_ok(&net.wait_answer(l, 4)),
+        pub_ok(&net.wait_answer(l, 5)),
+    );
     assert_eq!((a.sequence, b.sequence), (2, 3));
-    assert!(a.result_flags.is_empty(), "a truncated PUB counted as stored");
+    assert!(
+        a.result_flags.is_empty(),
+        "a truncated PUB counted as stored"
+    );
     net.nodes[n].isolated = false;
     net.run_until("every node applied it", |net| {
-        net.nodes.iter().all(|node| {
-            node.broker.partition(topic, 0).unwrap().log.next_sequence() == 4
-        })
+        net.nodes
+            .iter()
+            .all(|node| node.broker.partition(topic, 0).unwrap().log.next_sequence() == 4)
     });
     for i in 0..3 {
-        assert_eq!(net.record(i, topic, 1), Some((8, "new-1".into())), "node {i}");
-        assert_eq!(net.record(i, topic, 2), Some((7, "again-1".into())), "node {i}");
-        assert_eq!(net.record(i, topic, 3), Some((7, "again-2".into())), "node {i}");
+        assert_eq!(
+            net.record(i, topic, 1),
+            Some((8, "new-1".into())),
+            "node {i}"
+        );
+        assert_eq!(
+            net.record(i, topic, 2),
+            Some((7, "again-1".into())),
+            "node {i}"
+        );
+        assert_eq!(
+            net.record(i, topic, 3),
+            Some((7, "again-2".into())),
+            "node {i}"
+        );
+    }
+}
+
+#[test]
+fn a_replicated_pub_on_a_leader_that_hears_no_majority_gets_not_enough_replicas() {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    net.nodes[l].isolated = true;
+    let p = |flags| Pub {
+        topic_id: topic,
+        partition: 0,
+        flags,
+        producer_id: 0,
+        producer_seq: 0,
+        key: b"",
+        value: b"v",
+    };
+    let replicated = PubFlags::requesting(Some(Durability::Replicated));
+    let refused = loop {
+        let status = net.nodes[l].broker.cluster_status().unwrap();
+        assert!(status.is_leader, "stepped down before refusing");
+        let now = net.now;
+        match net.nodes[l].broker.publish(CONN, 1, &p(replicated), now) {
+            Handled::Answer(r) => break r,
+            Handled::Wait => {}
+        }
+        net.tick();
+        net.pass(l);
+    };
+    assert_eq!(error_code(&refused), Some(ErrorCode::NotEnoughReplicas));
+}
+
+#[test]
+fn a_delete_is_applied_on_every_node() {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    net.publish(l, 1, topic, (0, 0), "gone");
+    pub_ok(&net.wait_answer(l, 1));
+    let d = Declare {
+        topic: b"orders",
+        partition_count: 0,
+        flags: DeclareFlags::DELETE,
+    };
+    let handled = net.nodes[l].broker.declare(CONN, 2, &d, net.now);
+    assert!(matches!(handled, Handled::Wait));
+    match net.wait_answer(l, 2) {
+        Response::Declare(r) => assert_eq!(r.topic_id, topic),
+        other => panic!("DELETE answered {other:?}"),
+    }
+    net.run_until("every node deleted it", |net| {
+        net.nodes
+            .iter()
+            .all(|n| n.broker.registry().lookup("orders").is_none())
+    });
+    for i in 0..3 {
+        assert!(
+            net.nodes[i].broker.partition(topic, 0).is_none(),
+            "node {i}"
+        );
     }
 }
