@@ -281,12 +281,23 @@ impl Cluster {
         self.overlay.clear();
     }
 
-    /// Forgets pending runs that apply has caught up with: the applied state says it all.
+    /// Forgets what apply has caught up with (the applied state says it), so the overlay
+    /// stays as small as the uncommitted tail under a steady load.
     fn prune_overlay(&mut self, partitions: &Partitions) {
         self.overlay.retain(|key, pending| {
-            partitions
-                .get(*key)
-                .is_some_and(|p| p.log.next_sequence() < pending.next_sequence)
+            let Some(applied_next) = partitions.get(*key).map(|p| p.log.next_sequence()) else {
+                return false;
+            };
+            pending.producers.retain(|_, list| {
+                while list
+                    .front()
+                    .is_some_and(|&(_, sequence)| sequence < applied_next)
+                {
+                    list.pop_front();
+                }
+                !list.is_empty()
+            });
+            applied_next < pending.next_sequence
         });
         if self.catching_up.is_some_and(|i| self.applied_index >= i) {
             self.catching_up = None;
