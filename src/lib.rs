@@ -12,7 +12,7 @@
 //! | [`fsync`] | the worker pool that runs durable I/O off the reactor thread | nothing |
 //! | [`consume`] | consumer groups, credit, delivery, redelivery: a pure state machine | `wire` |
 //! | [`broker`] | registry, publish, group commit, consume; blocking I/O as jobs | those four |
-//! | [`broker::replica`] | replication: the raft group and its storage | `broker`'s, `raft`† |
+//! | [`broker::replica`] | replication: raft group, storage, cluster mode | `broker`'s, `raft`† |
 //! | [`session`] | CONNECT, the one dispatch, response slots in order | `wire`, `broker` |
 //! | [`reactor`] | the mio loop: sockets, buffers, timers, backpressure | all above |
 //! | [`admin`] | HTTP: stats, peeks, changes | `broker`, `consume`, `session`, `wire`, `logging`‡ |

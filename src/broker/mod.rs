@@ -7,7 +7,10 @@
 //! - [`deliver`]: the consume driver around the group coordinator, dead letters and
 //!   committed positions;
 //! - [`manage`]: operator changes (group delete and reset, purge) and topic
-//!   descriptions, answered once durable.
+//!   descriptions, answered once durable;
+//! - [`replica`]: replication; a broker opened with [`Broker::open_cluster`] owns a raft
+//!   replica and changes its state only by applying committed entries
+//!   (`replica::cluster`).
 //!
 //! Blocking I/O leaves as [`DurableJob`]s for a [`JobSink`] (the reactor's fsync pool)
 //! and comes back whole through [`Broker::job_done`]. A request is answered now

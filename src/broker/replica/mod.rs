@@ -8,7 +8,10 @@
 //! `raft::Storage` over journal format 2 and `raft-state` ([`storage`]), what entry data
 //! means ([`entry`]: BATCH, REGISTRY) and the sans-IO state machine ([`machine`]: the
 //! Ready loop, the role gate, REPLICATED waiters), tested by a three-node in-process
-//! harness (`sim`). Nothing calls them outside tests yet: `mortard` refuses `--peers`.
+//! harness (`sim`); and the broker's cluster mode ([`cluster`]: a `Broker` owning a
+//! `Replica`, PUB and DECLARE as proposals, apply into partitions, registry and
+//! producers), tested by three in-process brokers (`cluster_sim`). Nothing calls them
+//! outside tests yet: `mortard` refuses `--peers` until the reactor drives them.
 //!
 //! Depends on what `broker` may, plus `raft` and `slog` (raft's logging interface).
 
