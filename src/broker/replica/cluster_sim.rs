@@ -42,6 +42,7 @@ impl JobSink for Jobs {
 }
 
 struct Node {
+    disk: SimDisk,
     broker: Broker,
     jobs: Jobs,
     inbox: VecDeque<PeerMessage>,
@@ -56,8 +57,11 @@ fn address(id: u64) -> String {
 }
 
 fn open_node(id: u64) -> Node {
-    let disk = SimDisk::seeded(id);
-    let storage: Arc<dyn Storage> = Arc::new(disk);
+    open_node_on(id, SimDisk::seeded(id))
+}
+
+fn open_node_on(id: u64, disk: SimDisk) -> Node {
+    let storage: Arc<dyn Storage> = Arc::new(disk.clone());
     let config = BrokerConfig {
         data_dir: Path::new("/data").to_path_buf(),
         durability: Durability::Replicated,
@@ -78,6 +82,7 @@ fn open_node(id: u64) -> Node {
     let sink = Box::new(jobs.clone());
     let (broker, _) = Broker::open_cluster(config, replica, storage, sink, Now::default()).unwrap();
     Node {
+        disk,
         broker,
         jobs,
         inbox: VecDeque::new(),
@@ -514,4 +519,37 @@ fn a_delete_is_applied_on_every_node() {
             "node {i}"
         );
     }
+}
+
+#[test]
+fn a_restarted_node_applies_the_log_again_without_doubling_a_record() {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    net.publish(l, 1, topic, (3, 1), "a");
+    assert_eq!(pub_ok(&net.wait_answer(l, 1)).sequence, 1);
+    let f = (0..3).find(|&i| i != l).unwrap();
+    let next = |net: &Net| {
+        net.nodes[f]
+            .broker
+            .partition(topic, 0)
+            .unwrap()
+            .log
+            .next_sequence()
+    };
+    net.run_until("the follower applied it", |net| next(net) == 2);
+    let disk = net.nodes[f].disk.clone();
+    net.nodes[f] = open_node_on(f as u64 + 1, disk);
+    assert_eq!(next(&net), 2, "the segment kept what was applied");
+    net.publish(l, 2, topic, (3, 2), "b");
+    assert_eq!(pub_ok(&net.wait_answer(l, 2)).sequence, 2);
+    net.run_until("the restarted follower applied the log again", |net| {
+        net.nodes[f].broker.cluster_status().unwrap().applied_index
+            == net.nodes[l].broker.cluster_status().unwrap().applied_index
+    });
+    assert_eq!(next(&net), 3);
+    let gate = net.nodes[f].broker.admit(Op::Pub, net.now);
+    assert_eq!(gate.unwrap_err().0, ErrorCode::NotLeader, "the restarted node failed");
+    assert_eq!(net.record(f, topic, 1), Some((3, "a".into())));
+    assert_eq!(net.record(f, topic, 2), Some((3, "b".into())));
 }
