@@ -549,7 +549,11 @@ fn a_restarted_node_applies_the_log_again_without_doubling_a_record() {
     });
     assert_eq!(next(&net), 3);
     let gate = net.nodes[f].broker.admit(Op::Pub, net.now);
-    assert_eq!(gate.unwrap_err().0, ErrorCode::NotLeader, "the restarted node failed");
+    assert_eq!(
+        gate.unwrap_err().0,
+        ErrorCode::NotLeader,
+        "the restarted node failed"
+    );
     assert_eq!(net.record(f, topic, 1), Some((3, "a".into())));
     assert_eq!(net.record(f, topic, 2), Some((3, "b".into())));
 }
