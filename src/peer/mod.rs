@@ -33,7 +33,8 @@ use std::net::SocketAddr;
 use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Registry, Token};
-use raft::eraftpb::Message;
+/// raft's message, re-exported so the reactor can hand it on without naming `raft`.
+pub use raft::eraftpb::Message;
 
 pub use frame::{cluster_id, FrameError, Hello, FRAME_BYTES_MAX};
 use frame::{FrameKind, LENGTH_BYTES};
