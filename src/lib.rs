@@ -14,6 +14,7 @@
 //! | [`broker`] | registry, publish, group commit, consume; blocking I/O as jobs | those four |
 //! | [`broker::replica`] | replication: raft group, storage, cluster mode | `broker`'s, `raft`† |
 //! | [`session`] | CONNECT, the one dispatch, response slots in order | `wire`, `broker` |
+//! | [`peer`] | `--listen-peer` links: dial, HELLO, frames, caps, backoff | `raft`'s messages§ |
 //! | [`reactor`] | the mio loop: sockets, buffers, timers, backpressure | all above |
 //! | [`admin`] | HTTP: stats, peeks, changes | `broker`, `consume`, `session`, `wire`, `logging`‡ |
 //! | [`config`] | the flag table: argv into the layers' configs, `--help` | config types* |
@@ -21,12 +22,16 @@
 //! | [`systemd`] | `Type=notify` readiness (`READY=1`, `STOPPING=1`) | nothing |
 //! | [`logging`] | `mortard`'s log line formats (text, JSON, journald priorities) | `config` |
 //!
-//! Rules: only `reactor` (and `admin`'s HTTP listener) touch sockets; `broker` and
+//! Rules: only `reactor` and `peer` (both on the reactor thread, on its one `Poll`) and
+//! `admin`'s HTTP listener touch sockets; `broker` and
 //! `consume` take the time as an argument and return effects, so they are tested
 //! without sockets or clocks; the reactor thread never blocks (no fsync, no DNS, no
 //! sleep).
 //!
-//! † and `slog`, raft's logging interface; no other room names `raft` or `slog`.
+//! † and `slog`, raft's logging interface; no other room names `raft` or `slog`, except:
+//!
+//! § `peer` names raft's `eraftpb` (the message types) and `protobuf` (their codec) only;
+//! it depends on no room of this crate.
 //!
 //! \* `config` may name `wire`'s limits and `Durability` and the config types of `log`,
 //! `consume`, `broker` and `reactor` (each owns its defaults there), never code that runs.
@@ -42,6 +47,7 @@ pub mod consume;
 pub mod fsync;
 pub mod log;
 pub mod logging;
+pub mod peer;
 pub mod reactor;
 pub mod session;
 pub mod systemd;

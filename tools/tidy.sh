@@ -62,9 +62,23 @@ config_paths=$(grep -noE 'crate::[A-Za-z_:]+' src/config.rs \
   || say "src/config.rs may name only the layers' config types and limits:"$'\n'"$config_paths"
 deny src/client 'use crate::(log|broker|reactor|session|fsync|admin|config|consume)|mio::'
 # tikv's raft (and slog, its logging interface) stay inside broker::replica, behind the
-# sans-IO wrapper: an upgrade of the pinned crate touches that room only.
-raft_users=$(grep -rlE '\b(raft|slog)::' src --include='*.rs' | grep -v '^src/broker/replica/' || true)
-[ -z "$raft_users" ] || say "raft and slog are used only in src/broker/replica:"$'\n'"$raft_users"
+# sans-IO wrapper: an upgrade of the pinned crate touches that room only. The peer room
+# carries raft's messages, so it may name `raft::eraftpb` (and `protobuf`, their codec),
+# nothing else of the crate.
+raft_users=$(grep -rlE '\b(raft|slog)::' src --include='*.rs' \
+  | grep -vE '^src/(broker/replica|peer)/' || true)
+[ -z "$raft_users" ] || say "raft and slog are used only in src/broker/replica and src/peer:"$'\n'"$raft_users"
+peer_raft=$(grep -rnE '\b(raft|slog)::' src/peer --include='*.rs' | grep -vE '\braft::eraftpb::' || true)
+[ -z "$peer_raft" ] || say "src/peer may name only raft::eraftpb (the message types):"$'\n'"$peer_raft"
+protobuf_users=$(grep -rlE '\bprotobuf::' src --include='*.rs' | grep -v '^src/peer/' || true)
+[ -z "$protobuf_users" ] || say "protobuf (the peer frames' codec) is used only in src/peer:"$'\n'"$protobuf_users"
+# The peer room is sans-broker: it reports events and takes messages, depending on no room.
+deny src/peer 'use crate::'
+# Sockets live on the reactor thread (reactor, peer) or in admin's HTTP thread; the client
+# library and main (which binds admin's listener) are not the broker.
+socket_users=$(grep -rlE '\b(TcpStream|TcpListener|mio::net)\b' src --include='*.rs' \
+  | grep -vE '^src/(reactor|peer|admin|client)/|^src/main\.rs$' || true)
+[ -z "$socket_users" ] || say "sockets are touched only in reactor, peer and admin:"$'\n'"$socket_users"
 # admin renders /stats with logging's JSON string writer, so logging stays below it.
 deny src/logging.rs 'use crate::(wire|log|fsync|consume|broker|session|reactor|admin|client)|mio::'
 

@@ -21,15 +21,22 @@
 //! what surrounds CONNECT (failed tokens answered late, client ERR frames logged
 //! briefly); the connect timeout is one more deadline of the timer heap.
 //!
-//! Depends on every room below it: `wire`, `session`, `broker`, `fsync`.
+//! `cluster.rs` joins a cluster (`attach_peers`, only with `--peers`): the `peer` room's
+//! links on this `Poll` in their own token range and raft's tick timer; each pass hands
+//! what they bring to the replica after the reads and before the broker's end of pass,
+//! and writes peer messages after the clients' output. Without it, nothing changes.
+//!
+//! Depends on every room below it: `wire`, `session`, `broker`, `fsync`, `peer`.
 
 mod accept;
+mod cluster;
 mod config;
 pub mod conn;
 mod gate;
 mod manage;
 
 pub use accept::LISTEN_BACKLOG_MIN;
+pub use cluster::{ClusterCounters, ClusterInput};
 pub use config::ReactorConfig;
 
 use std::cmp::Reverse;
@@ -62,8 +69,11 @@ use gate::DelayedAnswer;
 pub const LISTENER_TOKEN: Token = Token(0);
 pub const WAKER_TOKEN: Token = Token(1);
 pub const SIGNAL_TOKEN: Token = Token(2);
-/// Connection tokens are slab keys plus this, past the fixed tokens.
-const CONN_TOKEN_BASE: usize = 16;
+/// The peer links' tokens (`peer::TOKENS` of them), past the fixed tokens; used only in
+/// a cluster.
+pub const PEER_TOKEN_BASE: usize = 16;
+/// Connection tokens are slab keys plus this, past the peer links' tokens.
+const CONN_TOKEN_BASE: usize = PEER_TOKEN_BASE + crate::peer::TOKENS;
 
 /// Bytes read from a socket per `read` call, into the reactor's one shared buffer:
 /// idle connections then own no read buffer at all.
@@ -89,7 +99,7 @@ const HOUSEKEEPING_INTERVAL_MS: u64 = 1_000;
 const EVENTS_CAPACITY: usize = 1024;
 
 const _: () = assert!(OUTPUT_LOW_WATER_BYTES < OUTPUT_HIGH_WATER_BYTES);
-const _: () = assert!(CONN_TOKEN_BASE > SIGNAL_TOKEN.0);
+const _: () = assert!(PEER_TOKEN_BASE > SIGNAL_TOKEN.0);
 
 /// Counters the reactor keeps (read by the admin room through snapshots).
 #[derive(Debug, Default, Clone)]
@@ -109,6 +119,8 @@ pub struct ReactorCounters {
     /// MSG frames sent: pushed, or in a PULL's answer.
     pub msgs_out: u64,
     pub notices_out: u64,
+    /// Raft messages from peers with no replica to take them yet (`cluster.rs`).
+    pub peer_messages_unrouted: u64,
 }
 
 pub struct Reactor {
@@ -150,6 +162,10 @@ pub struct Reactor {
     admin_waits: std::collections::HashMap<u64, std::sync::mpsc::SyncSender<AdminAnswer>>,
     next_admin_ticket: u64,
     pub counters: ReactorCounters,
+    /// Peer links and raft's tick timer; `None` without `--peers` (`cluster.rs`).
+    cluster: Option<cluster::Cluster>,
+    /// What the pass hands the replica, kept for its allocation.
+    cluster_inputs: Vec<ClusterInput>,
 }
 
 fn would_block(e: &io::Error) -> bool {
@@ -234,6 +250,8 @@ impl Reactor {
             admin_waits: std::collections::HashMap::new(),
             next_admin_ticket: 0,
             counters: ReactorCounters::default(),
+            cluster: None,
+            cluster_inputs: Vec::new(),
         })
     }
 
@@ -265,43 +283,43 @@ impl Reactor {
     /// Runs until SIGTERM/SIGINT, then drains and returns.
     pub fn run(&mut self) -> io::Result<()> {
         let mut events = Events::with_capacity(EVENTS_CAPACITY);
-        loop {
-            let timeout = self.poll_timeout();
-            if let Err(e) = self.poll.poll(&mut events, timeout) {
-                if interrupted(&e) {
-                    continue;
-                }
-                return Err(e);
-            }
-            let now = self.now();
-            for event in events.iter() {
-                match event.token() {
-                    LISTENER_TOKEN => self.accept(now),
-                    WAKER_TOKEN => {}
-                    SIGNAL_TOKEN => self.on_signals(now),
-                    Token(t) => {
-                        let key = t - CONN_TOKEN_BASE;
-                        if !self.conns.contains(key) {
-                            continue;
-                        }
-                        if event.is_readable() || event.is_read_closed() || event.is_error() {
-                            self.queue_read(key);
-                        }
-                        if event.is_writable() {
-                            self.queue_flush(key);
-                        }
+        while !self.turn(&mut events, self.poll_timeout())? {}
+        self.shutdown()
+    }
+
+    /// One pass: wait for events (at most `timeout`), handle them, end the pass.
+    /// Returns whether a shutdown finished draining.
+    fn turn(&mut self, events: &mut Events, timeout: Option<Duration>) -> io::Result<bool> {
+        if let Err(e) = self.poll.poll(events, timeout) {
+            return if interrupted(&e) { Ok(false) } else { Err(e) };
+        }
+        let now = self.now();
+        for event in events.iter() {
+            match event.token() {
+                LISTENER_TOKEN => self.accept(now),
+                WAKER_TOKEN => {}
+                SIGNAL_TOKEN => self.on_signals(now),
+                Token(t) if t < CONN_TOKEN_BASE => self.on_peer_event(event, now),
+                Token(t) => {
+                    let key = t - CONN_TOKEN_BASE;
+                    if !self.conns.contains(key) {
+                        continue;
+                    }
+                    if event.is_readable() || event.is_read_closed() || event.is_error() {
+                        self.queue_read(key);
+                    }
+                    if event.is_writable() {
+                        self.queue_flush(key);
                     }
                 }
             }
-            self.read_turn(now);
-            self.pass_end(now);
-            if let Some(since) = self.draining_since_ms {
-                if self.conns.is_empty() || now.mono_ms >= since + SHUTDOWN_DRAIN_MS {
-                    break;
-                }
-            }
         }
-        self.shutdown()
+        self.read_turn(now);
+        self.cluster_pass(now);
+        self.pass_end(now);
+        Ok(self
+            .draining_since_ms
+            .is_some_and(|since| self.conns.is_empty() || now.mono_ms >= since + SHUTDOWN_DRAIN_MS))
     }
 
     fn poll_timeout(&self) -> Option<Duration> {
@@ -321,6 +339,9 @@ impl Reactor {
         }
         if let Some(Reverse(d)) = self.delayed.peek() {
             next = next.min(d.due_ms);
+        }
+        if let Some(cluster) = &self.cluster {
+            next = next.min(cluster.next_deadline_ms());
         }
         if self.draining_since_ms.is_some() {
             next = next.min(now + 50);
@@ -758,6 +779,7 @@ impl Reactor {
             self.drain_step();
         }
         self.flush_all();
+        self.cluster_flush(now);
         self.free_closed();
         self.last_turn_ms.store(now.mono_ms, Ordering::Relaxed);
         self.answer_admin(now);
