@@ -5,6 +5,7 @@
 //! `admin ADDR`), so scripts and tests that pass port 0 learn the real port.
 
 use std::io::Write;
+use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::ExitCode;
@@ -12,16 +13,15 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use mortarmq::admin::{Admin, ADMIN_THREADS_MAX};
+use mortarmq::broker::replica::machine::ReplicaConfig;
 use mortarmq::broker::{Broker, BrokerConfig, Now};
-use mortarmq::config::{self, Command, Config};
+use mortarmq::config::{self, ClusterConfig, Command, Config};
+use mortarmq::peer::PeersConfig;
 use mortarmq::reactor::{Reactor, ReactorConfig};
 use mortarmq::session::parse_token_file;
 
 /// Exit status for a usage error (bad flag or value).
 const EXIT_USAGE: u8 = 2;
-/// What `--peers` gets until replication is built.
-const REPLICATION_NOT_BUILT: &str = "mortard: --peers: replication is not built yet \
-    (docs/REPLICATION.md, issue 15); start without --peers for a single node";
 /// Exit status for a failure at run time (data dir unusable, cannot bind).
 const EXIT_FAILURE: u8 = 1;
 /// Descriptors a partition holds: its active segment and its index.
@@ -44,14 +44,6 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    // The cluster flags are parsed and checked, but nothing runs them yet
-    // (docs/REPLICATION.md §10): refused before the data directory is touched, so that
-    // no epoch is taken and no cluster-looking state is written by a node that would
-    // then serve as a single node.
-    if config.cluster.is_cluster() {
-        eprintln!("{REPLICATION_NOT_BUILT}");
-        return ExitCode::from(EXIT_USAGE);
-    }
     let filter_override = mortarmq::logging::init(config.log_level, config.log_format);
     if let Some(filter) = filter_override {
         log::info!(
@@ -172,11 +164,13 @@ fn notify_ready() {
 }
 
 /// Binds the client listener, then opens the data directory (recovery, a new leader
-/// epoch) and the reactor around it. Returns the reactor and the number of partitions.
+/// epoch; in a cluster, the raft journal) and the reactor around it. Returns the reactor
+/// and the number of partitions.
 fn open(
     reactor: ReactorConfig,
     broker: BrokerConfig,
     fsync_threads: usize,
+    cluster: Option<ReplicaConfig>,
 ) -> Result<(Reactor, usize), String> {
     let data_dir = broker.data_dir.clone();
     let mut partitions = 0;
@@ -184,15 +178,18 @@ fn open(
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
     let reactor = Reactor::bind(reactor, fsync_threads, |submitter| {
-        let (broker, report) = Broker::open(
-            broker,
+        let (storage, sink, now) = (
             mortarmq::log::FsStorage::shared(),
             Box::new(submitter),
             Now {
                 mono_ms: 0,
                 wall_ms,
             },
-        )?;
+        );
+        let (broker, report) = match cluster {
+            Some(replica) => Broker::open_cluster(broker, replica, storage, sink, now)?,
+            None => Broker::open(broker, storage, sink, now)?,
+        };
         log::info!(
             "data dir {}: leader_epoch {}, {} topics, {} partitions, {} recovery truncations",
             data_dir.display(),
@@ -207,10 +204,63 @@ fn open(
     Ok((reactor, partitions))
 }
 
+/// The replica's view of `--node-id`/`--peers` and the raft timers. Peers' client
+/// addresses (for NOT_LEADER) arrive in their HELLOs; this node's is `--advertise`.
+fn replica_config(config: &Config) -> Option<ReplicaConfig> {
+    let c = &config.cluster;
+    let id = c.node_id.filter(|_| c.is_cluster())?;
+    let own = c.advertise.unwrap_or(config.reactor.listen).to_string();
+    let nodes = c.peers.iter().map(|p| {
+        let addr = if p.id == id {
+            own.clone()
+        } else {
+            String::new()
+        };
+        (u64::from(p.id), addr)
+    });
+    Some(ReplicaConfig {
+        id: u64::from(id),
+        nodes: nodes.collect(),
+        election_ticks: c.election_ticks as usize,
+        heartbeat_ticks: c.heartbeat_ticks as usize,
+        journal_file_bytes: config.broker.journal_file_bytes,
+        applied: 0,
+        replication_timeout_ms: c.replication_timeout_ms,
+    })
+}
+
+/// Joins the cluster's peer links on the reactor (after the client listener is bound, so
+/// the HELLO carries its real address).
+fn attach_peers(
+    reactor: &mut Reactor,
+    cluster: &ClusterConfig,
+    listen_peer: Option<SocketAddr>,
+    admin_addr: Option<SocketAddr>,
+) -> Result<(), String> {
+    let (Some(node_id), Some(listen)) = (cluster.node_id, listen_peer) else {
+        return Ok(());
+    };
+    let client_addr = match cluster.advertise {
+        Some(addr) => addr,
+        None => reactor.local_addr().ok_or("listener has no address")?,
+    };
+    let peers = PeersConfig {
+        node_id,
+        nodes: cluster.peers.iter().map(|p| (p.id, p.addr)).collect(),
+        listen,
+        client_addr,
+        admin_addr,
+    };
+    reactor.attach_peers(&peers, cluster.raft_tick_ms)?;
+    Ok(())
+}
+
 fn run(config: Config) -> Result<(), String> {
     for warning in config.warnings() {
         log::warn!("{warning}");
     }
+    let replica = replica_config(&config);
+    let listen_peer = config.listen_peer_addr();
     let Config {
         mut reactor,
         broker,
@@ -220,10 +270,8 @@ fn run(config: Config) -> Result<(), String> {
         // Acted on in `main`, before anything is logged.
         log_level: _,
         log_format: _,
-        // Reserved for replication: checked and warned about, nothing binds it yet.
         listen_peer: _,
-        // Refused in `main` when it names a cluster; the rest is tuning nothing reads yet.
-        cluster: _,
+        cluster,
     } = config;
     reactor.tokens = load_tokens(token_file.as_deref())?;
     // The admin listener's changes take the same tokens (`src/admin/manage.rs`).
@@ -235,11 +283,14 @@ fn run(config: Config) -> Result<(), String> {
     // every file (the epoch too) as it found it.
     std::fs::create_dir_all(&data_dir)
         .map_err(|e| format!("cannot create data directory {}: {e}", data_dir.display()))?;
+    mortarmq::broker::check_data_dir_kind(&data_dir, replica.is_some())?;
     let _data_dir_lock = mortarmq::broker::DataDirLock::acquire(&data_dir)?;
     // Bound before the broker opens and bumps the leader epoch (so is the client listener,
     // in `Reactor::bind`): a port in use must not cost an epoch.
     let admin_listener = admin_listen.map(Admin::bind).transpose()?;
-    let (mut reactor, partitions) = open(reactor, broker, fsync_threads)?;
+    let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let (mut reactor, partitions) = open(reactor, broker, fsync_threads, replica)?;
+    attach_peers(&mut reactor, &cluster, listen_peer, admin_addr)?;
     check_descriptor_limit(descriptor_limit, max_connections, partitions);
     let addr = reactor.local_addr().ok_or("listener has no address")?;
     log::info!("mortard {} listening on {addr}", env!("CARGO_PKG_VERSION"));

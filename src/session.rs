@@ -242,6 +242,11 @@ pub fn dispatch(
         tokens,
         output_room_bytes,
     } = call;
+    // A cluster node that is not the leader turns the request away (the role gate of
+    // `docs/REPLICATION.md` §7.1); a single node admits everything.
+    if let Err((code, text)) = broker.admit(r.op(), now) {
+        return Handled::Answer(Response::err(code, r.op() as u8, text));
+    }
     match r {
         Request::Connect(c) => Handled::Answer(session.connect(&c, tokens, conn)),
         Request::Ping => Handled::Answer(Response::ok(Op::Ping)),

@@ -298,11 +298,11 @@ fn a_live_data_directory_is_locked_against_a_second_broker_and_a_repair() {
     broker.client().ping().unwrap();
 }
 
-/// Issue 15, increment 1: the cluster flags parse, but `--peers` is refused (exit 2, a
-/// usage error) until replication is built, before the data directory is touched: no
-/// epoch taken, no lock written, nothing made.
+/// A single node's data directory started with `--peers` is refused (exit 1) before the
+/// lock is taken: no epoch taken, nothing written; and a cluster node's directory
+/// started without `--peers` is refused too (their journals differ in format).
 #[test]
-fn a_start_with_peers_is_refused_and_leaves_the_data_directory_alone() {
+fn a_data_directory_of_the_other_kind_is_refused_and_left_alone() {
     let mut broker = Mortard::start(&[]);
     broker
         .client()
@@ -322,12 +322,8 @@ fn a_start_with_peers_is_refused_and_leaves_the_data_directory_alone() {
         .arg(&data);
     let out = run_to_end(cmd).expect("mortard served with --peers instead of refusing");
     let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert_eq!(err.lines().count(), 1, "one line: {err}");
-    assert!(
-        err.contains("--peers: replication is not built yet"),
-        "{err}"
-    );
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("is a single node's data directory"), "{err}");
     assert_eq!(tree(&data), before, "no epoch taken, nothing written");
     assert_eq!(
         std::fs::read(data.join("lock")).unwrap(),
@@ -335,17 +331,23 @@ fn a_start_with_peers_is_refused_and_leaves_the_data_directory_alone() {
         "lock untouched"
     );
 
-    // A data directory that does not exist is not made.
-    let fresh = data.with_file_name("never-made");
+    // A cluster node's directory (it has raft-state) is refused without --peers.
+    let clustered = data.with_file_name("clustered");
+    std::fs::create_dir_all(&clustered).unwrap();
+    std::fs::write(clustered.join("raft-state"), [0u8; 24]).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_mortard"));
     cmd.args(["--listen", "127.0.0.1:0", "--admin-listen", "off"])
-        .args(["--node-id", "1", "--peers"])
-        .arg("1=127.0.0.1:1,2=127.0.0.1:2,3=127.0.0.1:3")
         .arg("--data-dir")
-        .arg(&fresh);
+        .arg(&clustered);
     let out = run_to_end(cmd).expect("refused");
-    assert_eq!(out.status.code(), Some(2));
-    assert!(!fresh.exists());
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("is a cluster node's data directory"), "{err}");
+    assert_eq!(
+        std::fs::read_dir(&clustered).unwrap().count(),
+        1,
+        "nothing made"
+    );
 
     // The same directory still serves as a single node.
     broker.restart();

@@ -168,6 +168,29 @@ pub struct Broker {
     cluster: Option<Box<replica::cluster::Cluster>>,
 }
 
+/// Refuses a data directory of the other kind before anything opens it: a single node's
+/// (it has an `epoch` file) started with `--peers`, or a cluster node's (`raft-state`)
+/// started without. Their journals differ in format (`docs/REPLICATION.md` §3.2), and a
+/// format 1 reader resets a file whose header it does not know.
+pub fn check_data_dir_kind(dir: &Path, cluster: bool) -> Result<(), String> {
+    let single = dir.join(EPOCH_FILE).exists();
+    let clustered = dir.join(replica::storage::RAFT_STATE_FILE).exists();
+    match (cluster, single, clustered) {
+        (true, true, _) => Err(format!(
+            "{} is a single node's data directory (it has an {EPOCH_FILE} file): a cluster \
+             node starts from an empty one; start without --peers to serve it",
+            dir.display()
+        )),
+        (false, _, true) => Err(format!(
+            "{} is a cluster node's data directory (it has {}): start it with its \
+             --node-id and --peers",
+            dir.display(),
+            replica::storage::RAFT_STATE_FILE
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// An exclusive `flock` on `DATA_DIR/lock`, released when dropped (or when the process
 /// dies, however it dies). Two writers on one log would truncate each other's files.
 #[derive(Debug)]

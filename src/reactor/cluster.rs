@@ -179,39 +179,49 @@ impl Reactor {
         let mut inputs = std::mem::take(&mut self.cluster_inputs);
         cluster.step(self.poll.registry(), now.mono_ms, &mut inputs);
         for input in inputs.drain(..) {
-            self.replica_input(input, now);
+            self.replica_input(input);
         }
         self.cluster_inputs = inputs;
     }
 
     /// Writes the pass's peer messages, after the clients' output.
+    /// Sends what the broker's replica released this pass, then writes the links.
     pub(super) fn cluster_flush(&mut self, now: Now) {
-        if let Some(cluster) = self.cluster.as_mut() {
-            cluster.flush(self.poll.registry(), now.mono_ms);
-        }
-    }
-
-    /// PLACEHOLDER for the integrator: where the broker's replica is to get its inputs.
-    /// `Tick` → `self.broker.raft_tick(now)`; `Peer(Message(m))` →
-    /// `self.broker.peer_message(m, now)`; `Up`/`Down` → the replica's view of link
-    /// liveness (§7.1's "leader known": the leader's link up and heard from within an
-    /// election timeout, also readable from [`Reactor::peers`]). Until the broker has a
-    /// cluster mode, inputs are only counted here.
-    fn replica_input(&mut self, input: ClusterInput, _now: Now) {
-        match input {
-            ClusterInput::Tick => {}
-            ClusterInput::Peer(PeerEvent::Message(m)) => {
-                self.counters.peer_messages_unrouted += 1;
-                log::trace!("peer message from {} not routed: no replica yet", m.from);
+        let Some(cluster) = self.cluster.as_mut() else {
+            return;
+        };
+        let mut out = std::mem::take(&mut self.peer_out);
+        self.broker.drain_peer_messages(&mut out);
+        for msg in out.drain(..) {
+            if let Err(why) = cluster.send(&msg) {
+                log::trace!("peer message to {} dropped: {why:?}", msg.to);
+                self.counters.peer_messages_dropped += 1;
+                self.broker.peer_unreachable(msg.to);
             }
-            ClusterInput::Peer(PeerEvent::Up { .. } | PeerEvent::Down { .. }) => {}
+        }
+        self.peer_out = out;
+        cluster.flush(self.poll.registry(), now.mono_ms);
+    }
+
+    fn replica_input(&mut self, input: ClusterInput) {
+        match input {
+            ClusterInput::Tick => self.broker.raft_tick(),
+            ClusterInput::Peer(PeerEvent::Message(m)) => {
+                self.counters.peer_messages_in += 1;
+                self.broker.peer_message(m);
+            }
+            ClusterInput::Peer(PeerEvent::Up { id }) => {
+                let hello = self.cluster.as_ref().and_then(|c| c.peers.hello(id));
+                let addr = hello.map(|h| h.client_addr.to_string());
+                self.broker
+                    .peer_link(u64::from(id), addr.or(Some(String::new())));
+            }
+            ClusterInput::Peer(PeerEvent::Down { id }) => {
+                self.broker.peer_link(u64::from(id), None)
+            }
         }
     }
 
-    /// For the integrator: how the broker's `Effect::Peer(msg)` leaves. A dropped message
-    /// (link down, output full) is to be reported to the replica as
-    /// `report_unreachable(msg.to)`: PLACEHOLDER, until then it is only counted (in the
-    /// links' `drops`). Returns whether it was queued.
     pub fn send_to_peer(&mut self, msg: &Message) -> bool {
         let Some(cluster) = self.cluster.as_mut() else {
             return false;
@@ -362,7 +372,7 @@ mod tests {
         (to1.from, to1.to, to1.term) = (2, 1, 3);
         other.peers.send(&to1).unwrap();
         turn_until(&mut reactor, &mut other, &|r, _| {
-            r.counters.peer_messages_unrouted == 1
+            r.counters.peer_messages_in == 1
         });
         let mut to2 = Message::default();
         (to2.from, to2.to, to2.term) = (1, 2, 4);

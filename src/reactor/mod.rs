@@ -119,8 +119,10 @@ pub struct ReactorCounters {
     /// MSG frames sent: pushed, or in a PULL's answer.
     pub msgs_out: u64,
     pub notices_out: u64,
-    /// Raft messages from peers with no replica to take them yet (`cluster.rs`).
-    pub peer_messages_unrouted: u64,
+    /// Raft messages received from peers and handed to the broker's replica.
+    pub peer_messages_in: u64,
+    /// Raft messages the links could not queue (down, output full; `cluster.rs`).
+    pub peer_messages_dropped: u64,
 }
 
 pub struct Reactor {
@@ -166,6 +168,8 @@ pub struct Reactor {
     cluster: Option<cluster::Cluster>,
     /// What the pass hands the replica, kept for its allocation.
     cluster_inputs: Vec<ClusterInput>,
+    /// The replica's messages of this pass, on their way to the links (reused).
+    peer_out: Vec<crate::peer::Message>,
 }
 
 fn would_block(e: &io::Error) -> bool {
@@ -252,6 +256,7 @@ impl Reactor {
             counters: ReactorCounters::default(),
             cluster: None,
             cluster_inputs: Vec::new(),
+            peer_out: Vec::new(),
         })
     }
 

@@ -98,6 +98,8 @@ pub struct Cluster {
     /// Leading, but requests wait until the log is applied up to this index.
     catching_up: Option<u64>,
     peer_out: Vec<PeerMessage>,
+    /// Peers whose link is down: a leader among them is not "known" (§7.1).
+    links_down: std::collections::BTreeSet<u64>,
     /// The raft journal failed or an entry could not be applied: the node refuses all.
     failed: Option<String>,
 }
@@ -129,6 +131,7 @@ impl Cluster {
             applied_index: 0,
             catching_up: None,
             peer_out: Vec::new(),
+            links_down: std::collections::BTreeSet::new(),
             failed: None,
         }
     }
@@ -147,7 +150,18 @@ impl Cluster {
         if let Some(why) = &self.failed {
             return Err((ErrorCode::InternalError, why.clone()));
         }
-        self.replica.admit(now_ms).map_err(|r| (r.code, r.text))?;
+        if let Err(r) = self.replica.admit(now_ms) {
+            // A leader whose link is down may be gone: sending the client there would
+            // cost it a connect timeout, so it backs off and asks again (§7.1).
+            let leader = self.replica.leader_id();
+            if r.code == ErrorCode::NotLeader
+                && leader.is_some_and(|l| self.links_down.contains(&l))
+            {
+                let text = format!("no link to the last leader {}", leader.unwrap_or(0));
+                return Err((ErrorCode::LeaderUnknown, text));
+            }
+            return Err((r.code, r.text));
+        }
         if self.catching_up.is_some() {
             let id = self.replica.id();
             let text = format!("node {id} leads but is still applying its log");
@@ -440,6 +454,30 @@ impl Broker {
         };
         if let Err(e) = c.replica.step(msg) {
             log::debug!("raft message dropped: {e}");
+        }
+    }
+
+    /// Peer `id`'s link came up (`client_addr` from its HELLO, for NOT_LEADER's text) or
+    /// went down (`None`).
+    pub fn peer_link(&mut self, id: u64, client_addr: Option<String>) {
+        let Some(c) = self.cluster.as_deref_mut() else {
+            return;
+        };
+        match client_addr {
+            Some(addr) => {
+                c.links_down.remove(&id);
+                c.replica.set_node_addr(id, addr);
+            }
+            None => {
+                c.links_down.insert(id);
+            }
+        }
+    }
+
+    /// A message to `id` could not be queued: raft probes it again later.
+    pub fn peer_unreachable(&mut self, id: u64) {
+        if let Some(c) = self.cluster.as_deref_mut() {
+            c.replica.report_unreachable(id);
         }
     }
 

@@ -235,6 +235,20 @@ impl Replica {
         Some(self.raw.raft.leader_id).filter(|&id| id != INVALID_ID)
     }
 
+    /// Sets node `id`'s advertised client address, the `host:port` of NOT_LEADER's text:
+    /// a peer's arrives in its HELLO (`docs/REPLICATION.md` §5.6).
+    pub fn set_node_addr(&mut self, id: u64, addr: String) {
+        if let Some(known) = self.nodes.get_mut(&id) {
+            *known = addr;
+        }
+    }
+
+    /// A message to `id` was dropped (link down, output full): raft stops pipelining
+    /// appends to it and probes again.
+    pub fn report_unreachable(&mut self, id: u64) {
+        self.raw.report_unreachable(id);
+    }
+
     /// Raft's term: the `leader_epoch` of what this node appends as leader.
     pub fn term(&self) -> u64 {
         self.raw.raft.term
