@@ -19,3 +19,5 @@ pub mod storage;
 
 #[cfg(test)]
 mod sim;
+#[cfg(test)]
+mod simnet;
