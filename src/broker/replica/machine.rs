@@ -417,9 +417,24 @@ impl Replica {
             self.last_heard.insert(msg.from, self.ticks);
             self.note_lease_ack(&msg);
         }
+        if self.keeps_promise_of_a_past_life(&msg) {
+            return Ok(());
+        }
         let stepped = self.raw.step(msg).map_err(ReplicaError::Raft);
         self.seed_election_timeout();
         stepped
+    }
+
+    /// §7.3 after a restart: before it went down this node may have answered a leader's
+    /// heartbeat, which promised that leader no vote for an election timeout; the
+    /// promise is not on disk, so for its first election timeout a node ignores vote
+    /// requests of a newer term, as raft's check-quorum does while it hears a leader.
+    fn keeps_promise_of_a_past_life(&self, msg: &Message) -> bool {
+        let vote = matches!(
+            msg.get_msg_type(),
+            MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
+        );
+        vote && msg.term > self.term() && self.ticks < self.election_ticks as u64
     }
 
     /// The role gate of §7.1 for requests that change or read broker state.

@@ -574,3 +574,40 @@ fn a_leader_whose_followers_were_silent_past_the_lease_holds_a_committed_waiters
     let (w, result) = c.nodes[l].answers[0];
     assert_eq!((w.slot, result.unwrap().index), (0, index));
 }
+
+#[test]
+fn a_restarted_follower_grants_no_vote_within_its_first_election_timeout() {
+    let mut c = Cluster::new();
+    let l = c.settled_leader();
+    let f = (l + 1) % c.nodes.len();
+    let other = (l + 2) % c.nodes.len();
+    // The follower answered the leader's heartbeats (a promise), then restarts at once.
+    let disk = c.nodes[f].disk.clone();
+    disk.power_cut();
+    c.nodes[f] = open_node(f as u64 + 1, disk);
+    let ask = |c: &Cluster| {
+        let r = &c.nodes[other].replica;
+        let mut m = Message::default();
+        m.set_msg_type(MessageType::MsgRequestVote);
+        (m.from, m.to) = (r.id(), f as u64 + 1);
+        (m.term, m.log_term, m.index) = (r.term() + 1, r.term(), r.last_index());
+        m
+    };
+    let granted = |n: &Node| {
+        let vote = |m: &&Message| m.get_msg_type() == MessageType::MsgRequestVoteResponse;
+        n.sent.iter().filter(vote).any(|m| !m.reject)
+    };
+    for _ in 0..ELECTION_TICKS {
+        let m = ask(&c);
+        c.nodes[f].replica.step(m).unwrap();
+        c.pass(f);
+        c.nodes[f].inbox.clear();
+        assert!(!granted(&c.nodes[f]), "voted within the promise");
+        c.nodes[f].replica.tick();
+    }
+    // An election timeout later the promise has run out.
+    let m = ask(&c);
+    c.nodes[f].replica.step(m).unwrap();
+    c.pass(f);
+    assert!(granted(&c.nodes[f]), "never votes");
+}
