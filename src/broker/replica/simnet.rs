@@ -258,7 +258,7 @@ impl Sim {
             }
         }
         for i in 0..NODES {
-            let tick = (self.now + self.nodes[i].tick_phase_ms) % TICK_MS == 0;
+            let tick = (self.now + self.nodes[i].tick_phase_ms).is_multiple_of(TICK_MS);
             if tick && !self.paused(i) {
                 self.nodes[i].replica.tick();
             }
