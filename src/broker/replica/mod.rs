@@ -7,8 +7,9 @@
 //! Built so far (`docs/REPLICATION.md` §10): the logger raft writes to ([`logger`]),
 //! `raft::Storage` over journal format 2 and `raft-state` ([`storage`]), what entry data
 //! means ([`entry`]: BATCH, REGISTRY) and the sans-IO state machine ([`machine`]: the
-//! Ready loop, the role gate, REPLICATED waiters), tested by a three-node in-process
-//! harness (`sim`). Nothing calls them outside tests yet: `mortard` refuses `--peers`.
+//! Ready loop, the role gate, REPLICATED waiters, the lease), tested by a three-node
+//! in-process harness (`sim`) and the seeded simulator of §9.3 (`simnet`: faults and a
+//! checker). Nothing calls them outside tests yet: `mortard` refuses `--peers`.
 //!
 //! Depends on what `broker` may, plus `raft` and `slog` (raft's logging interface).
 
