@@ -44,10 +44,10 @@ pub const COMMITTED_BYTES_PER_READY_MAX: u64 = 4 * 1024 * 1024;
 /// single node's `UNSYNCED_BYTES_MAX`.
 pub const UNCOMMITTED_BYTES_MAX: u64 = crate::broker::publish::UNSYNCED_BYTES_MAX;
 
-/// How much shorter the lease is than the shortest election timeout (§7.3): covers a
-/// heartbeat's way to the follower and one tick of the follower's election clock (a
-/// follower may count its first tick right after hearing from the leader), at the
-/// `--raft-tick` default of 50 ms. Clock drift between nodes is assumed well below it.
+/// How much shorter the lease is than the shortest election timeout (§7.3), at least two
+/// ticks: covers a heartbeat's way to the follower and one tick of the follower's
+/// election clock (it may count its first tick right after hearing from the leader).
+/// Clock drift between nodes is assumed well below it.
 pub const LEASE_MARGIN_MS: u64 = 100;
 /// `--raft-tick`'s default, for callers that do not say (the lease is counted in ms).
 pub const TICK_MS_DEFAULT: u64 = 50;
@@ -271,8 +271,10 @@ impl Replica {
             ..raft::Config::default()
         };
         let raw = RawNode::new(&raft_config, store, &raft_logger()).map_err(ReplicaError::Raft)?;
-        let lease_ms =
-            (config.election_ticks as u64 * options.tick_ms).saturating_sub(LEASE_MARGIN_MS);
+        // Never less than two ticks short: with a long `--raft-tick` the follower's tick
+        // phase alone would eat a 100 ms margin.
+        let margin_ms = LEASE_MARGIN_MS.max(2 * options.tick_ms);
+        let lease_ms = (config.election_ticks as u64 * options.tick_ms).saturating_sub(margin_ms);
         let elections = options.election_seed.map(|seed| SeededElections {
             rng: SimRng::new(seed),
             min_ticks: config.election_ticks,
