@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use mortarmq::admin::{Admin, ADMIN_THREADS_MAX};
-use mortarmq::broker::replica::machine::ReplicaConfig;
+use mortarmq::broker::replica::machine::{ReplicaConfig, ReplicaOptions};
 use mortarmq::broker::{Broker, BrokerConfig, Now};
 use mortarmq::config::{self, ClusterConfig, Command, Config};
 use mortarmq::peer::PeersConfig;
@@ -170,7 +170,7 @@ fn open(
     reactor: ReactorConfig,
     broker: BrokerConfig,
     fsync_threads: usize,
-    cluster: Option<ReplicaConfig>,
+    cluster: Option<(ReplicaConfig, ReplicaOptions)>,
 ) -> Result<(Reactor, usize), String> {
     let data_dir = broker.data_dir.clone();
     let mut partitions = 0;
@@ -206,7 +206,7 @@ fn open(
 
 /// The replica's view of `--node-id`/`--peers` and the raft timers. Peers' client
 /// addresses (for NOT_LEADER) arrive in their HELLOs; this node's is `--advertise`.
-fn replica_config(config: &Config) -> Option<ReplicaConfig> {
+fn replica_config(config: &Config) -> Option<(ReplicaConfig, ReplicaOptions)> {
     let c = &config.cluster;
     let id = c.node_id.filter(|_| c.is_cluster())?;
     let own = c.advertise.unwrap_or(config.reactor.listen).to_string();
@@ -218,7 +218,11 @@ fn replica_config(config: &Config) -> Option<ReplicaConfig> {
         };
         (u64::from(p.id), addr)
     });
-    Some(ReplicaConfig {
+    let options = ReplicaOptions {
+        tick_ms: c.raft_tick_ms,
+        ..ReplicaOptions::default()
+    };
+    let replica = ReplicaConfig {
         id: u64::from(id),
         nodes: nodes.collect(),
         election_ticks: c.election_ticks as usize,
@@ -226,7 +230,8 @@ fn replica_config(config: &Config) -> Option<ReplicaConfig> {
         journal_file_bytes: config.broker.journal_file_bytes,
         applied: 0,
         replication_timeout_ms: c.replication_timeout_ms,
-    })
+    };
+    Some((replica, options))
 }
 
 /// Joins the cluster's peer links on the reactor (after the client listener is bound, so

@@ -41,7 +41,7 @@ use std::sync::Arc;
 
 use super::entry::{Batch, BatchPart, EntryData, RegistryChange};
 use super::machine::{
-    Effect as ReplicaEffect, PersistJob, Replica, ReplicaConfig, Replicated, Waiter,
+    Effect as ReplicaEffect, PersistJob, Replica, ReplicaConfig, ReplicaOptions, Replicated, Waiter,
 };
 use super::PeerMessage;
 use crate::broker::deliver::ConsumeDriver;
@@ -375,7 +375,7 @@ impl Broker {
     /// raft's term is the epoch. The caller holds the [`DataDirLock`](super::super::DataDirLock).
     pub fn open_cluster(
         config: BrokerConfig,
-        replica: ReplicaConfig,
+        replica: (ReplicaConfig, ReplicaOptions),
         storage: Arc<dyn Storage>,
         sink: Box<dyn JobSink>,
         now: Now,
@@ -385,7 +385,8 @@ impl Broker {
         crate::log::storage::create_dir_durable(&*storage, &topics_dir)
             .map_err(|e| format!("cannot create data directory {}: {e}", dir.display()))?;
         let (topics, _) = TopicRegistry::load(Arc::clone(&storage), &dir)?;
-        let (replica, _) = Replica::open(&storage, &dir, replica, now.mono_ms)
+        let (replica, options) = replica;
+        let (replica, _) = Replica::open_with(&storage, &dir, replica, options, now.mono_ms)
             .map_err(|e| format!("raft journal: {e}"))?;
         let mut broker = Broker {
             partitions: Partitions::new(Arc::clone(&storage), topics_dir, &config, 0),

@@ -80,7 +80,14 @@ fn open_node_on(id: u64, disk: SimDisk) -> Node {
     };
     let jobs = Jobs::default();
     let sink = Box::new(jobs.clone());
-    let (broker, _) = Broker::open_cluster(config, replica, storage, sink, Now::default()).unwrap();
+    let (broker, _) = Broker::open_cluster(
+        config,
+        (replica, Default::default()),
+        storage,
+        sink,
+        Now::default(),
+    )
+    .unwrap();
     Node {
         disk,
         broker,

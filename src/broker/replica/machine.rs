@@ -10,8 +10,11 @@
 //! it counts itself toward a commit only after its own job, so "committed" always means a
 //! majority fsynced.
 //!
-//! Not here yet (§10, increment 4): the lease of §7.3, the pending overlay of §4,
-//! snapshots.
+//! No acknowledgement after deposal (§7.3): OK answers wait while the leader's lease is
+//! expired, the lease being the time since the leader sent heartbeats a majority answered,
+//! shorter than the shortest election timeout by [`LEASE_MARGIN_MS`].
+//!
+//! Not here yet (§10, increment 4): the pending overlay of §4, snapshots.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
@@ -19,7 +22,7 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
-use raft::eraftpb::{Entry, EntryType, Message};
+use raft::eraftpb::{Entry, EntryType, Message, MessageType};
 use raft::{RawNode, Ready, StateRole, INVALID_ID};
 
 use super::entry::{EntryData, EntryError};
@@ -27,6 +30,7 @@ use super::logger::raft_logger;
 use super::storage::{HardStateWrite, JournalStorage};
 use crate::broker::ConnRef;
 use crate::log::journal2::{RaftJournalReport, RaftJournalSync};
+use crate::log::simdisk::SimRng;
 use crate::log::{Storage, StorageError};
 use crate::wire::ErrorCode;
 
@@ -39,6 +43,37 @@ pub const COMMITTED_BYTES_PER_READY_MAX: u64 = 4 * 1024 * 1024;
 /// Proposed and not committed bytes before proposals answer BACKPRESSURE (§5.2): the
 /// single node's `UNSYNCED_BYTES_MAX`.
 pub const UNCOMMITTED_BYTES_MAX: u64 = crate::broker::publish::UNSYNCED_BYTES_MAX;
+
+/// How much shorter the lease is than the shortest election timeout (§7.3), at least two
+/// ticks: covers a heartbeat's way to the follower and one tick of the follower's
+/// election clock (it may count its first tick right after hearing from the leader).
+/// Clock drift between nodes is assumed well below it.
+pub const LEASE_MARGIN_MS: u64 = 100;
+/// `--raft-tick`'s default, for callers that do not say (the lease is counted in ms).
+pub const TICK_MS_DEFAULT: u64 = 50;
+/// Tags a heartbeat's `context` with the leader's term and send time (ms); followers echo
+/// it in their response, so the lease runs from when the answered heartbeat was sent.
+const LEASE_STAMP_TAG: &[u8; 4] = b"MMQL";
+const LEASE_STAMP_BYTES: usize = 4 + 8 + 8;
+
+/// Settings beyond the cluster's flags, each with a default ([`Replica::open_with`]).
+#[derive(Debug, Clone)]
+pub struct ReplicaOptions {
+    /// `--raft-tick`: how long a tick is, so that the lease is counted in ms.
+    pub tick_ms: u64,
+    /// Draws election timeouts from this seed instead of raft's `thread_rng`, so that a
+    /// simulation replays one history per seed. `None`: raft draws them.
+    pub election_seed: Option<u64>,
+}
+
+impl Default for ReplicaOptions {
+    fn default() -> Self {
+        ReplicaOptions {
+            tick_ms: TICK_MS_DEFAULT,
+            election_seed: None,
+        }
+    }
+}
 
 /// What a node needs to know about the cluster (the flags of §6).
 #[derive(Debug, Clone)]
@@ -177,6 +212,27 @@ pub struct Replica {
     was_leader: bool,
     leaderless_since_ms: Option<u64>,
     effects: Vec<Effect>,
+    /// §7.3: per peer, the send time (ms) of the newest heartbeat of `lease_term` it
+    /// answered; OK answers wait in `held` while fewer than a majority are recent.
+    lease_ms: u64,
+    lease_term: u64,
+    lease_acks: HashMap<u64, u64>,
+    held: VecDeque<(Pending, Replicated)>,
+    /// The pass's time, for stamping heartbeats.
+    now_ms: u64,
+    /// The term in which this node, as leader, last pinged its followers.
+    pinged_term: u64,
+    elections: Option<SeededElections>,
+}
+
+/// Election timeouts drawn from a seed: redrawn whenever raft may have reset its own
+/// (a change of term, role or leader), and set again after every call into raft, so
+/// raft's `thread_rng` draw is never the one an election waits for.
+struct SeededElections {
+    rng: SimRng,
+    min_ticks: usize,
+    seen: Option<(u64, StateRole, u64)>,
+    drawn: usize,
 }
 
 impl Replica {
@@ -185,6 +241,17 @@ impl Replica {
         storage: &Arc<dyn Storage>,
         dir: &Path,
         config: ReplicaConfig,
+        now_ms: u64,
+    ) -> Result<(Replica, RaftJournalReport), ReplicaError> {
+        Replica::open_with(storage, dir, config, ReplicaOptions::default(), now_ms)
+    }
+
+    /// [`Replica::open`] with `options`.
+    pub fn open_with(
+        storage: &Arc<dyn Storage>,
+        dir: &Path,
+        config: ReplicaConfig,
+        options: ReplicaOptions,
         now_ms: u64,
     ) -> Result<(Replica, RaftJournalReport), ReplicaError> {
         let voters = config.nodes.keys().copied().collect();
@@ -204,7 +271,17 @@ impl Replica {
             ..raft::Config::default()
         };
         let raw = RawNode::new(&raft_config, store, &raft_logger()).map_err(ReplicaError::Raft)?;
-        let replica = Replica {
+        // Never less than two ticks short: with a long `--raft-tick` the follower's tick
+        // phase alone would eat a 100 ms margin.
+        let margin_ms = LEASE_MARGIN_MS.max(2 * options.tick_ms);
+        let lease_ms = (config.election_ticks as u64 * options.tick_ms).saturating_sub(margin_ms);
+        let elections = options.election_seed.map(|seed| SeededElections {
+            rng: SimRng::new(seed),
+            min_ticks: config.election_ticks,
+            seen: None,
+            drawn: config.election_ticks,
+        });
+        let mut replica = Replica {
             raw,
             nodes: config.nodes,
             replication_timeout_ms: config.replication_timeout_ms,
@@ -218,7 +295,15 @@ impl Replica {
             was_leader: false,
             leaderless_since_ms: Some(now_ms),
             effects: Vec::new(),
+            lease_ms,
+            lease_term: 0,
+            lease_acks: HashMap::new(),
+            held: VecDeque::new(),
+            now_ms,
+            pinged_term: 0,
+            elections,
         };
+        replica.seed_election_timeout();
         Ok((replica, report))
     }
 
@@ -286,6 +371,66 @@ impl Replica {
     pub fn tick(&mut self) {
         self.ticks += 1;
         self.raw.tick();
+        self.seed_election_timeout();
+    }
+
+    /// Sets raft's election timeout from the seed, if there is one (see
+    /// [`SeededElections`]). Raft checks the timeout only in `tick`, after this ran.
+    fn seed_election_timeout(&mut self) {
+        let Some(e) = &mut self.elections else {
+            return;
+        };
+        let r = &mut self.raw.raft;
+        let now = Some((r.term, r.state, r.leader_id));
+        if e.seen != now {
+            e.seen = now;
+            // raft's range: [election_tick, 2 * election_tick).
+            e.drawn = e.min_ticks + e.rng.below(e.min_ticks as u64) as usize;
+        }
+        r.set_randomized_election_timeout(e.drawn);
+    }
+
+    /// §7.3: whether this node leads and a majority, itself included, answered a
+    /// heartbeat it sent within the lease (`--election-ticks` × `--raft-tick` less
+    /// [`LEASE_MARGIN_MS`]). No other leader can have been elected meanwhile: each of
+    /// them ignores votes for an election timeout after hearing from this one. The broker
+    /// sends no OK (WRITTEN, FSYNC, DECLARE either) while this is false.
+    pub fn lease_valid(&self, now_ms: u64) -> bool {
+        if !self.is_leader() || self.lease_term != self.term() {
+            return false;
+        }
+        let me = self.id();
+        let recent = |id: &&u64| {
+            **id == me
+                || self
+                    .lease_acks
+                    .get(id)
+                    .is_some_and(|&sent| now_ms.saturating_sub(sent) < self.lease_ms)
+        };
+        self.nodes.keys().filter(recent).count() > self.nodes.len() / 2
+    }
+
+    /// A follower's heartbeat response echoing this leader's stamp of the current term.
+    fn note_lease_ack(&mut self, msg: &Message) {
+        let term = self.term();
+        if msg.get_msg_type() != MessageType::MsgHeartbeatResponse
+            || msg.term != term
+            || !self.is_leader()
+        {
+            return;
+        }
+        let Some((stamp_term, sent_ms)) = read_lease_stamp(&msg.context) else {
+            return;
+        };
+        if stamp_term != term {
+            return;
+        }
+        if self.lease_term != term {
+            self.lease_term = term;
+            self.lease_acks.clear();
+        }
+        let at = self.lease_acks.entry(msg.from).or_default();
+        *at = (*at).max(sent_ms);
     }
 
     /// A message from a peer. An error is the peer's (an unknown sender, a local message
@@ -293,8 +438,26 @@ impl Replica {
     pub fn step(&mut self, msg: Message) -> Result<(), ReplicaError> {
         if self.nodes.contains_key(&msg.from) {
             self.last_heard.insert(msg.from, self.ticks);
+            self.note_lease_ack(&msg);
         }
-        self.raw.step(msg).map_err(ReplicaError::Raft)
+        if self.keeps_promise_of_a_past_life(&msg) {
+            return Ok(());
+        }
+        let stepped = self.raw.step(msg).map_err(ReplicaError::Raft);
+        self.seed_election_timeout();
+        stepped
+    }
+
+    /// §7.3 after a restart: before it went down this node may have answered a leader's
+    /// heartbeat, which promised that leader no vote for an election timeout; the
+    /// promise is not on disk, so for its first election timeout a node ignores vote
+    /// requests of a newer term, as raft's check-quorum does while it hears a leader.
+    fn keeps_promise_of_a_past_life(&self, msg: &Message) -> bool {
+        let vote = matches!(
+            msg.get_msg_type(),
+            MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
+        );
+        vote && msg.term > self.term() && self.ticks < self.election_ticks as u64
     }
 
     /// The role gate of §7.1 for requests that change or read broker state.
@@ -400,15 +563,29 @@ impl Replica {
     /// The end of a pass: every Ready raft has, then what became persisted. Returns the
     /// effects of everything since the previous poll.
     pub fn poll(&mut self, now_ms: u64) -> Result<Vec<Effect>, ReplicaError> {
+        self.now_ms = now_ms;
         loop {
             self.release_persisted();
+            if self.is_leader() && self.pinged_term != self.term() {
+                // A new leader's lease starts with a heartbeat round now, not after
+                // `--heartbeat-ticks`: its first OKs wait one round trip, not a tick.
+                self.pinged_term = self.term();
+                self.raw.ping();
+            }
             if !self.raw.has_ready() {
                 break;
             }
             let rd = self.raw.ready();
             self.handle_ready(rd)?;
         }
+        self.seed_election_timeout();
         self.note_role(now_ms);
+        if self.lease_valid(now_ms) {
+            for (p, ok) in std::mem::take(&mut self.held) {
+                let (waiter, result) = (p.waiter, Ok(ok));
+                self.effects.push(Effect::Answer { waiter, result });
+            }
+        }
         self.expire_waiters(now_ms);
         Ok(std::mem::take(&mut self.effects))
     }
@@ -427,12 +604,25 @@ impl Replica {
                 self.effects.push(Effect::Answer { waiter, result });
             }
         }
+        // Committed, but the lease stayed out for as long: the client resends (§7.2) and
+        // the duplicate is answered with the original sequence.
+        while self.held.front().is_some_and(|(p, _)| expired(p)) {
+            let (Pending { waiter, .. }, _) = self.held.pop_front().expect("checked");
+            let result = Err(ErrorCode::ReplicationTimeout);
+            self.effects.push(Effect::Answer { waiter, result });
+        }
     }
 
     fn handle_ready(&mut self, mut rd: Ready) -> Result<(), ReplicaError> {
         debug_assert!(rd.snapshot().is_empty(), "snapshots are increment 7");
-        self.effects
-            .extend(rd.take_messages().into_iter().map(Effect::Send));
+        let stamp = lease_stamp(self.term(), self.now_ms);
+        for mut m in rd.take_messages() {
+            // Raft sends an empty context unless a ReadIndex is pending, and we issue none.
+            if m.get_msg_type() == MessageType::MsgHeartbeat && m.context.is_empty() {
+                m.context = stamp.clone().into();
+            }
+            self.effects.push(Effect::Send(m));
+        }
         self.fail_replaced(rd.entries());
         let store = self.raw.mut_store();
         store.append(rd.entries())?;
@@ -463,10 +653,15 @@ impl Replica {
         };
         let waits = sync.is_some() || hard_state.is_some();
         let ready = rd.number();
+        let mut messages = rd.take_persisted_messages();
+        if cfg!(feature = "sim-bug-ack-before-follower-fsync") {
+            // The hole the replica simulator must find: acknowledged before the fsync.
+            self.effects.extend(messages.drain(..).map(Effect::Send));
+        }
         self.persisting.push_back(Persisting {
             ready,
             done: !waits,
-            messages: rd.take_persisted_messages(),
+            messages,
         });
         if waits {
             self.effects.push(Effect::Persist(PersistJob {
@@ -537,19 +732,28 @@ impl Replica {
             }
             let (at, list) = first.remove_entry();
             for Pending {
-                term: t, waiter, ..
+                term: t,
+                since_ms,
+                waiter,
             } in list
             {
-                let result = if at == index && t == term {
-                    Ok(Replicated {
+                let pending = Pending {
+                    term: t,
+                    since_ms,
+                    waiter,
+                };
+                if at == index && t == term {
+                    let ok = Replicated {
                         index,
                         leader_epoch: term,
                         commit_seq: waiter.part.map_or(0, |(t, p)| self.commit_seq(t, p)),
-                    })
+                    };
+                    // Answered at the end of the pass if the lease holds (§7.3).
+                    self.held.push_back((pending, ok));
                 } else {
-                    Err(ErrorCode::LogTruncated)
-                };
-                self.effects.push(Effect::Answer { waiter, result });
+                    let result = Err(ErrorCode::LogTruncated);
+                    self.effects.push(Effect::Answer { waiter, result });
+                }
             }
         }
     }
@@ -585,11 +789,13 @@ impl Replica {
     fn note_role(&mut self, now_ms: u64) {
         let leader = self.is_leader();
         if self.was_leader && !leader {
-            for (_, list) in std::mem::take(&mut self.waiters) {
-                for Pending { waiter, .. } in list {
-                    let result = Err(ErrorCode::NotEnoughReplicasAfterAppend);
-                    self.effects.push(Effect::Answer { waiter, result });
-                }
+            // Held OKs too: their entries committed, but this node can no longer tell
+            // that no later leader answered first (§7.3).
+            let held = std::mem::take(&mut self.held).into_iter().map(|(p, _)| p);
+            let waiting = std::mem::take(&mut self.waiters).into_values().flatten();
+            for Pending { waiter, .. } in held.chain(waiting) {
+                let result = Err(ErrorCode::NotEnoughReplicasAfterAppend);
+                self.effects.push(Effect::Answer { waiter, result });
             }
         }
         self.was_leader = leader;
@@ -600,4 +806,21 @@ impl Replica {
             }
         }
     }
+}
+
+fn lease_stamp(term: u64, now_ms: u64) -> Vec<u8> {
+    let mut stamp = Vec::with_capacity(LEASE_STAMP_BYTES);
+    stamp.extend_from_slice(LEASE_STAMP_TAG);
+    stamp.extend_from_slice(&term.to_be_bytes());
+    stamp.extend_from_slice(&now_ms.to_be_bytes());
+    stamp
+}
+
+/// `(term, sent_ms)` of a stamp this node's kind wrote; anything else is not one.
+fn read_lease_stamp(context: &[u8]) -> Option<(u64, u64)> {
+    if context.len() != LEASE_STAMP_BYTES || !context.starts_with(LEASE_STAMP_TAG) {
+        return None;
+    }
+    let word = |at: usize| u64::from_be_bytes(context[at..at + 8].try_into().expect("8 bytes"));
+    Some((word(4), word(12)))
 }

@@ -7,11 +7,12 @@
 //! Built so far (`docs/REPLICATION.md` §10): the logger raft writes to ([`logger`]),
 //! `raft::Storage` over journal format 2 and `raft-state` ([`storage`]), what entry data
 //! means ([`entry`]: BATCH, REGISTRY) and the sans-IO state machine ([`machine`]: the
-//! Ready loop, the role gate, REPLICATED waiters), tested by a three-node in-process
-//! harness (`sim`); and the broker's cluster mode ([`cluster`]: a `Broker` owning a
-//! `Replica`, PUB and DECLARE as proposals, apply into partitions, registry and
-//! producers), tested by three in-process brokers (`cluster_sim`). Nothing calls them
-//! outside tests yet: `mortard` refuses `--peers` until the reactor drives them.
+//! Ready loop, the role gate, REPLICATED waiters, the lease), tested by a three-node
+//! in-process harness (`sim`) and the seeded simulator of §9.3 (`simnet`: faults and a
+//! checker); and the broker's cluster mode ([`cluster`]: a `Broker` owning a `Replica`,
+//! PUB and DECLARE as proposals, apply into partitions, registry and producers), tested
+//! by three in-process brokers (`cluster_sim`) and, driven by `mortard --peers`, by
+//! `tests/cluster.rs`.
 //!
 //! Depends on what `broker` may, plus `raft` and `slog` (raft's logging interface).
 
@@ -29,3 +30,5 @@ pub use raft::eraftpb::Message as PeerMessage;
 mod cluster_sim;
 #[cfg(test)]
 mod sim;
+#[cfg(test)]
+mod simnet;

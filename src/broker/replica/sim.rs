@@ -535,3 +535,79 @@ fn a_leader_that_has_not_heard_from_a_majority_answers_not_enough_replicas_befor
         "one election timeout after the last message"
     );
 }
+
+#[test]
+fn a_leader_whose_followers_were_silent_past_the_lease_holds_a_committed_waiters_ok() {
+    let mut c = Cluster::new();
+    let l = c.settled_leader();
+    let followers: Vec<usize> = (0..c.nodes.len()).filter(|&f| f != l).collect();
+    assert!(c.nodes[l].replica.lease_valid(c.now_ms));
+    // Heartbeats go out, their answers are lost: past the lease (400 ms), short of
+    // check-quorum's election timeout (500 ms), so still leader.
+    for &f in &followers {
+        c.nodes[f].mute = true;
+    }
+    for _ in 0..ELECTION_TICKS - 1 {
+        c.now_ms += 50;
+        c.nodes[l].replica.tick();
+        c.deliver();
+    }
+    assert!(c.nodes[l].replica.is_leader());
+    assert!(!c.nodes[l].replica.lease_valid(c.now_ms));
+    // The followers are heard again, but only their append responses: no tick, so no
+    // heartbeat, and the entry commits with the lease still out.
+    for &f in &followers {
+        c.nodes[f].mute = false;
+    }
+    let now = c.now_ms;
+    let index = c.nodes[l]
+        .replica
+        .propose(&proposal(0), vec![waiter(0)], now)
+        .unwrap();
+    c.deliver();
+    assert!(c.nodes[l].replica.commit_index() >= index);
+    assert_eq!(c.nodes[l].applied.len(), 1, "committed and applied");
+    assert!(c.nodes[l].answers.is_empty(), "OK sent without a lease");
+    // One heartbeat round answered: the lease is back and the OK goes out.
+    c.run_until("the OK", |c| !c.nodes[l].answers.is_empty());
+    assert!(c.nodes[l].replica.lease_valid(c.now_ms));
+    let (w, result) = c.nodes[l].answers[0];
+    assert_eq!((w.slot, result.unwrap().index), (0, index));
+}
+
+#[test]
+fn a_restarted_follower_grants_no_vote_within_its_first_election_timeout() {
+    let mut c = Cluster::new();
+    let l = c.settled_leader();
+    let f = (l + 1) % c.nodes.len();
+    let other = (l + 2) % c.nodes.len();
+    // The follower answered the leader's heartbeats (a promise), then restarts at once.
+    let disk = c.nodes[f].disk.clone();
+    disk.power_cut();
+    c.nodes[f] = open_node(f as u64 + 1, disk);
+    let ask = |c: &Cluster| {
+        let r = &c.nodes[other].replica;
+        let mut m = Message::default();
+        m.set_msg_type(MessageType::MsgRequestVote);
+        (m.from, m.to) = (r.id(), f as u64 + 1);
+        (m.term, m.log_term, m.index) = (r.term() + 1, r.term(), r.last_index());
+        m
+    };
+    let granted = |n: &Node| {
+        let vote = |m: &&Message| m.get_msg_type() == MessageType::MsgRequestVoteResponse;
+        n.sent.iter().filter(vote).any(|m| !m.reject)
+    };
+    for _ in 0..ELECTION_TICKS {
+        let m = ask(&c);
+        c.nodes[f].replica.step(m).unwrap();
+        c.pass(f);
+        c.nodes[f].inbox.clear();
+        assert!(!granted(&c.nodes[f]), "voted within the promise");
+        c.nodes[f].replica.tick();
+    }
+    // An election timeout later the promise has run out.
+    let m = ask(&c);
+    c.nodes[f].replica.step(m).unwrap();
+    c.pass(f);
+    assert!(granted(&c.nodes[f]), "never votes");
+}
