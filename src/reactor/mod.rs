@@ -236,7 +236,8 @@ impl Reactor {
             read_list: Vec::new(),
             flush_list: Vec::new(),
             close_list: Vec::new(),
-            scratch: vec![0; READ_CHUNK_BYTES],
+            // Allocated at the first read: an idle broker without clients holds none of it.
+            scratch: Vec::new(),
             effects: Vec::new(),
             completions: Vec::new(),
             broker,
@@ -408,6 +409,11 @@ impl Reactor {
                 return;
             }
             let result = if conn.input.is_empty() {
+                // Checked at the read itself: a read into an empty buffer returns 0,
+                // which would pass for the end of the stream.
+                if self.scratch.is_empty() {
+                    self.scratch = vec![0; READ_CHUNK_BYTES];
+                }
                 conn.stream.read(&mut self.scratch)
             } else {
                 read_into_input(conn)

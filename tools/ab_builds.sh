@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Throughput of two mortard builds, alternating, a fresh broker per round (issue 14: what
+# the small build costs against the default one). Per round and build: publish 16x16 1 KiB
+# WRITTEN (300,000) and FSYNC (150,000), then push consume with credit 256 and an ACK per
+# message (300,000, prefilled by mortar-bench). Prints one line per round and build, and
+# the ratio B / A of each figure over all rounds.
+#
+# usage: tools/ab_builds.sh A B [ROUNDS]
+#   e.g. cargo build --release && tools/build_small.sh &&
+#        tools/ab_builds.sh target/release/mortard target/small/mortard 3
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -ge 2 ] || { sed -n '2,10p' "$0" >&2; exit 2; }
+A=$1 B=$2 ROUNDS=${3:-3}
+BENCH=target/release/mortar-bench
+[ -x "$BENCH" ] || cargo build --release --bin mortar-bench
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
+
+field() { python3 -c 'import json,sys; print(round(json.load(sys.stdin)[sys.argv[1]]))' "$1"; }
+
+# run BINARY: prints "written fsync consume" (msgs/s).
+run() {
+  local d pid addr w f c
+  d=$(mktemp -d)
+  RUST_LOG=warn "$1" --listen 127.0.0.1:0 --admin-listen off --data-dir "$d/data" \
+    >"$d/out" 2>/dev/null &
+  pid=$!
+  PIDS+=("$pid")
+  for _ in $(seq 100); do grep -q '^listening ' "$d/out" && break; sleep 0.1; done
+  addr=$(awk '/^listening /{print $2; exit}' "$d/out")
+  [ -n "$addr" ] || { echo "ab_builds: $1 did not start" >&2; exit 1; }
+  w=$("$BENCH" --broker "$addr" --json publish --connections 16 --pipeline 16 \
+    --durability written --value-size 1024 --count 300000 --topic w | field ops_per_sec)
+  f=$("$BENCH" --broker "$addr" --json publish --connections 16 --pipeline 16 \
+    --durability fsync --value-size 1024 --count 150000 --topic f | field ops_per_sec)
+  c=$("$BENCH" --broker "$addr" --json consume --mode push --credit 256 --count 300000 \
+    --topic c | field msgs_per_sec)
+  kill "$pid"
+  wait "$pid" 2>/dev/null || true
+  rm -rf "$d"
+  echo "$w $f $c"
+}
+
+declare -a SUM_A=(0 0 0) SUM_B=(0 0 0)
+for r in $(seq "$ROUNDS"); do
+  read -r -a a <<<"$(run "$A")"
+  echo "round $r A written_16x16=${a[0]} fsync_16x16=${a[1]} consume_push=${a[2]}"
+  read -r -a b <<<"$(run "$B")"
+  echo "round $r B written_16x16=${b[0]} fsync_16x16=${b[1]} consume_push=${b[2]}"
+  for i in 0 1 2; do
+    SUM_A[i]=$((SUM_A[i] + a[i]))
+    SUM_B[i]=$((SUM_B[i] + b[i]))
+  done
+done
+names=(written_16x16 fsync_16x16 consume_push)
+for i in 0 1 2; do
+  python3 -c 'import sys; print(f"{sys.argv[1]} B/A={int(sys.argv[3])/int(sys.argv[2]):.2f}")' \
+    "${names[i]}" "${SUM_A[i]}" "${SUM_B[i]}"
+done
