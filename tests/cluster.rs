@@ -276,4 +276,9 @@ fn after_a_failover_a_group_resumes_at_its_committed_position() {
         settled + 1,
         "not redelivered from the start"
     );
+    // Its ASSIGNs carry ownership epochs above anything the old leader (term 1) gave.
+    let (_, stats) = cluster.nodes[new].http("GET", "/stats");
+    let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    let epoch = stats["groups"][0]["partitions"][0]["ownership_epoch"].as_u64();
+    assert!(epoch.is_some_and(|e| e > 2 << 32), "{epoch:?}");
 }

@@ -395,6 +395,9 @@ pub struct Coordinator {
     free_group_ids: BTreeSet<u16>,
     next_member_id: u64,
     next_membership_epoch: u32,
+    /// The floor of member ids and ownership epochs handed out from now on: a cluster
+    /// leader's `term << 32` (`raise_epochs`), 0 on a single node.
+    epoch_base: u64,
 }
 
 /// Marks, in a [`GroupSnapshot`], a group read back at start that no SUB has recreated
@@ -460,6 +463,18 @@ impl Coordinator {
             free_group_ids: BTreeSet::new(),
             next_member_id: 1,
             next_membership_epoch: 1,
+            epoch_base: 0,
+        }
+    }
+
+    /// A cluster node became leader in a term: member ids and ownership epochs it hands
+    /// out from now on start at `base` (`term << 32`), above any an earlier leader gave,
+    /// so a member never takes a new leader's ASSIGN for a stale one (`man/mortarmq.7`).
+    pub fn raise_epochs(&mut self, base: u64) {
+        self.epoch_base = self.epoch_base.max(base);
+        self.next_member_id = self.next_member_id.max(self.epoch_base + 1);
+        for group in self.groups.values_mut() {
+            group.raise_epochs(self.epoch_base);
         }
     }
 
@@ -1061,7 +1076,7 @@ impl Coordinator {
             self.free_group_ids.pop_first().expect("a free group id")
         };
         let restored = self.restored.remove(&key).unwrap_or_default();
-        let group = Group::new(
+        let mut group = Group::new(
             id,
             key.0.clone(),
             key.1,
@@ -1070,6 +1085,7 @@ impl Coordinator {
             restored,
             recs,
         );
+        group.raise_epochs(self.epoch_base);
         self.groups.insert(id, group);
         self.group_ids.insert(key, id);
         id

@@ -335,19 +335,22 @@ impl Cluster {
     }
 
     /// After a poll: a new term as leader starts an empty overlay and waits for apply; a
-    /// node that stopped leading forgets its overlay.
-    fn note_leadership(&mut self) {
+    /// node that stopped leading forgets its overlay. Returns the term this node just
+    /// started leading in, if it did.
+    fn note_leadership(&mut self) -> Option<u64> {
         let (leader, term) = (self.replica.is_leader(), self.replica.term());
         if leader && self.leading_term == term {
-            return;
+            return None;
         }
         self.drop_overlay();
         if leader {
             self.leading_term = term;
             self.catching_up = Some(self.replica.last_index());
+            Some(term)
         } else {
             self.leading_term = 0;
             self.catching_up = None;
+            None
         }
     }
 
@@ -774,7 +777,9 @@ impl Broker {
                 ReplicaEffect::Answer { waiter, result } => self.answer_waiter(waiter, result),
             }
         }
-        self.cluster_mut().note_leadership();
+        if let Some(term) = self.cluster_mut().note_leadership() {
+            self.consume.leading_in(term);
+        }
         self.apply_queued(now);
     }
 
