@@ -504,27 +504,35 @@ impl Read {
                 }
             }
             Read::Histogram { .. } => {}
-            Read::Cluster(read) => {
+            Read::Cluster(_) | Read::ClusterLabel(..) | Read::PerPeer(_) => {
                 if let Some(c) = &s.cluster {
-                    put(vec![], vec![], Some(read(c)));
-                }
-            }
-            Read::ClusterLabel(label, read) => {
-                if let Some(c) = &s.cluster {
-                    put(vec![(*label, read(c).into())], vec![], Some(Num(1)));
-                }
-            }
-            Read::PerPeer(read) => {
-                if let Some(c) = &s.cluster {
-                    put(vec![], vec![], None);
-                    for (j, p) in c.peers.iter().enumerate() {
-                        let labels = vec![("peer", Cow::from(p.id.to_string()))];
-                        put(labels, vec![j], Some(read(p)));
-                    }
+                    self.cluster_points(c, &mut put);
                 }
             }
         }
         out
+    }
+
+    /// The points of a cluster row, on a cluster node.
+    fn cluster_points<'a>(
+        &self,
+        c: &'a ClusterFigures,
+        put: &mut impl FnMut(Labels<'a>, Vec<usize>, Option<Json>),
+    ) {
+        match self {
+            Read::Cluster(read) => put(vec![], vec![], Some(read(c))),
+            Read::ClusterLabel(label, read) => {
+                put(vec![(*label, read(c).into())], vec![], Some(Num(1)))
+            }
+            Read::PerPeer(read) => {
+                put(vec![], vec![], None);
+                for (j, p) in c.peers.iter().enumerate() {
+                    let labels = vec![("peer", Cow::from(p.id.to_string()))];
+                    put(labels, vec![j], Some(read(p)));
+                }
+            }
+            _ => unreachable!("not a cluster row"),
+        }
     }
 }
 

@@ -207,9 +207,7 @@ impl Reactor {
         )
         .map_err(|e| format!("cannot start fsync workers: {e}"))?;
         let (backlog, warning) = accept::listen_backlog(config.listen_backlog);
-        if let Some(warning) = warning {
-            log::warn!("{warning}");
-        }
+        warning.iter().for_each(|w| log::warn!("{w}"));
         // Bound before the broker opens, which bumps the leader epoch: a start that cannot
         // listen (port in use) must leave the data directory as it found it. Connections
         // that arrive during recovery wait in the backlog.
