@@ -5,12 +5,15 @@
 mod common;
 
 use std::io::Write;
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
 use common::mortarctl;
-use common::mortard::Mortard;
+use common::mortard::{free_port, Mortard};
 use common::wait::wait_until;
 use mortarmq::client::Client;
 use mortarmq::wire::DeclareFlags;
@@ -22,6 +25,12 @@ const ELECTION_LIMIT: Duration = Duration::from_secs(20);
 /// it with the link, a leader steps down after an election timeout without a quorum.
 const NO_LEADER_LIMIT: Duration = Duration::from_secs(20);
 const MORTARCTL_LIMIT: Duration = Duration::from_secs(30);
+/// The README's cluster block: three starts, two elections, a few commands.
+const README_LIMIT: Duration = Duration::from_secs(120);
+/// The README's ports are `74N1`..`74N3` for nodes 1..3: the test moves the `74` to a
+/// free block of its own. At most 640, so that `640N3` is a port.
+const PORT_PREFIX_MAX: u16 = 640;
+const PORT_PREFIX_MIN: u16 = 200;
 
 /// Node `i`'s `/stats` `cluster` section.
 fn cluster_of(cluster: &Cluster, i: usize) -> Value {
@@ -269,5 +278,94 @@ fn promtool_check(metrics: &str) {
     assert!(
         out.status.success() && said.trim().is_empty(),
         "promtool: {said}\n{metrics}"
+    );
+}
+
+/// The `sh` block under README heading `heading`.
+fn readme_block(heading: &str) -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+    let readme = std::fs::read_to_string(path).unwrap();
+    let section = readme
+        .split(&format!("\n## {heading}\n"))
+        .nth(1)
+        .expect(heading);
+    let block = section.split("```sh\n").nth(1).expect("an sh block");
+    block.split("```").next().unwrap().to_string()
+}
+
+/// A prefix `P` whose nine ports `P11`..`P33` are all free now.
+fn free_port_prefix() -> u16 {
+    loop {
+        let prefix = free_port() / 100;
+        if !(PORT_PREFIX_MIN..=PORT_PREFIX_MAX).contains(&prefix) {
+            continue;
+        }
+        let ports = (1..=3).flat_map(|n| (1..=3).map(move |k| prefix * 100 + n * 10 + k));
+        let free = ports
+            .map(|p| TcpListener::bind(("127.0.0.1", p)).is_ok())
+            .all(|ok| ok);
+        if free {
+            return prefix;
+        }
+    }
+}
+
+/// README "Run a 3-node cluster on one machine", run by bash line for line as written
+/// (`set -e`: every command must succeed), in an empty directory with this build's
+/// binaries first on `PATH`; only its ports are moved to a free block.
+#[test]
+fn the_readme_cluster_block_runs_as_written() {
+    let block = readme_block("Run a 3-node cluster on one machine");
+    let prefix = free_port_prefix();
+    let block = block.replace("127.0.0.1:74", &format!("127.0.0.1:{prefix}"));
+    let dir = tempfile::tempdir().unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_mortard")).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let script = format!("trap 'kill $(jobs -p) 2>/dev/null' EXIT\nset -ex\n{block}");
+    let mut child = Command::new("bash")
+        .args(["-c", &script])
+        .current_dir(dir.path())
+        .env("PATH", path)
+        .env_remove("MORTAR_ADMIN")
+        .env_remove("MORTAR_BROKER")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .expect("bash");
+    let deadline = Instant::now() + README_LIMIT;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            // The script, its brokers and commands: its own process group.
+            let group = format!("-{}", child.id());
+            let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let (text, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    let logs: String = (1..=3)
+        .map(|n| std::fs::read_to_string(dir.path().join(format!("node{n}.log"))))
+        .filter_map(Result::ok)
+        .collect();
+    let said = format!("stdout:\n{text}\nstderr:\n{err}\nlogs:\n{logs}");
+    assert!(out.status.success(), "{said}");
+    assert!(
+        text.ends_with("one\ntwo\nthree\n"),
+        "peek on a survivor: {said}"
+    );
+    let tables: Vec<&str> = text.split("NODE ").skip(1).collect();
+    assert_eq!(tables.len(), 2, "two cluster status tables: {said}");
+    assert_eq!(tables[0].matches(" follower ").count(), 2, "{said}");
+    assert!(
+        tables[1].contains(" unreachable ") && tables[1].contains(" leader "),
+        "{said}"
     );
 }
