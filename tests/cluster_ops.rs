@@ -159,6 +159,25 @@ fn stats_and_metrics_show_the_role_term_indexes_and_links_of_leader_and_follower
     sample(format!("mortar_cluster_leader_id {lid}"));
     sample(format!("mortar_peer_link_up{{peer=\"{fid}\"}} 1"));
     sample(format!("mortar_peer_lag_entries{{peer=\"{fid}\"}} 0"));
+    // `mortarctl stats` shows the section too, last before the groups.
+    let mut cmd = mortarctl::command();
+    cmd.args([
+        "--admin",
+        &cluster.nodes[leader].admin.unwrap().to_string(),
+        "stats",
+    ]);
+    let out = mortarctl::run_to_end(cmd, b"", MORTARCTL_LIMIT).expect("mortarctl ended");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let section = text.split("\ncluster\n").nth(1).expect("a cluster section");
+    let role = section
+        .lines()
+        .find(|l| l.trim_start().starts_with("role "));
+    assert_eq!(
+        role.map(|l| l.split_whitespace().last()),
+        Some(Some("leader")),
+        "{text}"
+    );
+    assert!(section.contains(&format!("{fid} up lag 0")), "{text}");
     let (_, metrics) = f_node.http("GET", "/metrics");
     assert!(metrics.contains("\nmortar_cluster_role{role=\"follower\"} 1\n"));
     // Raft tracks no follower's progress on a follower: no series rather than a 0.

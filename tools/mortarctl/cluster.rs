@@ -104,7 +104,7 @@ fn row(n: &Node) -> Vec<String> {
 
 /// `2 up lag 0, 3 down`: each peer's link as this node sees it, with its lag when this
 /// node leads (only a leader tracks it).
-fn links(c: &Value) -> String {
+pub(crate) fn links(c: &Value) -> String {
     let peer = |p: &Value| {
         let state = if p["link_up"].as_bool() == Some(true) {
             "up"
