@@ -319,11 +319,8 @@ fn free_port_prefix() -> u16 {
         if !(PORT_PREFIX_MIN..=PORT_PREFIX_MAX).contains(&prefix) {
             continue;
         }
-        let ports = (1..=3).flat_map(|n| (1..=3).map(move |k| prefix * 100 + n * 10 + k));
-        let free = ports
-            .map(|p| TcpListener::bind(("127.0.0.1", p)).is_ok())
-            .all(|ok| ok);
-        if free {
+        let mut ports = (1..=3).flat_map(|n| (1..=3).map(move |k| prefix * 100 + n * 10 + k));
+        if ports.all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok()) {
             return prefix;
         }
     }
