@@ -523,6 +523,13 @@ impl Group {
         notice_id
     }
 
+    /// Ownership epochs continue from at least `base` (`Coordinator::raise_epochs`).
+    pub(super) fn raise_epochs(&mut self, base: u64) {
+        for part in &mut self.partitions {
+            part.ownership_epoch = part.ownership_epoch.max(base);
+        }
+    }
+
     fn assign(&mut self, sh: &mut Shared, p: usize, member_id: u64, now_ms: u64) {
         self.partitions[p].ownership_epoch += 1;
         let notice_id = self.notice(sh, p, member_id, NoticeKind::Assign);

@@ -395,6 +395,9 @@ pub struct Coordinator {
     free_group_ids: BTreeSet<u16>,
     next_member_id: u64,
     next_membership_epoch: u32,
+    /// The floor of member ids and ownership epochs handed out from now on: a cluster
+    /// leader's `term << 32` (`raise_epochs`), 0 on a single node.
+    epoch_base: u64,
 }
 
 /// Marks, in a [`GroupSnapshot`], a group read back at start that no SUB has recreated
@@ -460,6 +463,18 @@ impl Coordinator {
             free_group_ids: BTreeSet::new(),
             next_member_id: 1,
             next_membership_epoch: 1,
+            epoch_base: 0,
+        }
+    }
+
+    /// A cluster node became leader in a term: member ids and ownership epochs it hands
+    /// out from now on start at `base` (`term << 32`), above any an earlier leader gave,
+    /// so a member never takes a new leader's ASSIGN for a stale one (`man/mortarmq.7`).
+    pub fn raise_epochs(&mut self, base: u64) {
+        self.epoch_base = self.epoch_base.max(base);
+        self.next_member_id = self.next_member_id.max(self.epoch_base + 1);
+        for group in self.groups.values_mut() {
+            group.raise_epochs(self.epoch_base);
         }
     }
 
@@ -954,9 +969,10 @@ impl Coordinator {
         out
     }
 
-    /// At start, before any SUB: the group's persisted committed position. Ignored
-    /// for a group that already exists (its live position wins). Forgotten if no SUB
-    /// recreates the group within `--group-ttl`.
+    /// At start, before any SUB, and on a cluster follower for every replicated change:
+    /// the group's committed position, kept if higher than the one held. Ignored for a
+    /// group that already exists (its live position wins). Forgotten if no SUB recreates
+    /// the group within `--group-ttl`.
     pub fn restore_position(
         &mut self,
         (group, topic_id): (&[u8], u16),
@@ -965,7 +981,10 @@ impl Coordinator {
         now_ms: u64,
     ) {
         if let Some(r) = self.restored_entry(group, topic_id, now_ms) {
-            r.committed.insert(partition, committed);
+            // Never backwards: a cluster follower is told positions in commit order, but
+            // a new leader may send its whole (older) view once.
+            let at = r.committed.entry(partition).or_insert(committed);
+            *at = (*at).max(committed);
         }
     }
 
@@ -1057,7 +1076,7 @@ impl Coordinator {
             self.free_group_ids.pop_first().expect("a free group id")
         };
         let restored = self.restored.remove(&key).unwrap_or_default();
-        let group = Group::new(
+        let mut group = Group::new(
             id,
             key.0.clone(),
             key.1,
@@ -1066,6 +1085,7 @@ impl Coordinator {
             restored,
             recs,
         );
+        group.raise_epochs(self.epoch_base);
         self.groups.insert(id, group);
         self.group_ids.insert(key, id);
         id

@@ -375,6 +375,42 @@ fn first_member_gets_every_partition_with_rising_epochs() {
     );
 }
 
+/// A cluster node that starts leading in term 3 hands out member ids and ownership
+/// epochs above `3 << 32`, above anything a leader of an earlier term gave, for groups
+/// it already had and groups made later alike.
+#[test]
+fn a_new_leaders_member_ids_and_ownership_epochs_start_above_its_term() {
+    let mut h = H::new(2);
+    h.sub(A, 0);
+    let fx = h.effects();
+    let before: Vec<u64> = notices(&fx)
+        .iter()
+        .map(|(_, n)| n.ownership_epoch)
+        .collect();
+    assert_eq!(before, [1, 1]);
+    h.accept(&fx);
+    let base = 3u64 << 32;
+    h.c.raise_epochs(base);
+    let s = h.sub(B, 0);
+    assert!(s.member_id > base, "{s:?}");
+    // B's share is revoked from A under the raised epoch, then assigned above it.
+    let revokes = h.effects();
+    assert!(!notices(&revokes).is_empty());
+    for (_, n) in notices(&revokes) {
+        assert_eq!(n.ownership_epoch, base, "{n:?}");
+    }
+    h.accept(&revokes);
+    let assigns = notices(&h.effects());
+    assert!(!assigns.is_empty());
+    for (_, n) in assigns {
+        assert_eq!(n.kind, NoticeKind::Assign.as_code());
+        assert!(n.ownership_epoch > base, "{n:?}");
+    }
+    // A lower base (an older term's) lowers nothing.
+    h.c.raise_epochs(1 << 32);
+    assert!(h.sub(C, 0).member_id > base);
+}
+
 #[test]
 fn msg_flows_only_after_the_assign_is_acked() {
     let mut h = H::new(1);
