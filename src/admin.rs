@@ -28,6 +28,7 @@ mod render;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::SyncSender;
 
 use crate::broker::peek::{Peek, PeekAsk, PeekError};
@@ -121,7 +122,76 @@ pub struct Snapshot {
     pub broker: BrokerCounters,
     pub topics: Vec<TopicFigures>,
     pub groups: CoordinatorSnapshot,
+    /// This node's place in its cluster; `None` on a single node, whose `/stats` and
+    /// `/metrics` then show no cluster figures at all.
+    pub cluster: Option<ClusterFigures>,
 }
+
+/// A cluster node's raft figures and its links (`docs/REPLICATION.md` §7.5).
+#[derive(Debug, Clone, Default)]
+pub struct ClusterFigures {
+    pub node_id: u64,
+    /// `leader`, `follower`, `candidate` or `pre-candidate`.
+    pub role: &'static str,
+    pub term: u64,
+    /// The leader this node knows of and can reach (itself, or a peer whose link is up);
+    /// 0 when none.
+    pub leader_id: u64,
+    pub commit_index: u64,
+    pub applied_index: u64,
+    /// The last entry in this node's log, committed or not.
+    pub last_index: u64,
+    pub peers: Vec<PeerFigures>,
+}
+
+/// One other node, as this node sees it.
+#[derive(Debug, Clone, Default)]
+pub struct PeerFigures {
+    pub id: u64,
+    pub link_up: bool,
+    /// Milliseconds since a frame last arrived from it; `None` if none ever did.
+    pub last_contact_ms: Option<u64>,
+    /// The last entry known in its log, and how many of this node's entries it lacks:
+    /// only while this node leads (raft tracks progress only there).
+    pub match_index: Option<u64>,
+    pub lag: Option<u64>,
+    /// Its client and admin addresses from its HELLO (empty before one arrived).
+    pub client_addr: String,
+    pub admin_addr: String,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub frames_in: u64,
+    pub frames_out: u64,
+}
+
+/// What `/healthz` reads without a reactor turn, written by the reactor each turn.
+#[derive(Debug)]
+pub struct Liveness {
+    /// Monotonic ms of the reactor's last turn.
+    pub last_turn_ms: AtomicU64,
+    /// [`SINGLE_NODE`], [`NO_LEADER`], or the id of the leader this node can reach.
+    pub leader: AtomicU64,
+}
+
+impl Liveness {
+    pub fn new() -> Liveness {
+        Liveness {
+            last_turn_ms: AtomicU64::new(0),
+            leader: AtomicU64::new(SINGLE_NODE),
+        }
+    }
+}
+
+impl Default for Liveness {
+    fn default() -> Liveness {
+        Liveness::new()
+    }
+}
+
+/// In [`Liveness::leader`]: no `--peers`, so `/healthz` asks nothing about leaders.
+pub const SINGLE_NODE: u64 = u64::MAX;
+/// In [`Liveness::leader`]: a cluster node that knows no leader it can reach.
+pub const NO_LEADER: u64 = 0;
 
 #[cfg(test)]
 mod tests;

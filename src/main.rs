@@ -141,13 +141,13 @@ fn start_admin(
     tokens: Option<Vec<Vec<u8>>>,
 ) -> Result<Admin, String> {
     let (tx, rx) = std::sync::mpsc::channel();
-    let last_turn = reactor.attach_admin(rx);
+    let liveness = reactor.attach_admin(rx);
     let waker = reactor.waker();
     let wake = Arc::new(move || {
         let _ = waker.wake();
     });
     let started = reactor.started();
-    let admin = Admin::start(listener, data_dir, tx, wake, last_turn, started, tokens)?;
+    let admin = Admin::start(listener, data_dir, tx, wake, liveness, started, tokens)?;
     log::info!(
         "admin HTTP on http://{}/ (/healthz /metrics /stats)",
         admin.addr

@@ -19,6 +19,7 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(30);
 
 const SUBCOMMANDS: &[&[&str]] = &[
     &["stats"],
+    &["cluster", "status"],
     &["topics", "list"],
     &["topics", "create"],
     &["topics", "delete"],

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use super::manage::{self, ManageAsk, ADMIN_CHANGE_TIMEOUT_MS};
 use super::{render_metrics, render_stats, AdminAnswer, AdminAsk, AdminRequest, Snapshot};
+use super::{Liveness, NO_LEADER, SINGLE_NODE};
 
 /// How long a request waits for the reactor's snapshot (or page of records) before
 /// answering 503.
@@ -87,7 +88,7 @@ impl Admin {
         data_dir: PathBuf,
         requests: Sender<AdminRequest>,
         wake: Arc<dyn Fn() + Send + Sync>,
-        last_turn_ms: Arc<AtomicU64>,
+        liveness: Arc<Liveness>,
         started: Instant,
         tokens: Option<Vec<Vec<u8>>>,
     ) -> Result<Admin, String> {
@@ -97,7 +98,7 @@ impl Admin {
             data_dir,
             requests,
             wake,
-            last_turn_ms,
+            liveness,
             started,
         });
         let stop = Arc::new(AtomicBool::new(false));
@@ -394,7 +395,7 @@ struct Ctx {
     data_dir: PathBuf,
     requests: Sender<AdminRequest>,
     wake: Arc<dyn Fn() + Send + Sync>,
-    last_turn_ms: Arc<AtomicU64>,
+    liveness: Arc<Liveness>,
     started: Instant,
 }
 
@@ -453,7 +454,7 @@ impl Ctx {
         }
         match path {
             "/healthz" => match self.health() {
-                Ok(()) => (200, "text/plain", "ok\n".to_string()),
+                Ok(ok) => (200, "text/plain", format!("{ok}\n")),
                 Err(why) => (503, "text/plain", format!("{why}\n")),
             },
             _ => match self.snapshot() {
@@ -473,19 +474,26 @@ impl Ctx {
         }
     }
 
-    fn health(&self) -> Result<(), String> {
+    /// `ok`, on a cluster node `ok leader ID`; or why not.
+    fn health(&self) -> Result<String, String> {
         let now = self.started.elapsed().as_millis() as u64;
-        let last = self.last_turn_ms.load(Ordering::Relaxed);
+        let last = self.liveness.last_turn_ms.load(Ordering::Relaxed);
         if now.saturating_sub(last) > REACTOR_STALL_MS {
             return Err(format!("reactor stalled: no turn for {} ms", now - last));
         }
         let probe = self.data_dir.join(HEALTH_PROBE_FILE);
         let written = std::fs::write(&probe, b"ok");
         let _ = std::fs::remove_file(&probe);
-        match written {
-            Ok(()) => Ok(()),
-            Err(e) if e.raw_os_error() == Some(ENOSPC) => Err("disk full: data directory".into()),
-            Err(e) => Err(format!("data directory not writable: {e}")),
+        written.map_err(|e| match e.raw_os_error() {
+            Some(ENOSPC) => "disk full: data directory".to_string(),
+            _ => format!("data directory not writable: {e}"),
+        })?;
+        // A cluster node without a leader it can reach takes no writes: a load balancer
+        // or orchestrator should send clients elsewhere (docs/REPLICATION.md §7.5).
+        match self.liveness.leader.load(Ordering::Relaxed) {
+            SINGLE_NODE => Ok("ok".into()),
+            NO_LEADER => Err("no leader".into()),
+            id => Ok(format!("ok leader {id}")),
         }
     }
 
@@ -520,7 +528,7 @@ impl Ctx {
     /// The reactor has not turned for [`REACTOR_STALL_MS`].
     fn health_stalled(&self) -> bool {
         let now = self.started.elapsed().as_millis() as u64;
-        now.saturating_sub(self.last_turn_ms.load(Ordering::Relaxed)) > REACTOR_STALL_MS
+        now.saturating_sub(self.liveness.last_turn_ms.load(Ordering::Relaxed)) > REACTOR_STALL_MS
     }
 
     fn snapshot(&self) -> Option<Box<Snapshot>> {

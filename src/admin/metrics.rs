@@ -5,8 +5,8 @@
 
 use std::borrow::Cow;
 
-use super::Json::{self, Bool, Float, Num, Str};
-use super::{PartitionFigures, Snapshot, TopicFigures};
+use super::Json::{self, Bool, Float, Null, Num, Str};
+use super::{ClusterFigures, PartitionFigures, PeerFigures, Snapshot, TopicFigures};
 use crate::broker::{FSYNC_BATCH_BUCKETS, FSYNC_LATENCY_BUCKETS_US};
 use crate::consume::{GroupSnapshot, MemberSnapshot, PartitionSnapshot};
 use crate::wire::ErrorCode;
@@ -76,6 +76,14 @@ pub enum Read {
         counts: fn(&Snapshot) -> &[u64],
         sum: fn(&Snapshot) -> u64,
     },
+    /// A figure of this cluster node; path `cluster.`. Cluster rows show nothing on a
+    /// single node (see [`Metric::shown`]).
+    Cluster(fn(&ClusterFigures) -> Json),
+    /// Always 1, with the figure as the label's value (a state, such as the role).
+    ClusterLabel(&'static str, fn(&ClusterFigures) -> &'static str),
+    /// Labels `peer`; path `cluster.peers[]`. A [`Json::Null`] is a figure the node
+    /// does not have (no sample).
+    PerPeer(fn(&PeerFigures) -> Json),
 }
 
 pub struct Metric {
@@ -95,8 +103,20 @@ pub struct Metric {
     pub elsewhere: Option<&'static str>,
 }
 
+impl Metric {
+    /// Whether `s` has this row at all: the cluster rows only on a cluster node, so that
+    /// a single node's `/stats` and `/metrics` are what they were before clusters.
+    pub fn shown(&self, s: &Snapshot) -> bool {
+        let cluster_row = matches!(
+            self.read,
+            Read::Cluster(_) | Read::ClusterLabel(..) | Read::PerPeer(_)
+        );
+        !cluster_row || s.cluster.is_some()
+    }
+}
+
 /// The top-level sections of `/stats`, in document order.
-pub const STATS_SECTIONS: [&str; 8] = [
+pub const STATS_SECTIONS: [&str; 9] = [
     "broker",
     "connections",
     "topics",
@@ -105,6 +125,7 @@ pub const STATS_SECTIONS: [&str; 8] = [
     "storage",
     "fsync",
     "publish",
+    "cluster",
 ];
 
 /// In the family column: not exported to Prometheus.
@@ -166,6 +187,7 @@ const fn non_empty(text: &'static str) -> Option<&'static str> {
 
 use Kind::{Counter, Gauge, Histogram, Info};
 use Read::{ByLabel, PerGroup, PerGroupPartition, PerMember, PerPartition, PerTopic, Scalar};
+use Read::{Cluster, ClusterLabel, PerPeer};
 use Unit::{Bytes, Count, Epoch, Label, Microseconds, Milliseconds, Records, Sequence};
 
 /// Every figure `/metrics`, `/stats` and `mortarctl stats` show, in `/metrics` order.
@@ -372,6 +394,49 @@ pub static METRICS: &[Metric] = &[
     row(Gauge, Records, "mortar_group_partition_pending_redeliveries",
         "groups[].partitions[].pending_redeliveries", "Deliveries waiting to be sent again.",
         PerGroupPartition(|_, _, p| Num(p.pending_redeliveries as u64))),
+    // Cluster nodes only (docs/REPLICATION.md §7.5).
+    row(Gauge, Label, "mortar_cluster_node_id", "cluster.node_id", "This node's --node-id.",
+        Cluster(|c| Num(c.node_id))),
+    info("cluster.role", "role", "Raft role: leader, follower, candidate or pre-candidate.",
+        Cluster(|c| Str(c.role.into()))),
+    row(Gauge, Label, "mortar_cluster_role", METRICS_ONLY, "Always 1; the raft role as a label.",
+        ClusterLabel("role", |c| c.role)),
+    row(Gauge, Epoch, "mortar_cluster_term", "cluster.term", "Raft term.",
+        Cluster(|c| Num(c.term))),
+    row(Gauge, Label, "mortar_cluster_leader_id", "cluster.leader_id",
+        "The leader this node can reach: itself, or a peer whose link is up (0: none).",
+        Cluster(|c| Num(c.leader_id))),
+    row(Gauge, Sequence, "mortar_cluster_commit_index", "cluster.commit_index",
+        "Last raft entry known committed.", Cluster(|c| Num(c.commit_index))),
+    row(Gauge, Sequence, "mortar_cluster_applied_index", "cluster.applied_index",
+        "Last raft entry applied to this broker.", Cluster(|c| Num(c.applied_index))),
+    row(Gauge, Sequence, "mortar_cluster_last_index", "cluster.last_index",
+        "Last raft entry in this node's log, committed or not.", Cluster(|c| Num(c.last_index))),
+    info("cluster.peers[].id", "peer", "Peer node id.", PerPeer(|p| Num(p.id))),
+    row(Gauge, Label, "mortar_peer_link_up", "cluster.peers[].link_up",
+        "1 when both links with the peer are open and its HELLO was accepted.",
+        PerPeer(|p| Bool(p.link_up))),
+    row(Gauge, Milliseconds, "mortar_peer_last_contact_seconds", "cluster.peers[].last_contact_ms",
+        "Time since a frame last arrived from the peer (none: never).",
+        PerPeer(|p| p.last_contact_ms.map_or(Null, Num))),
+    row(Gauge, Sequence, "mortar_peer_match_index", "cluster.peers[].match_index",
+        "Last entry known in the peer's log (only while this node leads).",
+        PerPeer(|p| p.match_index.map_or(Null, Num))),
+    row(Gauge, Count, "mortar_peer_lag_entries", "cluster.peers[].lag",
+        "Entries of this node's log the peer lacks (only while this node leads).",
+        PerPeer(|p| p.lag.map_or(Null, Num))),
+    info("cluster.peers[].client_addr", NOT_EXPORTED, "The peer's client address (its HELLO).",
+        PerPeer(|p| Str(p.client_addr.clone()))),
+    info("cluster.peers[].admin_addr", NOT_EXPORTED, "The peer's admin address (its HELLO).",
+        PerPeer(|p| Str(p.admin_addr.clone()))),
+    row(Counter, Bytes, "mortar_peer_bytes_in_total", "cluster.peers[].bytes_in",
+        "Bytes read from the peer's links.", PerPeer(|p| Num(p.bytes_in))),
+    row(Counter, Bytes, "mortar_peer_bytes_out_total", "cluster.peers[].bytes_out",
+        "Bytes written to the peer's links.", PerPeer(|p| Num(p.bytes_out))),
+    row(Counter, Count, "mortar_peer_frames_in_total", "cluster.peers[].frames_in",
+        "Frames received from the peer.", PerPeer(|p| Num(p.frames_in))),
+    row(Counter, Count, "mortar_peer_frames_out_total", "cluster.peers[].frames_out",
+        "Raft frames queued for the peer (HELLOs not counted).", PerPeer(|p| Num(p.frames_out))),
 ];
 
 /// One value of a row: its labels in `/metrics`, its element in each array on its
@@ -439,8 +504,35 @@ impl Read {
                 }
             }
             Read::Histogram { .. } => {}
+            Read::Cluster(_) | Read::ClusterLabel(..) | Read::PerPeer(_) => {
+                if let Some(c) = &s.cluster {
+                    self.cluster_points(c, &mut put);
+                }
+            }
         }
         out
+    }
+
+    /// The points of a cluster row, on a cluster node.
+    fn cluster_points<'a>(
+        &self,
+        c: &'a ClusterFigures,
+        put: &mut impl FnMut(Labels<'a>, Vec<usize>, Option<Json>),
+    ) {
+        match self {
+            Read::Cluster(read) => put(vec![], vec![], Some(read(c))),
+            Read::ClusterLabel(label, read) => {
+                put(vec![(*label, read(c).into())], vec![], Some(Num(1)))
+            }
+            Read::PerPeer(read) => {
+                put(vec![], vec![], None);
+                for (j, p) in c.peers.iter().enumerate() {
+                    let labels = vec![("peer", Cow::from(p.id.to_string()))];
+                    put(labels, vec![j], Some(read(p)));
+                }
+            }
+            _ => unreachable!("not a cluster row"),
+        }
     }
 }
 

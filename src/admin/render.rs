@@ -16,7 +16,7 @@ const MICROSECOND_DIGITS: usize = 6;
 
 pub fn render_metrics(s: &Snapshot) -> String {
     let mut out = String::new();
-    for m in METRICS {
+    for m in METRICS.iter().filter(|m| m.shown(s)) {
         let Some(name) = m.family else { continue };
         let (help, kind) = (m.help, m.kind.name());
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -39,7 +39,7 @@ fn sample_value(unit: Unit, value: Option<Json>) -> Option<String> {
         Json::Num(n) => Some(in_seconds(n, unit)),
         Json::Float(f) => Some(f.to_string()),
         Json::Bool(b) => Some(u8::from(b).to_string()),
-        Json::Str(_) | Json::Arr(_) | Json::Obj(_) => None,
+        Json::Null | Json::Str(_) | Json::Arr(_) | Json::Obj(_) => None,
     }
 }
 
@@ -121,7 +121,7 @@ pub fn in_stats_order() -> Vec<&'static Metric> {
 
 pub fn render_stats(s: &Snapshot, pretty: bool) -> String {
     let mut doc = Json::Obj(Vec::new());
-    for m in in_stats_order() {
+    for m in in_stats_order().into_iter().filter(|m| m.shown(s)) {
         let steps: Vec<&'static str> = m.path.unwrap_or_default().split('.').collect();
         match &m.read {
             Read::Scalar(read) => put(&mut doc, &steps, &[], Some(read(s))),
@@ -176,6 +176,8 @@ fn put(mut node: &mut Json, steps: &[&'static str], at: &[usize], value: Option<
 
 /// A JSON value, rendered with correct string escaping (compact or pretty).
 pub enum Json {
+    /// A figure the broker does not have (a peer never heard from).
+    Null,
     Num(u64),
     Float(f64),
     Bool(bool),
@@ -202,7 +204,7 @@ impl Json {
             Json::Float(f) if f.is_finite() => {
                 let _ = write!(out, "{f}");
             }
-            Json::Float(_) => out.push_str("null"),
+            Json::Float(_) | Json::Null => out.push_str("null"),
             Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
             Json::Str(s) => json_string(out, s),
             Json::Arr(items) => {

@@ -212,6 +212,7 @@ fn busy() -> Snapshot {
                 assigns_taken_back: 1,
             },
         },
+        cluster: None,
     }
 }
 
@@ -326,7 +327,11 @@ fn every_row_of_the_table_is_consistent() {
             Read::PerGroup(_) => "groups[].",
             Read::PerMember(_) => "groups[].members[].",
             Read::PerGroupPartition(_) => "groups[].partitions[].",
-            Read::Histogram { .. } => panic!("{path}: only /metrics shows it"),
+            Read::Cluster(_) => "cluster.",
+            Read::PerPeer(_) => "cluster.peers[].",
+            Read::Histogram { .. } | Read::ClusterLabel(..) => {
+                panic!("{path}: only /metrics shows it")
+            }
         };
         let rest = path
             .strip_prefix(through)
@@ -397,10 +402,74 @@ fn stats_value<'a>(doc: &'a serde_json::Value, path: &str, at: &[usize]) -> &'a 
 /// derived from. Only rows that name rather than measure may be shown nowhere.
 #[test]
 fn every_stats_figure_is_in_the_metrics() {
-    let s = busy();
+    figures_match(&busy());
+    figures_match(&clustered());
+}
+
+/// [`busy`] on a cluster node that leads: one peer up and behind, one never heard from.
+fn clustered() -> Snapshot {
+    let up = PeerFigures {
+        id: 2,
+        link_up: true,
+        last_contact_ms: Some(1_500),
+        match_index: Some(40),
+        lag: Some(2),
+        client_addr: "127.0.0.1:7002".into(),
+        admin_addr: "127.0.0.1:8002".into(),
+        bytes_in: 900,
+        bytes_out: 4_000,
+        frames_in: 30,
+        frames_out: 31,
+    };
+    let never = PeerFigures {
+        id: 3,
+        ..PeerFigures::default()
+    };
+    Snapshot {
+        cluster: Some(ClusterFigures {
+            node_id: 1,
+            role: "leader",
+            term: 4,
+            leader_id: 1,
+            commit_index: 41,
+            applied_index: 41,
+            last_index: 42,
+            peers: vec![up, never],
+        }),
+        ..busy()
+    }
+}
+
+/// The cluster figures are there on a cluster node, and a single node's output is the
+/// golden one (`stats_match_the_golden_json`) with no trace of them.
+#[test]
+fn cluster_figures_only_on_a_cluster_node() {
+    let single = render_stats(&busy(), false) + &render_metrics(&busy());
+    assert!(!single.contains("cluster") && !single.contains("mortar_peer_"));
+    let (s, text) = (clustered(), render_metrics(&clustered()));
+    let doc: serde_json::Value = serde_json::from_str(&render_stats(&s, false)).unwrap();
+    let c = &doc["cluster"];
+    assert_eq!(c["role"], "leader");
+    assert_eq!(
+        (c["leader_id"].as_u64(), c["last_index"].as_u64()),
+        (Some(1), Some(42))
+    );
+    assert_eq!(c["peers"][0]["admin_addr"], "127.0.0.1:8002");
+    assert_eq!(c["peers"][0]["lag"], 2);
+    assert!(c["peers"][1]["match_index"].is_null() && c["peers"][1]["link_up"] == false);
+    let metrics = samples(&text);
+    assert_eq!(metrics["mortar_cluster_role{role=\"leader\"}"], "1");
+    assert_eq!(metrics["mortar_peer_lag_entries{peer=\"2\"}"], "2");
+    assert_eq!(metrics["mortar_peer_last_contact_seconds{peer=\"2\"}"], "1");
+    assert!(!metrics.contains_key("mortar_peer_match_index{peer=\"3\"}"));
+    assert_eq!(metrics["mortar_peer_link_up{peer=\"3\"}"], "0");
+}
+
+fn figures_match(s: &Snapshot) {
+    let s = s.clone();
     let (text, doc) = (render_metrics(&s), render_stats(&s, false));
     let (metrics, doc) = (samples(&text), serde_json::from_str(&doc).unwrap());
-    for m in METRICS.iter().filter(|m| m.path.is_some()) {
+    for m in METRICS.iter().filter(|m| m.path.is_some() && m.shown(&s)) {
         let path = m.path.unwrap();
         let Some(family) = m.family else {
             match m.elsewhere {
@@ -431,7 +500,7 @@ fn every_stats_figure_is_in_the_metrics() {
             read => read
                 .points(&s)
                 .into_iter()
-                .filter(|p| p.value.is_some())
+                .filter(|p| p.value.as_ref().is_some_and(|v| !matches!(v, Json::Null)))
                 .map(|p| (p.labels, path.to_string(), p.at))
                 .collect(),
         };

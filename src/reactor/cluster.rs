@@ -9,13 +9,17 @@
 //! routes these inputs to placeholder hooks (`Reactor::replica_input`) for the
 //! integrator to connect.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 
 use mio::event::Event;
 use mio::{Registry, Token};
 
 use super::{Reactor, PEER_TOKEN_BASE};
+use crate::admin::{ClusterFigures, PeerFigures, NO_LEADER};
+use crate::broker::replica::cluster::ClusterStatus;
 use crate::broker::Now;
 use crate::peer::{Dropped, Message, PeerEvent, Peers, PeersConfig};
 
@@ -220,6 +224,62 @@ impl Reactor {
                 self.broker.peer_link(u64::from(id), None)
             }
         }
+    }
+
+    /// The leader this node can reach: itself, or a peer whose links are up (a leader
+    /// behind a dead link may be gone: the same rule as the gate's LEADER_UNKNOWN).
+    fn reachable_leader(&self, status: &ClusterStatus) -> Option<u64> {
+        let leader = status.leader_id?;
+        let up = |id| u8::try_from(id).is_ok_and(|id| self.peers().is_some_and(|p| p.link_up(id)));
+        (leader == status.node_id || up(leader)).then_some(leader)
+    }
+
+    /// What `/healthz` reads: the reachable leader, or none (nothing on a single node).
+    pub(super) fn publish_leader(&self) {
+        let Some(status) = self.broker.cluster_status() else {
+            return;
+        };
+        let leader = self.reachable_leader(&status).unwrap_or(NO_LEADER);
+        self.liveness.leader.store(leader, Ordering::Relaxed);
+    }
+
+    /// This node's raft figures and links for `/stats` (`None` on a single node).
+    pub(super) fn cluster_figures(&self, now: Now) -> Option<ClusterFigures> {
+        let status = self.broker.cluster_status()?;
+        let links = self.peers()?;
+        let matched: BTreeMap<u64, u64> = status.match_indexes.iter().copied().collect();
+        let peers = links.peer_ids().map(|id| {
+            let hello = links.hello(id);
+            let c = links.counters(id).unwrap_or_default();
+            let match_index = matched.get(&u64::from(id)).copied();
+            PeerFigures {
+                id: u64::from(id),
+                link_up: links.link_up(id),
+                last_contact_ms: links
+                    .last_heard_ms(id)
+                    .map(|t| now.mono_ms.saturating_sub(t)),
+                match_index,
+                lag: match_index.map(|m| status.last_index.saturating_sub(m)),
+                client_addr: hello.map(|h| h.client_addr.to_string()).unwrap_or_default(),
+                admin_addr: (hello.and_then(|h| h.admin_addr))
+                    .map(|a| a.to_string())
+                    .unwrap_or_default(),
+                bytes_in: c.bytes_in,
+                bytes_out: c.bytes_out,
+                frames_in: c.frames_in,
+                frames_out: c.frames_out,
+            }
+        });
+        Some(ClusterFigures {
+            node_id: status.node_id,
+            role: status.role,
+            term: status.term,
+            leader_id: self.reachable_leader(&status).unwrap_or(0),
+            commit_index: status.commit_index,
+            applied_index: status.applied_index,
+            last_index: status.last_index,
+            peers: peers.collect(),
+        })
     }
 
     pub fn send_to_peer(&mut self, msg: &Message) -> bool {

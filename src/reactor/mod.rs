@@ -43,7 +43,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -55,7 +55,8 @@ use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
 use crate::admin::{
-    AdminAnswer, AdminAsk, AdminRequest, PartitionFigures, ProcessFigures, Snapshot, TopicFigures,
+    AdminAnswer, AdminAsk, AdminRequest, Liveness, PartitionFigures, ProcessFigures, Snapshot,
+    TopicFigures,
 };
 use crate::broker::{Broker, ConnRef, DurableJob, Effect, Handled, JobDone, Now};
 use crate::fsync::{FsyncPool, Submitter};
@@ -159,7 +160,8 @@ pub struct Reactor {
     /// Answers held back until their time (failed CONNECTs), soonest first.
     delayed: BinaryHeap<Reverse<DelayedAnswer>>,
     /// Monotonic ms of the last turn, read by `/healthz` on the admin thread.
-    last_turn_ms: Arc<AtomicU64>,
+    /// Also the leader this node can reach (`cluster.rs`).
+    liveness: Arc<Liveness>,
     /// Operator changes waiting to be durable, by ticket (`manage.rs`).
     admin_waits: std::collections::HashMap<u64, std::sync::mpsc::SyncSender<AdminAnswer>>,
     next_admin_ticket: u64,
@@ -207,9 +209,7 @@ impl Reactor {
         let waker = Arc::new(Waker::new(poll.registry(), WAKER_TOKEN).map_err(|e| e.to_string())?);
         let pool = start_pool(fsync_threads, &waker)?;
         let (backlog, warning) = accept::listen_backlog(config.listen_backlog);
-        if let Some(warning) = warning {
-            log::warn!("{warning}");
-        }
+        warning.iter().for_each(|w| log::warn!("{w}"));
         // Bound before the broker opens, which bumps the leader epoch: a start that cannot
         // listen (port in use) must leave the data directory as it found it. Connections
         // that arrive during recovery wait in the backlog.
@@ -253,7 +253,7 @@ impl Reactor {
             accept_failures: 0,
             auth_failures: AuthFailures::default(),
             delayed: BinaryHeap::new(),
-            last_turn_ms: Arc::new(AtomicU64::new(0)),
+            liveness: Arc::new(Liveness::new()),
             admin_waits: std::collections::HashMap::new(),
             next_admin_ticket: 0,
             counters: ReactorCounters::default(),
@@ -276,9 +276,9 @@ impl Reactor {
     }
 
     /// Connects the admin thread: its snapshot requests, and the turn clock it reads.
-    pub fn attach_admin(&mut self, requests: Receiver<AdminRequest>) -> Arc<AtomicU64> {
+    pub fn attach_admin(&mut self, requests: Receiver<AdminRequest>) -> Arc<Liveness> {
         self.admin_requests = Some(requests);
-        Arc::clone(&self.last_turn_ms)
+        Arc::clone(&self.liveness)
     }
 
     fn now(&self) -> Now {
@@ -794,7 +794,10 @@ impl Reactor {
         self.flush_all();
         self.cluster_flush(now);
         self.free_closed();
-        self.last_turn_ms.store(now.mono_ms, Ordering::Relaxed);
+        self.liveness
+            .last_turn_ms
+            .store(now.mono_ms, Ordering::Relaxed);
+        self.publish_leader();
         self.answer_admin(now);
         if cfg!(debug_assertions) {
             self.check_invariants();
@@ -910,6 +913,7 @@ impl Reactor {
             broker: self.broker.counters.clone(),
             topics: self.topic_figures(),
             groups: self.broker.coordinator().snapshot(),
+            cluster: self.cluster_figures(now),
         }
     }
 

@@ -106,7 +106,9 @@ pub(crate) fn stats_report(stats: &Value) -> String {
     let mut out = String::new();
     // Figures shown so far: a summary row may show figures of other sections.
     let mut used = Vec::new();
-    for name in STATS_ORDER {
+    // A cluster node's own section last, before the groups; a single node has none.
+    let cluster = stats["cluster"].is_object().then_some("cluster");
+    for name in STATS_ORDER.iter().copied().chain(cluster) {
         let mut section = Section {
             rows: Vec::new(),
             used: std::mem::take(&mut used),
@@ -118,6 +120,10 @@ pub(crate) fn stats_report(stats: &Value) -> String {
             _ => {}
         }
         other_rows(stats, name, &mut section);
+        if name == "cluster" {
+            let peers = super::cluster::links(&stats["cluster"]);
+            section.row("peers", peers, &[]);
+        }
         used = section.used;
         out.push_str(name);
         out.push('\n');

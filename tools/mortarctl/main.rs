@@ -26,6 +26,7 @@ use mortarmq::wire::{Durability, Frame};
 use serde_json::Value;
 
 mod check;
+mod cluster;
 mod hints;
 mod http;
 mod inspect;
@@ -34,6 +35,7 @@ mod records;
 mod wire_cmds;
 
 use check::cmd_check;
+use cluster::cmd_cluster_status;
 use http::{dial, http_get, HttpError};
 use inspect::{cmd_groups_describe, cmd_groups_list, cmd_stats, cmd_topics_list};
 use manage::{cmd_groups_delete, cmd_groups_reset, cmd_topics_describe, cmd_topics_purge};
@@ -122,6 +124,17 @@ const COMMANDS: &[Command] = &[
         options: json_option,
         positional: 0,
         run: cmd_stats,
+    },
+    Command {
+        words: &["cluster", "status"],
+        synopsis: "[--json]",
+        about: "Show every cluster node's role, term, leader, commit and applied index and \
+                links, each as that node sees it (admin /stats); fails when no node knows \
+                a leader.",
+        via: Via::Admin,
+        options: json_option,
+        positional: 0,
+        run: cmd_cluster_status,
     },
     Command {
         words: &["topics", "list"],

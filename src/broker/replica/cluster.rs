@@ -128,6 +128,12 @@ pub struct ClusterStatus {
     pub commit_index: u64,
     /// The last entry applied to this broker's state.
     pub applied_index: u64,
+    /// `leader`, `follower`, `candidate` or `pre-candidate`.
+    pub role: &'static str,
+    /// The last entry in this node's log, committed or not.
+    pub last_index: u64,
+    /// While leading: each peer's id and the last entry known in its log.
+    pub match_indexes: Vec<(u64, u64)>,
 }
 
 impl Cluster {
@@ -527,6 +533,9 @@ impl Broker {
             leader_id: c.replica.leader_id(),
             commit_index: c.replica.commit_index(),
             applied_index: c.applied_index,
+            role: c.replica.role(),
+            last_index: c.replica.last_index(),
+            match_indexes: c.replica.match_indexes(),
         })
     }
 

@@ -315,6 +315,31 @@ impl Replica {
         self.raw.raft.state == StateRole::Leader
     }
 
+    /// Raft's role, as `/stats` names it.
+    pub fn role(&self) -> &'static str {
+        match self.raw.raft.state {
+            StateRole::Leader => "leader",
+            StateRole::Follower => "follower",
+            StateRole::Candidate => "candidate",
+            StateRole::PreCandidate => "pre-candidate",
+        }
+    }
+
+    /// While this node leads: each other node's id and the last entry known to be in its
+    /// log (raft's progress tracker); empty otherwise, where raft tracks nothing.
+    pub fn match_indexes(&self) -> Vec<(u64, u64)> {
+        if !self.is_leader() {
+            return Vec::new();
+        }
+        let me = self.id();
+        let mut out: Vec<(u64, u64)> = (self.raw.raft.prs().iter())
+            .filter(|(id, _)| **id != me)
+            .map(|(id, pr)| (*id, pr.matched))
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
     /// The leader this node knows of, if any.
     pub fn leader_id(&self) -> Option<u64> {
         Some(self.raw.raft.leader_id).filter(|&id| id != INVALID_ID)
