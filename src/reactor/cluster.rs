@@ -5,9 +5,9 @@
 //! it, each pass hands the replica what arrived (peer messages, links going up and down)
 //! and the ticks that are due, in [`ClusterInput`]s; the replica's outgoing messages
 //! come back through [`Cluster::send`] and leave in [`Cluster::flush`] at the end of the
-//! pass. The replica itself lives in the broker and is not connected yet: the reactor
-//! routes these inputs to placeholder hooks (`Reactor::replica_input`) for the
-//! integrator to connect.
+//! pass. The replica itself lives in the broker: `Reactor::replica_input` hands ticks,
+//! peer messages and link changes to it, and `cluster_flush` sends what it released
+//! (a message the links cannot queue is reported to raft as unreachable).
 
 use std::collections::BTreeMap;
 use std::io;
