@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use crate::wire::ops::{Ack, CreditResult, DeliveryRef, Frame, Nack, Notice, SubResult};
 use crate::wire::{AckFlags, NackReason, OriginReason, StartPolicy};
 
+use super::brokers::{Brokers, Route};
 use super::bytes::Bytes;
 use super::conn::{Conn, DEFAULT_TIMEOUT};
 use super::error::{Error, Result};
@@ -303,11 +304,13 @@ impl ConsumerBuilder {
     /// Connects and authenticates; [`Consumer::subscribe`] joins a group.
     pub fn connect(self) -> Result<Consumer> {
         let addrs = self.addrs.map_err(Error::InvalidInput)?;
-        let conn = Conn::open(&addrs, &self.settings.token, self.settings.timeout)?;
+        let mut brokers = Brokers::new(addrs);
+        let conn = Conn::open_to(&mut brokers, &self.settings.token, self.settings.timeout)?;
         let link = Arc::new(Link::new());
         let heartbeat = link::spawn_heartbeat(link.clone(), self.settings.heartbeat_interval)?;
         Ok(Consumer {
-            addrs,
+            brokers,
+            reroute: None,
             settings: self.settings,
             on_rebalance: self.on_rebalance,
             link,
@@ -372,7 +375,10 @@ struct Subscription {
 /// # Ok::<(), mortarmq::client::Error>(())
 /// ```
 pub struct Consumer {
-    addrs: Vec<SocketAddr>,
+    /// The brokers given and learnt (NOT_LEADER), and which to dial next.
+    brokers: Brokers,
+    /// Where the ERR that broke the connection said to go, for the next join.
+    reroute: Option<Route>,
     settings: Settings,
     on_rebalance: Option<RebalanceCallback>,
     link: Arc<Link>,
@@ -434,7 +440,7 @@ impl Consumer {
             source,
             resolved: None,
         });
-        let joined = self.join_once();
+        let joined = self.join(false);
         if joined.is_err() {
             self.sub = None;
         }
@@ -572,7 +578,7 @@ impl Drop for Consumer {
 impl std::fmt::Debug for Consumer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Consumer")
-            .field("addrs", &self.addrs)
+            .field("brokers", &self.brokers.order())
             .field("topic", &self.sub.as_ref().map(|s| s.topic.clone()))
             .field("member", &self.member.map(|m| m.member_id))
             .field("assignment", &self.assignment())
