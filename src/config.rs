@@ -113,7 +113,8 @@ pub struct Config {
     pub broker: BrokerConfig,
     /// `--admin-listen`: admin HTTP listener; `None` = off.
     pub admin_listen: Option<SocketAddr>,
-    /// `--listen-peer`: reserved for replication; accepted and reported, nothing binds it.
+    /// `--listen-peer`: where a cluster node accepts peer links (`None`: its `--peers`
+    /// entry); ignored, with a warning, without `--peers`.
     pub listen_peer: Option<SocketAddr>,
     /// `--node-id`, `--peers` and the replication settings.
     pub cluster: ClusterConfig,
@@ -442,7 +443,7 @@ const FLAGS: &[FlagSpec] = {
     row("admin-listen", Network, field!(AddrOrOff, admin_listen), Any,
         "admin HTTP /healthz /metrics /stats; keep on loopback"),
     row("listen-peer", Network, field!(AddrOrOff, listen_peer), Any,
-        "reserved for replication; nothing listens yet"),
+        "cluster peer links; default: own --peers entry"),
     row("token-file", Network, field!(OptPath, token_file), Any,
         "CONNECT tokens, one per line; none = accept all"),
     row("max-connections", Network, field!(Count(u32::MAX), reactor.max_connections),
@@ -837,9 +838,9 @@ impl Config {
                 self.reactor.listen
             ));
         }
-        if let Some(peer) = self.listen_peer {
+        if let Some(peer) = self.listen_peer.filter(|_| !self.cluster.is_cluster()) {
             out.push(format!(
-                "--listen-peer {peer}: replication is not implemented yet; nothing listens there"
+                "--listen-peer {peer} without --peers: a single node; nothing listens there"
             ));
         }
         out

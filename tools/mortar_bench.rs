@@ -60,7 +60,7 @@ fn usage() -> String {
          \x20 --token TOKEN          CONNECT token (default empty)\n\
          \ncommands:\n\
          \x20 publish    --connections N (1) --pipeline D (16) --value-size SIZE (1024)\n\
-         \x20            --durability written|fsync (fsync) --partitions P (1)\n\
+         \x20            --durability written|fsync|replicated (fsync) --partitions P (1)\n\
          \x20            --topic NAME (bench) --duration 10s | --count N\n\
          \x20            [--idempotent]: PUBs with a producer_id and producer_seqs\n\
          \x20            [--api [--not-idempotent]]: through mortarmq::client::Producer\n\
@@ -83,7 +83,12 @@ fn main() -> ExitCode {
     o.optopt("", "connections", "connections", "N");
     o.optopt("", "pipeline", "PUBs in flight per connection", "D");
     o.optopt("", "value-size", "value bytes", "SIZE");
-    o.optopt("", "durability", "written|fsync", "D");
+    o.optopt(
+        "",
+        "durability",
+        "written|fsync|replicated (a cluster)",
+        "D",
+    );
     o.optopt("", "partitions", "partitions of the topic", "P");
     o.optopt("", "topic", "topic name", "NAME");
     o.optopt("", "duration", "run time", "DUR");
@@ -180,8 +185,12 @@ impl Args {
         let durability = match m.opt_str("durability").as_deref() {
             None => Durability::Fsynced,
             Some(name) => match Durability::from_flag_name(name) {
-                Some(d @ (Durability::Written | Durability::Fsynced)) => d,
-                _ => return Err(format!("--durability: written or fsync, not {name}")),
+                Some(d @ (Durability::Written | Durability::Fsynced | Durability::Replicated)) => d,
+                _ => {
+                    return Err(format!(
+                        "--durability: written, fsync or replicated, not {name}"
+                    ))
+                }
             },
         };
         let pull = match m.opt_str("mode").as_deref() {

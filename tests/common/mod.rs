@@ -1,3 +1,4 @@
+pub mod cluster;
 pub mod consume;
 pub mod golden;
 pub mod mortarctl;

@@ -1,0 +1,220 @@
+//! Replication over real TCP (issue 15, `docs/REPLICATION.md` §9.2): three `mortard`
+//! processes on loopback joined by `--peers`, each with its own data directory. What a
+//! client sees: REPLICATED answers from the leader, the role gate's codes elsewhere, and
+//! no acknowledged record lost or doubled across kill -9 of the leader.
+
+mod common;
+
+use std::time::Duration;
+
+use common::cluster::Cluster;
+use common::wait::wait_until;
+use mortarmq::client::{Client, ClientError};
+use mortarmq::wire::ops::{Pub, PubResult};
+use mortarmq::wire::{DeclareFlags, Durability, ErrorCode, PubFlags, PubResultFlags};
+
+/// Longest an election may take here: 0.5–1.0 s by default, more on a loaded 2-core host.
+const ELECTION_LIMIT: Duration = Duration::from_secs(20);
+/// Longest a committed record may take to reach every node's segments.
+const CONVERGE_LIMIT: Duration = Duration::from_secs(20);
+/// How soon a follower sees its link to a killed leader drop: a TCP reset on loopback,
+/// well within the 5 s minimum election timeout of the test that uses it.
+const LINK_DOWN_LIMIT: Duration = Duration::from_secs(4);
+const PRODUCER_ID: u64 = 7;
+
+fn client_of(cluster: &Cluster, i: usize) -> Client {
+    let c = Client::connect(cluster.nodes[i].addr, b"").expect("connect");
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    c
+}
+
+fn publish(c: &mut Client, topic_id: u16, seq: u64, durability: Option<Durability>) -> PubResult {
+    let value = format!("v{seq}");
+    c.publish(&Pub {
+        topic_id,
+        flags: PubFlags::requesting(durability),
+        producer_id: PRODUCER_ID,
+        producer_seq: seq,
+        value: value.as_bytes(),
+        ..Pub::default()
+    })
+    .unwrap_or_else(|e| panic!("PUB producer_seq {seq}: {e}"))
+}
+
+/// Waits until every running node holds exactly `want` in `orders` partition 0.
+fn wait_converged(cluster: &Cluster, want: &[(u64, String)]) {
+    for i in (0..cluster.nodes.len()).filter(|&i| cluster.is_up(i)) {
+        wait_until(
+            &format!("node {} to hold the acknowledged records", cluster.id(i)),
+            CONVERGE_LIMIT,
+            || cluster.records(i, "orders", 0) == want,
+        );
+    }
+}
+
+#[test]
+fn a_replicated_pub_is_answered_by_the_leader_held_by_every_node_and_followers_name_it() {
+    let cluster = Cluster::start(3, &[]);
+    let leader = cluster.wait_leader(ELECTION_LIMIT);
+    let mut c = client_of(&cluster, leader);
+    let topic_id = c
+        .declare("orders", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
+    let mut acked = Vec::new();
+    for seq in 1..=20 {
+        // The default durability of a cluster is REPLICATED; ask for it outright too.
+        let durability = (seq % 2 == 0).then_some(Durability::Replicated);
+        let r = publish(&mut c, topic_id, seq, durability);
+        assert_eq!(r.durability, Durability::Replicated.as_code(), "{r:?}");
+        assert!(r.leader_epoch >= 1, "the raft term: {r:?}");
+        assert!(r.commit_seq >= r.sequence, "{r:?}");
+        acked.push((r.sequence, format!("v{seq}")));
+    }
+    let sequences: Vec<u64> = acked.iter().map(|(s, _)| *s).collect();
+    let first = sequences[0];
+    assert_eq!(sequences, (first..first + 20).collect::<Vec<_>>());
+
+    let want = format!(
+        "leader {} {}",
+        cluster.id(leader),
+        cluster.nodes[leader].addr
+    );
+    for i in (0..3).filter(|&i| i != leader) {
+        assert_eq!(cluster.probe(i), Err((ErrorCode::NotLeader, want.clone())));
+        let mut f = client_of(&cluster, i);
+        match f.declare("other", 1, DeclareFlags::empty()) {
+            Err(e @ ClientError::Broker { .. }) => {
+                assert_eq!(e.code(), Some(ErrorCode::NotLeader), "{e:?}");
+                assert!(matches!(e, ClientError::Broker { message, .. } if message == want));
+            }
+            other => panic!("a follower took a DECLARE: {other:?}"),
+        }
+    }
+    wait_converged(&cluster, &acked);
+}
+
+#[test]
+fn a_leader_killed_with_kill_9_loses_no_acknowledged_record_and_a_resend_is_not_doubled() {
+    let mut cluster = Cluster::start(3, &[]);
+    let old = cluster.wait_leader(ELECTION_LIMIT);
+    let mut c = client_of(&cluster, old);
+    let topic_id = c
+        .declare("orders", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
+    let mut acked = Vec::new();
+    for seq in 1..=10 {
+        let r = publish(&mut c, topic_id, seq, None);
+        acked.push((r.sequence, format!("v{seq}")));
+    }
+    let old_epoch = publish(&mut c, topic_id, 10, None).leader_epoch;
+    cluster.kill9(old);
+
+    let new = cluster.wait_leader(ELECTION_LIMIT);
+    assert_ne!(new, old);
+    let mut c = client_of(&cluster, new);
+    // The producer did not see its last answer: it resends, and gets the original.
+    let resent = publish(&mut c, topic_id, 10, None);
+    assert!(
+        resent.result_flags.contains(PubResultFlags::DEDUPLICATED),
+        "{resent:?}"
+    );
+    assert_eq!(resent.sequence, acked[9].0);
+    for seq in 11..=20 {
+        let r = publish(&mut c, topic_id, seq, None);
+        assert!(
+            r.leader_epoch > old_epoch,
+            "a new term: {r:?} after {old_epoch}"
+        );
+        acked.push((r.sequence, format!("v{seq}")));
+    }
+    wait_converged(&cluster, &acked);
+
+    // The old leader comes back as a follower and catches up.
+    cluster.restart(old);
+    wait_converged(&cluster, &acked);
+    let want = format!("leader {} {}", cluster.id(new), cluster.nodes[new].addr);
+    wait_until("the old leader to name the new one", CONVERGE_LIMIT, || {
+        cluster.probe(old) == Err((ErrorCode::NotLeader, want.clone()))
+    });
+}
+
+#[test]
+fn a_leader_that_lost_its_followers_never_answers_ok() {
+    let mut cluster = Cluster::start(3, &[]);
+    let leader = cluster.wait_leader(ELECTION_LIMIT);
+    let mut c = client_of(&cluster, leader);
+    let topic_id = c
+        .declare("orders", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
+    publish(&mut c, topic_id, 1, None);
+    for i in (0..3).filter(|&i| i != leader) {
+        cluster.kill9(i);
+    }
+    let r = c.publish(&Pub {
+        topic_id,
+        flags: PubFlags::requesting(Some(Durability::Replicated)),
+        producer_id: PRODUCER_ID,
+        producer_seq: 2,
+        value: b"alone",
+        ..Pub::default()
+    });
+    let allowed = [
+        ErrorCode::NotEnoughReplicas,
+        ErrorCode::NotEnoughReplicasAfterAppend,
+        ErrorCode::ReplicationTimeout,
+        ErrorCode::LeaderUnknown,
+        ErrorCode::ElectionTimeout,
+    ];
+    match r {
+        Err(e) if e.code().is_some_and(|code| allowed.contains(&code)) => {}
+        other => panic!("a leader without a majority answered {other:?}"),
+    }
+}
+
+#[test]
+fn a_node_cut_off_from_the_leader_answers_leader_unknown_then_election_timeout() {
+    let mut cluster = Cluster::start(3, &["--replication-timeout", "3s"]);
+    let leader = cluster.wait_leader(ELECTION_LIMIT);
+    let survivor = (leader + 1) % 3;
+    cluster.kill9(leader);
+    cluster.kill9((leader + 2) % 3);
+    wait_until("LEADER_UNKNOWN", ELECTION_LIMIT, || {
+        matches!(cluster.probe(survivor), Err((ErrorCode::LeaderUnknown, _)))
+    });
+    wait_until("ELECTION_TIMEOUT", ELECTION_LIMIT, || {
+        matches!(
+            cluster.probe(survivor),
+            Err((ErrorCode::ElectionTimeout, _))
+        )
+    });
+    // A node comes back: a leader is elected and the gate opens again.
+    cluster.restart(leader);
+    let again = cluster.wait_leader(ELECTION_LIMIT);
+    assert!(again == leader || again == survivor);
+}
+
+#[test]
+fn a_follower_that_lost_its_link_to_the_leader_stops_naming_it_before_raft_notices() {
+    // Elections after 5–10 s: raft keeps naming the dead leader that long.
+    let mut cluster = Cluster::start(3, &["--election-ticks", "100"]);
+    let leader = cluster.wait_leader(ELECTION_LIMIT * 2);
+    let follower = (leader + 1) % 3;
+    let named = format!(
+        "leader {} {}",
+        cluster.id(leader),
+        cluster.nodes[leader].addr
+    );
+    wait_until("the follower to name the leader", ELECTION_LIMIT, || {
+        cluster.probe(follower) == Err((ErrorCode::NotLeader, named.clone()))
+    });
+    cluster.kill9(leader);
+    // Sending clients to a dead address would cost each a connect timeout.
+    wait_until(
+        "LEADER_UNKNOWN once the link dropped",
+        LINK_DOWN_LIMIT,
+        || matches!(cluster.probe(follower), Err((ErrorCode::LeaderUnknown, _))),
+    );
+}

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# REPLICATED publish on a 3-node loopback cluster against FSYNC on one node, alternated in
+# one run (issue 15, docs/BENCHMARKS.md): the ratio is the figure, absolute rates on a
+# shared 2-core host are noise.
+#
+#   bash tools/cluster_bench.sh [ROUNDS (2)] [DURATION (5s)]
+#
+# Builds release binaries, starts one single node and a 3-node cluster on free loopback
+# ports with temporary data directories, finds the leader (the node whose probe DECLARE
+# is not answered NOT_LEADER), and runs `mortar-bench publish` 16 connections x 16 in
+# flight, 1 KiB, against each in turn. Prints one line per run and the ratio.
+set -euo pipefail
+ROUNDS=${1:-2}
+DURATION=${2:-5s}
+cd "$(dirname "$0")/.."
+cargo build --release --quiet --bin mortard --bin mortar-bench --bin mortarctl
+BIN=target/release
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# start NAME ARGS...: runs mortard in $WORK/NAME, echoes its client address.
+start() {
+  local name=$1
+  shift
+  mkdir -p "$WORK/$name"
+  "$BIN/mortard" --data-dir "$WORK/$name/data" --admin-listen off "$@" \
+    >"$WORK/$name/out" 2>"$WORK/$name/log" &
+  PIDS+=($!)
+  for _ in $(seq 200); do
+    if grep -q '^listening ' "$WORK/$name/out"; then
+      sed -n 's/^listening //p' "$WORK/$name/out"
+      return
+    fi
+    sleep 0.05
+  done
+  echo "cluster_bench: $name did not start" >&2
+  cat "$WORK/$name/log" >&2
+  exit 1
+}
+
+SINGLE=$(start single --listen 127.0.0.1:0)
+PEERS="1=127.0.0.1:$(free_port),2=127.0.0.1:$(free_port),3=127.0.0.1:$(free_port)"
+NODES=()
+for id in 1 2 3; do
+  NODES+=("$(start "node$id" --listen "127.0.0.1:$(free_port)" --node-id "$id" --peers "$PEERS")")
+done
+
+# The leader: the node that creates the topic (followers answer NOT_LEADER).
+LEADER=
+for _ in $(seq 200); do
+  for addr in "${NODES[@]}"; do
+    if "$BIN/mortarctl" --broker "$addr" topics create bench --partitions 1 >/dev/null 2>&1; then
+      LEADER=$addr
+      break 2
+    fi
+  done
+  sleep 0.1
+done
+[ -n "$LEADER" ] || { echo "cluster_bench: no leader" >&2; exit 1; }
+"$BIN/mortarctl" --broker "$SINGLE" topics create bench --partitions 1 >/dev/null
+
+rate() { # ADDR DURABILITY -> msgs/s
+  "$BIN/mortar-bench" --broker "$1" --json publish --connections 16 --pipeline 16 \
+    --value-size 1024 --duration "$DURATION" --durability "$2" --topic bench |
+    python3 -c 'import json,sys
+r = json.load(sys.stdin)
+if r.get("errors"):
+    sys.exit("cluster_bench: %s errors" % r["errors"])
+print(round(r["ops_per_sec"]))'
+}
+
+single_sum=0
+cluster_sum=0
+for round in $(seq "$ROUNDS"); do
+  s=$(rate "$SINGLE" fsync)
+  c=$(rate "$LEADER" replicated)
+  echo "round $round: single-node FSYNC $s msgs/s, 3-node REPLICATED $c msgs/s"
+  single_sum=$((single_sum + s))
+  cluster_sum=$((cluster_sum + c))
+done
+python3 -c "print('REPLICATED / FSYNC = %.2f' % ($cluster_sum / $single_sum))"
