@@ -8,10 +8,11 @@ mod common;
 use std::time::Duration;
 
 use common::cluster::Cluster;
+use common::consume::receive;
 use common::wait::wait_until;
 use mortarmq::client::{Client, ClientError};
-use mortarmq::wire::ops::{Pub, PubResult};
-use mortarmq::wire::{DeclareFlags, Durability, ErrorCode, PubFlags, PubResultFlags};
+use mortarmq::wire::ops::{Frame, Pub, PubResult, Sub};
+use mortarmq::wire::{AckFlags, DeclareFlags, Durability, ErrorCode, PubFlags, PubResultFlags};
 
 /// Longest an election may take here: 0.5–1.0 s by default, more on a loaded 2-core host.
 const ELECTION_LIMIT: Duration = Duration::from_secs(20);
@@ -39,6 +40,17 @@ fn publish(c: &mut Client, topic_id: u16, seq: u64, durability: Option<Durabilit
         ..Pub::default()
     })
     .unwrap_or_else(|e| panic!("PUB producer_seq {seq}: {e}"))
+}
+
+/// Joins group `g` on every partition of `topic_id`.
+fn subscribe(c: &mut Client, topic_id: u16) {
+    c.request(&Frame::Sub(Sub {
+        group: b"g",
+        topic_id,
+        partition: 0xFFFF,
+        ..Sub::default()
+    }))
+    .expect("SUB");
 }
 
 /// Waits until every running node holds exactly `want` in `orders` partition 0.
@@ -216,5 +228,52 @@ fn a_follower_that_lost_its_link_to_the_leader_stops_naming_it_before_raft_notic
         "LEADER_UNKNOWN once the link dropped",
         LINK_DOWN_LIMIT,
         || matches!(cluster.probe(follower), Err((ErrorCode::LeaderUnknown, _))),
+    );
+}
+
+#[test]
+fn after_a_failover_a_group_resumes_at_its_committed_position() {
+    let mut cluster = Cluster::start(3, &[]);
+    let old = cluster.wait_leader(ELECTION_LIMIT);
+    let mut c = client_of(&cluster, old);
+    let topic_id = c
+        .declare("orders", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
+    let mut acked = Vec::new();
+    for seq in 1..=20 {
+        let r = publish(&mut c, topic_id, seq, None);
+        acked.push((r.sequence, format!("v{seq}")));
+    }
+    let mut member = client_of(&cluster, old);
+    subscribe(&mut member, topic_id);
+    let first = receive(&mut member, 10, CONVERGE_LIMIT);
+    for m in &first {
+        member
+            .request(&Frame::Ack(m.ack(AckFlags::empty())))
+            .unwrap();
+    }
+    let settled = first.last().unwrap().sequence;
+    assert_eq!(settled, acked[9].0);
+    // The positions ride the leader's next BATCH; a survivor holds them once applied.
+    wait_until(
+        "the survivors to hold the group's position",
+        CONVERGE_LIMIT,
+        || {
+            (0..3).filter(|&i| i != old).all(|i| {
+                let (_, body) = cluster.nodes[i].http("GET", "/stats");
+                body.contains(&format!("\"committed\":{settled}"))
+            })
+        },
+    );
+    cluster.kill9(old);
+    let new = cluster.wait_leader(ELECTION_LIMIT);
+    let mut member = client_of(&cluster, new);
+    subscribe(&mut member, topic_id);
+    let next = receive(&mut member, 1, CONVERGE_LIMIT);
+    assert_eq!(
+        next[0].sequence,
+        settled + 1,
+        "not redelivered from the start"
     );
 }

@@ -232,6 +232,13 @@ impl ConsumeDriver {
             .write_job(now.mono_ms, force, || coordinator.positions())
     }
 
+    /// A committed position replicated from the leader (`replica::cluster`).
+    pub(super) fn replicated_position(&mut self, change: (&[u8], u16, u16, u64), now: Now) {
+        let (group, topic_id, partition, committed) = change;
+        self.coordinator
+            .restore_position((group, topic_id), partition, committed, now.mono_ms);
+    }
+
     pub(super) fn persist_positions_now(&mut self) -> std::io::Result<()> {
         let positions = self.coordinator.positions();
         self.positions.write_now(&positions)

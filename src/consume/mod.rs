@@ -954,9 +954,10 @@ impl Coordinator {
         out
     }
 
-    /// At start, before any SUB: the group's persisted committed position. Ignored
-    /// for a group that already exists (its live position wins). Forgotten if no SUB
-    /// recreates the group within `--group-ttl`.
+    /// At start, before any SUB, and on a cluster follower for every replicated change:
+    /// the group's committed position, kept if higher than the one held. Ignored for a
+    /// group that already exists (its live position wins). Forgotten if no SUB recreates
+    /// the group within `--group-ttl`.
     pub fn restore_position(
         &mut self,
         (group, topic_id): (&[u8], u16),
@@ -965,7 +966,10 @@ impl Coordinator {
         now_ms: u64,
     ) {
         if let Some(r) = self.restored_entry(group, topic_id, now_ms) {
-            r.committed.insert(partition, committed);
+            // Never backwards: a cluster follower is told positions in commit order, but
+            // a new leader may send its whole (older) view once.
+            let at = r.committed.entry(partition).or_insert(committed);
+            *at = (*at).max(committed);
         }
     }
 

@@ -172,6 +172,15 @@ pub struct Reactor {
     peer_out: Vec<crate::peer::Message>,
 }
 
+/// The fsync pool, whose workers wake the reactor when a job is done.
+fn start_pool(threads: usize, waker: &Arc<Waker>) -> Result<FsyncPool<DurableJob>, String> {
+    let wake = Arc::clone(waker);
+    let on_done = Arc::new(move || {
+        let _ = wake.wake();
+    });
+    FsyncPool::new(threads, on_done).map_err(|e| format!("cannot start fsync workers: {e}"))
+}
+
 fn would_block(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::WouldBlock
 }
@@ -196,14 +205,7 @@ impl Reactor {
     ) -> Result<Reactor, String> {
         let poll = Poll::new().map_err(|e| format!("cannot create poll: {e}"))?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER_TOKEN).map_err(|e| e.to_string())?);
-        let wake = Arc::clone(&waker);
-        let pool = FsyncPool::new(
-            fsync_threads,
-            Arc::new(move || {
-                let _ = wake.wake();
-            }),
-        )
-        .map_err(|e| format!("cannot start fsync workers: {e}"))?;
+        let pool = start_pool(fsync_threads, &waker)?;
         let (backlog, warning) = accept::listen_backlog(config.listen_backlog);
         if let Some(warning) = warning {
             log::warn!("{warning}");

@@ -30,16 +30,20 @@
 //! [`Broker::admit`], `job_done` (persist jobs travel as `Work::Persist`) and `end_pass`
 //! (which polls the replica), and sends what [`Broker::drain_peer_messages`] hands it.
 //!
-//! Not yet: group positions and dead letters in BATCHes (dead letters are written on the
-//! leader only), `--producer-ttl` on the leader's wall clock, the broker's applied index
-//! kept across restarts (a start applies the whole raft log again; replay skips what the
-//! segments hold), journal compaction, the lease of §7.3.
+//! - **Group positions**: every `POSITIONS_REPLICATE_INTERVAL_MS` the leader's BATCH
+//!   carries the committed positions that moved; followers keep them as restored
+//!   positions for the day they lead (§7.4).
+//!
+//! Not yet: dead letters in BATCHes (written on the leader only), `--producer-ttl` on
+//! the leader's wall clock, the broker's applied index kept across restarts (a start
+//! applies the whole raft log again; replay skips what the segments hold), journal
+//! compaction, a DECLARE's OK held by the lease (PUB answers are, in the replica).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::sync::Arc;
 
-use super::entry::{Batch, BatchPart, EntryData, RegistryChange};
+use super::entry::{Batch, BatchPart, EntryData, PositionChange, RegistryChange};
 use super::machine::{
     Effect as ReplicaEffect, PersistJob, Replica, ReplicaConfig, ReplicaOptions, Replicated, Waiter,
 };
@@ -79,6 +83,13 @@ struct PassPart {
     records: Vec<u8>,
 }
 
+/// How often the leader puts the committed positions that moved into a BATCH (§7.4): a
+/// failover redelivers at most this much of the last acknowledgements (at-least-once).
+pub const POSITIONS_REPLICATE_INTERVAL_MS: u64 = 100;
+
+/// A group's committed position on one partition: (group, topic id, partition).
+type PositionKey = (Vec<u8>, u16, u16);
+
 /// What a cluster node holds beside the broker's state.
 pub struct Cluster {
     replica: Replica,
@@ -98,6 +109,9 @@ pub struct Cluster {
     /// Leading, but requests wait until the log is applied up to this index.
     catching_up: Option<u64>,
     peer_out: Vec<PeerMessage>,
+    /// The committed positions this leader last proposed, to send only what moved.
+    positions_sent: HashMap<PositionKey, u64>,
+    next_positions_ms: u64,
     /// Peers whose link is down: a leader among them is not "known" (§7.1).
     links_down: std::collections::BTreeSet<u64>,
     /// The raft journal failed or an entry could not be applied: the node refuses all.
@@ -132,6 +146,8 @@ impl Cluster {
             catching_up: None,
             peer_out: Vec::new(),
             links_down: std::collections::BTreeSet::new(),
+            positions_sent: HashMap::new(),
+            next_positions_ms: 0,
             failed: None,
         }
     }
@@ -664,8 +680,9 @@ impl Broker {
 
     /// The pass's records become one BATCH proposal waited on by the pass's PUBs.
     fn propose_pass(&mut self, now: Now) {
+        let positions = self.moved_positions(now);
         let c = self.cluster.as_deref_mut().expect("cluster mode");
-        if c.pass.is_empty() && c.pass_waiters.is_empty() {
+        if c.pass.is_empty() && c.pass_waiters.is_empty() && positions.is_empty() {
             return;
         }
         let parts = std::mem::take(&mut c.pass)
@@ -682,7 +699,7 @@ impl Broker {
         let entry = EntryData::Batch(Batch {
             leader_wall_ms: now.wall_ms,
             parts,
-            positions: Vec::new(),
+            positions,
         });
         let waiters = std::mem::take(&mut c.pass_waiters);
         let Err(refused) = c.replica.propose(&entry, waiters.clone(), now.mono_ms) else {
@@ -691,6 +708,8 @@ impl Broker {
         // The overlay names this pass's records, which are in no entry: it goes, and the
         // node serves again once it applied what it proposed before.
         c.drop_overlay();
+        // The positions were in the refused entry too: send them all again.
+        c.positions_sent.clear();
         c.catching_up = Some(c.replica.last_index());
         for w in waiters {
             c.pubs.remove(&(w.conn, w.slot));
@@ -701,6 +720,37 @@ impl Broker {
                 response,
             });
         }
+    }
+
+    /// On a leader serving requests, every `POSITIONS_REPLICATE_INTERVAL_MS`: the
+    /// committed positions that moved since it last proposed them. Bounded by the
+    /// groups' partitions (`--max-groups`), and only on that timer.
+    fn moved_positions(&mut self, now: Now) -> Vec<PositionChange> {
+        let c = self.cluster.as_deref_mut().expect("cluster mode");
+        let serving = c.replica.is_leader() && c.catching_up.is_none();
+        if !serving {
+            c.positions_sent.clear();
+            return Vec::new();
+        }
+        if now.mono_ms < c.next_positions_ms {
+            return Vec::new();
+        }
+        c.next_positions_ms = now.mono_ms + POSITIONS_REPLICATE_INTERVAL_MS;
+        let mut moved = Vec::new();
+        for p in self.consume.coordinator().positions() {
+            let key = (p.group, p.topic_id, p.partition);
+            if c.positions_sent.get(&key) == Some(&p.committed) {
+                continue;
+            }
+            moved.push(PositionChange {
+                topic_id: key.1,
+                partition: key.2,
+                committed: p.committed,
+                group: key.0.clone(),
+            });
+            c.positions_sent.insert(key, p.committed);
+        }
+        moved
     }
 
     /// The replica's Ready loop: messages out, persist jobs to the pool, committed
@@ -806,6 +856,12 @@ impl Broker {
     }
 
     fn apply_batch(&mut self, batch: &Batch, now: Now) {
+        // A leader's own groups are live and ignore these; a follower keeps them for
+        // the day it leads (§7.4).
+        for pc in &batch.positions {
+            let change = (&pc.group[..], pc.topic_id, pc.partition, pc.committed);
+            self.consume.replicated_position(change, now);
+        }
         for p in &batch.parts {
             let key = (p.topic_id, p.partition);
             let applied = self.partitions.apply_part(
