@@ -188,3 +188,37 @@ fn mortarctl_sub_given_a_list_starting_with_a_follower_consumes_from_the_leader(
     assert!(out.status.success(), "{stderr}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "a\nb\nc\n");
 }
+
+#[test]
+fn a_consumer_given_every_node_goes_on_consuming_after_kill_9_of_the_leader() {
+    let mut cluster = Cluster::start(3, &["--commit-interval", "100ms"]);
+    let leader = cluster.wait_leader(ELECTION_LIMIT);
+    let addrs: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.addr).collect();
+    let mut p = producer(&addrs);
+    p.topic("orders").expect("declared");
+    let mut c = Consumer::builder(&addrs[..])
+        .timeout(Duration::from_secs(5))
+        .reconnect_timeout(Some(CLIENT_RETRY))
+        .connect()
+        .expect("connect");
+    c.subscribe("billing", "orders", StartPolicy::Earliest)
+        .expect("subscribe");
+    let mut seen = std::collections::BTreeSet::new();
+    let mut take = |c: &mut Consumer, want: &str| {
+        let deadline = Instant::now() + CLIENT_RETRY;
+        while !seen.contains(want) {
+            assert!(Instant::now() < deadline, "{want} not delivered");
+            if let Some(m) = c.poll(Some(Duration::from_secs(1))).expect("poll") {
+                seen.insert(String::from_utf8_lossy(&m.value).into_owned());
+                m.ack();
+            }
+        }
+    };
+    p.publish("orders", "", "before", None).expect("publish");
+    take(&mut c, "before");
+    cluster.kill9(leader);
+    p.publish("orders", "", "after", None)
+        .expect("publish on the new leader");
+    take(&mut c, "after");
+    assert!(c.stats().rejoins >= 1, "{:?}", c.stats());
+}
