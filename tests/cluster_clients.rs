@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
 use common::mortarctl::{command, run_to_end};
-use mortarmq::client::{Consumer, Durability, Producer, StartPolicy};
+use mortarmq::client::{Consumer, Durability, ErrorCode, Producer, StartPolicy};
 
 const ELECTION_LIMIT: Duration = Duration::from_secs(20);
 /// How long the surviving nodes may take to apply every acknowledged record.
@@ -154,11 +154,39 @@ fn mortarctl_pub_to_a_follower_is_published_by_the_leader() {
     let cluster = Cluster::start(3, &[]);
     let leader = cluster.wait_leader(ELECTION_LIMIT);
     let follower = follower_of(&cluster, leader);
+    let broker = cluster.nodes[follower].addr.to_string();
+    let deadline = Instant::now() + ELECTION_LIMIT;
+    while !matches!(cluster.probe(follower), Err((ErrorCode::NotLeader, _))) {
+        assert!(
+            Instant::now() < deadline,
+            "the follower never named the leader"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A one-shot admin write does not follow: it names the leader and says what to do.
+    let mut cmd = command();
+    cmd.args([
+        "--broker",
+        &broker,
+        "topics",
+        "create",
+        "orders",
+        "--partitions",
+        "1",
+    ]);
+    let out = run_to_end(cmd, b"", CTL_LIMIT).expect("mortarctl topics create ended");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let named = format!("leader {} {}", leader + 1, cluster.nodes[leader].addr);
+    assert!(stderr.contains(&named), "{stderr}");
+    assert!(
+        stderr.contains("give --broker the leader's address"),
+        "{stderr}"
+    );
     producer(&[cluster.nodes[leader].addr])
         .topic("orders")
         .expect("declared");
     let mut cmd = command();
-    let broker = cluster.nodes[follower].addr.to_string();
     cmd.args(["--broker", &broker, "--timeout", "5s", "pub", "orders"]);
     let out = run_to_end(cmd, b"one\ntwo\n", CTL_LIMIT).expect("mortarctl pub ended");
     let stderr = String::from_utf8_lossy(&out.stderr);
