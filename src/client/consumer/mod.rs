@@ -359,7 +359,10 @@ struct Subscription {
 /// application is busy between polls, and writes its queued ACKs. It only writes; the
 /// connection is read only by the thread that calls [`Consumer::poll`]. After a lost
 /// connection or an expulsion, `poll` connects and joins again: every partition is
-/// [`Rebalance::Lost`], and the broker delivers what was not settled again.
+/// [`Rebalance::Lost`], and the broker delivers what was not settled again. In a
+/// cluster it joins on the leader: NOT_LEADER (at SUB or later) sends it to the leader
+/// named, and while none is known it backs off and tries the other addresses it was
+/// given, within the reconnect timeout.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -406,7 +409,9 @@ impl Consumer {
         Consumer::builder(addr).connect()
     }
 
-    /// Settings first; [`ConsumerBuilder::connect`] connects.
+    /// Settings first; [`ConsumerBuilder::connect`] connects. Every address `addr`
+    /// resolves to is a broker to try: for a cluster, a slice of its nodes' addresses
+    /// (see [`resolve_brokers`](super::resolve_brokers)).
     pub fn builder(addr: impl ToSocketAddrs) -> ConsumerBuilder {
         ConsumerBuilder {
             addrs: resolve_addrs(addr),

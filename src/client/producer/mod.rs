@@ -354,6 +354,12 @@ fn new_producer_id() -> u64 {
 /// behind it (refused SEQUENCE_OUT_OF_ORDER, not appended) are renumbered and resent in
 /// their order. A record still unanswered after the retry timeout fails.
 ///
+/// In a cluster (`man/mortarmq.7`, REPLICATION) the producer follows NOT_LEADER to the
+/// leader it names, resending what was in flight there with the same producer_seq, and
+/// while no leader can serve (LEADER_UNKNOWN, ELECTION_TIMEOUT, NOT_ENOUGH_REPLICAS, …)
+/// backs off (50 ms doubling to 2 s) and tries the other addresses it was given; all
+/// within the retry timeout.
+///
 /// Synchronous: every call runs on the caller's thread, and answers are read while
 /// the caller is in a `Producer` method. [`send`](Self::send) writes records in
 /// batches and returns at once (it waits only while `max_in_flight` records are
@@ -416,7 +422,10 @@ impl Producer {
         Producer::builder(addr).connect()
     }
 
-    /// Settings first; [`ProducerBuilder::connect`] connects.
+    /// Settings first; [`ProducerBuilder::connect`] connects. Every address `addr`
+    /// resolves to is a broker to try: for a cluster, a slice of its nodes' addresses
+    /// (see [`resolve_brokers`](super::resolve_brokers)), so that the producer can find
+    /// the new leader after the old one is gone.
     pub fn builder(addr: impl ToSocketAddrs) -> ProducerBuilder {
         ProducerBuilder {
             addrs: resolve_addrs(addr),
