@@ -554,6 +554,37 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_refusal_backs_off_as_the_replication_spec_says() {
+        let handle = SendHandle {
+            slot: std::sync::Arc::default(),
+        };
+        let mut p = Pending::new(
+            (1, 0),
+            (7, 1),
+            PubFlags::empty(),
+            0,
+            (handle, false),
+            Instant::now(),
+        );
+        assert_eq!(p.backoff_wait(), Duration::ZERO, "not refused yet");
+        p.backoffs = 3;
+        p.error = Some(Error::from_err(0x4001, Op::Pub as u8, b""));
+        assert_eq!(
+            p.backoff_wait(),
+            Duration::from_millis(40),
+            "BACKPRESSURE's"
+        );
+        p.error = Some(Error::from_err(0x6002, Op::Pub as u8, b""));
+        assert_eq!(
+            p.backoff_wait(),
+            Duration::from_millis(200),
+            "LEADER_UNKNOWN's"
+        );
+        p.backoffs = 30;
+        assert_eq!(p.backoff_wait(), Duration::from_secs(2), "capped at 2 s");
+    }
+
+    #[test]
     fn backoff_doubles_to_its_cap() {
         assert_eq!(backoff_delay(BACKOFF_FIRST, 0), Duration::from_millis(10));
         assert_eq!(backoff_delay(BACKOFF_FIRST, 3), Duration::from_millis(80));
