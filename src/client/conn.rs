@@ -14,6 +14,7 @@ use crate::wire::limits::{FRAME_HEADER_BYTES, MAX_FRAME_LEN_BYTES, OP_BYTES, WIR
 use crate::wire::ops::{Connect, ErrFrame, Frame, Message, OkFrame};
 use crate::wire::Op;
 
+use super::brokers::Brokers;
 use super::bytes::Bytes;
 use super::error::{Error, Result};
 
@@ -98,6 +99,14 @@ impl Conn {
             reserved: 0,
         });
         c.request(&connect, Instant::now() + timeout, &mut |_, _| {})?;
+        Ok(c)
+    }
+
+    /// [`Conn::open`] to the first of `brokers`' addresses, in its order, that
+    /// answers; `brokers` is told which one did.
+    pub fn open_to(brokers: &mut Brokers, token: &[u8], timeout: Duration) -> Result<Conn> {
+        let c = Conn::open(&brokers.order(), token, timeout)?;
+        brokers.connected(c.stream.peer_addr().ok());
         Ok(c)
     }
 

@@ -9,6 +9,10 @@
 //!   settled with `ack`, `nack_retry` or `reject`.
 //! - [`Error`] is the one error type of both, with the registry's code, name and
 //!   "client should" advice.
+//! - A cluster (`man/mortarmq.7`, REPLICATION): both follow NOT_LEADER to the leader it
+//!   names and, when no leader can serve, back off and try the other addresses they
+//!   were given (`brokers`; several through a slice of addresses, see
+//!   [`resolve_brokers`]).
 //! - [`Client`] (`raw`) sends and receives frames as they are, for tests and tools.
 //!
 //! Blocking and `std` only: no async runtime. README.md ("Rust client") and
@@ -16,6 +20,7 @@
 //!
 //! Depends on `wire` only.
 
+mod brokers;
 mod bytes;
 mod conn;
 mod consumer;
@@ -24,6 +29,7 @@ mod producer;
 mod raw;
 mod topics;
 
+pub use brokers::resolve_brokers;
 pub use bytes::Bytes;
 pub use conn::DEFAULT_TIMEOUT;
 pub use consumer::{

@@ -60,8 +60,11 @@ pub(crate) fn hint(code: ErrorCode) -> &'static str {
              below its count"
         }
         InternalError => "the broker failed: its log says why (journalctl -u mortard)",
+        NotLeader => {
+            "this node does not lead the cluster: give --broker the leader's address named \
+             above (pub and sub follow it themselves)"
+        }
         ShuttingDown
-        | NotLeader
         | LeaderUnknown
         | StaleLeaderEpoch
         | NotEnoughReplicas

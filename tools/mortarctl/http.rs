@@ -8,10 +8,13 @@ use std::time::Duration;
 /// Connects to the first of `addr`'s addresses that answers within `timeout`.
 pub(crate) fn dial(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
     let mut last = io::Error::new(io::ErrorKind::InvalidInput, "resolves to no address");
-    for a in addr.to_socket_addrs()? {
-        match TcpStream::connect_timeout(&a, timeout) {
-            Ok(s) => return Ok(s),
-            Err(e) => last = e,
+    // `--broker` may list a cluster's nodes, comma-separated: the first that answers.
+    for one in addr.split(',').map(str::trim) {
+        for a in one.to_socket_addrs()? {
+            match TcpStream::connect_timeout(&a, timeout) {
+                Ok(s) => return Ok(s),
+                Err(e) => last = e,
+            }
         }
     }
     Err(last)

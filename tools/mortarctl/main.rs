@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use getopts::{Matches, Options, ParsingStyle};
 use mortarmq::broker::topics::valid_name;
-use mortarmq::client::{Client, ClientError, Consumer, Error as ApiError, Producer};
+use mortarmq::client::{
+    resolve_brokers, Client, ClientError, Consumer, Error as ApiError, Producer,
+};
 use mortarmq::config::{format_duration, parse_duration};
 use mortarmq::wire::limits::WIRE_VERSION;
 use mortarmq::wire::ops::Connect;
@@ -384,8 +386,11 @@ fn connection_options(o: &mut Options, via: Via) {
             o.optopt(
                 "",
                 "broker",
-                &format!("broker address (${ENV_BROKER}, else {BROKER_DEFAULT})"),
-                "ADDR",
+                &format!(
+                    "broker address, or a cluster's nodes comma-separated \
+                     (${ENV_BROKER}, else {BROKER_DEFAULT})"
+                ),
+                "ADDR[,ADDR...]",
             );
             token_options(o, "CONNECT token");
         }
@@ -437,7 +442,8 @@ fn main_help() -> String {
          \x20                     ($MORTAR_ADMIN; default {ADMIN_DEFAULT} only while the broker\n\
          \x20                     address is the default too); read commands\n\
          \x20 --broker ADDR       broker address ($MORTAR_BROKER, else {BROKER_DEFAULT});\n\
-         \x20                     write commands\n\
+         \x20                     write commands; a cluster's nodes comma-separated\n\
+         \x20                     (pub and sub follow the leader)\n\
          \x20 --token TOKEN       CONNECT token, and the admin token of changes\n\
          \x20                     ($MORTAR_TOKEN; default empty)\n\
          \x20 --token-file PATH   read the CONNECT token from the first line of PATH\n\
@@ -552,7 +558,7 @@ impl Ctx {
         durability: Option<Durability>,
         keepalive: Duration,
     ) -> Result<Producer, Failure> {
-        Producer::builder(self.broker.as_str())
+        Producer::builder(&self.brokers()?[..])
             .token(&self.token)
             .durability(durability)
             .max_in_flight(PUB_WINDOW)
@@ -570,7 +576,7 @@ impl Ctx {
         pull: bool,
         reconnect_timeout: Option<Duration>,
     ) -> Result<Consumer, Failure> {
-        Consumer::builder(self.broker.as_str())
+        Consumer::builder(&self.brokers()?[..])
             .token(&self.token)
             .credit(credit, 0)
             .pull(pull)
@@ -578,6 +584,12 @@ impl Ctx {
             .timeout(self.timeout)
             .connect()
             .map_err(|e| self.connect_failure(e))
+    }
+
+    /// `--broker`'s addresses: a cluster's nodes may be listed, comma-separated; the
+    /// client follows NOT_LEADER from any of them and tries the others when one fails.
+    fn brokers(&self) -> Result<Vec<std::net::SocketAddr>, Failure> {
+        resolve_brokers(&self.broker).map_err(|e| self.connect_failure(e))
     }
 
     fn connect_failure(&self, e: ApiError) -> Failure {

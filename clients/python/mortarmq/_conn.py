@@ -30,6 +30,17 @@ def parse_address(address):
     return host or "127.0.0.1", int(port) if port else wire.DEFAULT_PORT
 
 
+def leader_address(err):
+    """The leader's "host:port" that a NOT_LEADER names (its text is exactly
+    "leader <id> <host:port>", man/mortarmq.7 REPLICATION); None for any other error."""
+    if not isinstance(err, MortarError) or err.name != "NOT_LEADER":
+        return None
+    words = err.message.split(" ")
+    if len(words) != 3 or words[0] != "leader" or not words[1].isdigit():
+        return None
+    return words[2]
+
+
 def encode_connect(token):
     return wire.Connect(protocol_version=wire.WIRE_VERSION, client_flags=0, token=token,
                         reserved=0).encode()

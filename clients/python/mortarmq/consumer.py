@@ -18,12 +18,14 @@ import threading
 import time
 
 from . import wire
-from ._conn import Connection, check_answer
+from ._conn import Connection, check_answer, leader_address
 from .errors import MortarError, ProtocolError
 
 HEARTBEAT_INTERVAL = 3.0  # a tenth of the broker's default 30 s session timeout
 # poll() looks at the heartbeat thread's findings at least this often while it waits.
 READ_SLICE = 1.0
+# NOT_LEADER redirects a join follows in a row without a pause.
+REDIRECTS_FREE = 4
 WRITE_BATCH = 128  # queued ACKs/NACKs that force a write
 
 _OP_BYTE = {op: bytes([op]) for op in wire.Op}
@@ -148,8 +150,17 @@ class Consumer:
         self.topic_id = None
         self.source_topic_id = None
         self.ignored_errors = 0  # OWNERSHIP_FENCED / UNKNOWN_DELIVERY answers dropped
+        # In a cluster: the leader a NOT_LEADER named, joined instead of ``address``
+        # until it cannot be reached.
+        self._leader = None
 
-        self._join_once()
+        for redirect in range(REDIRECTS_FREE + 1):
+            try:
+                self._join_once()
+                break
+            except MortarError as e:
+                if not leader_address(e) or redirect == REDIRECTS_FREE:
+                    raise
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, daemon=True,
                                            name="mortarmq-heartbeat")
@@ -276,7 +287,7 @@ class Consumer:
     # ---- joining ---------------------------------------------------------------------
 
     def _join_once(self):
-        conn = Connection(self.address, self._token, self.timeout)
+        conn = Connection(self._leader or self.address, self._token, self.timeout)
         try:
             pushes = []
             on_push = lambda op, payload: pushes.append((op, payload))  # noqa: E731
@@ -286,6 +297,10 @@ class Consumer:
                            credit_count=self._credit, credit_bytes=self._credit_bytes,
                            flags=wire.SubFlags.PULL_MODE if self.pull else 0)
             ok = conn.request(sub.encode(), wire.Op.SUB, on_push=on_push)
+        except MortarError as e:
+            conn.close()
+            self._leader = leader_address(e) or self._leader
+            raise
         except BaseException:
             conn.close()
             raise
@@ -331,8 +346,12 @@ class Consumer:
                 if not e.retryable:
                     raise
                 last = e
+                if leader_address(e) and backoffs < REDIRECTS_FREE:
+                    backoffs += 1
+                    continue  # straight to the leader it names
             except (OSError, ProtocolError) as e:
                 last = e
+                self._leader = None  # gone: ask the address given again
             if (self.reconnect_timeout is not None
                     and time.monotonic() - started >= self.reconnect_timeout):
                 raise ConnectionError("cannot rejoin %r on %s within %s s: %s"
@@ -443,6 +462,10 @@ class Consumer:
         elif err.name == "UNKNOWN_NOTICE" or (err.name == "STALE_EPOCH" and op == wire.Op.PULL):
             # A notice already superseded; a PULL raced a rebalance (the NOTICE follows).
             self.ignored_errors += 1
+        elif leader_address(err):
+            # This node does not lead (any more): join again on the leader it names.
+            self._leader = leader_address(err)
+            self._broken = True
         elif err.name in ("UNKNOWN_SUBSCRIPTION", "UNKNOWN_MEMBER") or err.closes_connection:
             # Expelled (silent past the session timeout) or about to be closed: join again.
             self._broken = True

@@ -18,7 +18,7 @@ import time
 import zlib
 
 from . import wire
-from ._conn import Connection, check_answer
+from ._conn import Connection, check_answer, leader_address
 from .errors import MortarError, ProtocolError
 
 Receipt = collections.namedtuple(
@@ -34,6 +34,9 @@ _DEDUPLICATED = int(wire.PubResultFlags.DEDUPLICATED)
 
 BACKOFF_FIRST = 0.01  # the registry's advice for BACKPRESSURE: 10 ms doubling to 1 s
 BACKOFF_MAX = 1.0
+# NOT_LEADER redirects a request follows in a row without a pause; two nodes naming
+# each other while an election settles are then asked after the usual backoff.
+REDIRECTS_FREE = 4
 WRITE_BATCH_BYTES = 256 * 1024
 
 
@@ -162,6 +165,11 @@ class Producer:
         self.reconnects = 0  # connections replaced after a loss
         self.resent = 0  # records sent again (after an ERR or a connection loss)
         self._closed = False
+        # In a cluster: the leader a NOT_LEADER named, connected to instead of
+        # ``address`` until it cannot be reached; and whether to go there once the
+        # records in flight are answered.
+        self._leader = None
+        self._reroute = False
         self._conn = Connection(address, self._token, timeout)
 
     # ---- public API ------------------------------------------------------------------
@@ -281,17 +289,24 @@ class Producer:
         reconnects and backoff errors until retry_timeout."""
         self._pump(lambda: self._conn is not None and not self._inflight and not self._retry)
         deadline = time.monotonic() + self.retry_timeout
-        backoffs = 0
+        backoffs = redirects = 0
         while True:
             if self._conn is None:
                 self._reconnect(deadline)
             try:
                 return self._conn.request(data, op)
             except MortarError as e:
-                if e.closes_connection:
+                leader = leader_address(e)
+                if e.closes_connection or leader:
                     self._drop_connection()
                 if e.retry == "no" or time.monotonic() >= deadline:
                     raise
+                if leader:
+                    self._leader = leader
+                    if redirects < REDIRECTS_FREE:
+                        # Straight to the leader it names (a few times in a row at most).
+                        redirects += 1
+                        continue
             except (OSError, ProtocolError):
                 self._drop_connection()
                 if time.monotonic() >= deadline:
@@ -409,6 +424,14 @@ class Producer:
     def _refused(self, rec, err):
         """An ERR answering ``rec``: resend it, or fail it (and renumber what follows)."""
         rec.error = err
+        leader = leader_address(err)
+        if leader:
+            # Not appended: resent as it is on the leader, once the records in flight
+            # here are answered (they get NOT_LEADER too).
+            self._leader = leader
+            self._reroute = True
+            self._retry.append(rec)
+            return
         if err.closes_connection:
             # The broker closes after this ERR and ran nothing after the frame: the
             # records behind it are lost with the connection and resent with it.
@@ -462,6 +485,9 @@ class Producer:
         self._must_drain = True
 
     def _resend(self):
+        if self._reroute:
+            self._drop_connection()  # _pump connects to the leader, then resends
+            return
         recs = sorted(self._retry, key=lambda r: r.order)
         self._retry = []
         # Nothing is in flight: the resent records go out ahead of any new one.
@@ -504,6 +530,7 @@ class Producer:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        self._reroute = False
         self._wbuf = []
         self._wbuf_bytes = 0
 
@@ -511,7 +538,8 @@ class Producer:
         backoffs = 0
         while True:
             try:
-                self._conn = Connection(self.address, self._token, self.timeout)
+                self._conn = Connection(self._leader or self.address, self._token,
+                                        self.timeout)
                 self.reconnects += 1
                 return
             except MortarError as e:
@@ -520,6 +548,10 @@ class Producer:
                 last = e
             except OSError as e:
                 last = e
+                if self._leader:
+                    # The leader named is gone: ask the address given again.
+                    self._leader = None
+                    continue
             if time.monotonic() >= deadline:
                 raise ConnectionError("cannot reach the broker at %s within %.0f s: %s"
                                       % (self.address, self.retry_timeout, last))

@@ -13,6 +13,7 @@ use crate::wire::{
     ControlResult, CreditMode, ErrorCode, HeartbeatState, NoticeKind, Op, OriginReason, SubFlags,
 };
 
+use super::super::brokers::{self, Route};
 use super::super::bytes::Bytes;
 use super::super::conn::{answer_to, Conn, FrameAt};
 use super::super::error::{Error, Result};
@@ -37,7 +38,11 @@ impl Consumer {
     pub(super) fn join_once(&mut self) -> Result<()> {
         let mut conn = match self.conn.take() {
             Some(c) => c,
-            None => Conn::open(&self.addrs, &self.settings.token, self.settings.timeout)?,
+            None => Conn::open_to(
+                &mut self.brokers,
+                &self.settings.token,
+                self.settings.timeout,
+            )?,
         };
         let sub = self.sub.as_mut().expect("subscribed");
         let deadline = Instant::now() + self.settings.timeout;
@@ -82,12 +87,27 @@ impl Consumer {
         for partition in std::mem::take(&mut self.held).into_keys() {
             self.rebalanced(Rebalance::Lost(partition));
         }
+        match self.reroute.take() {
+            Some(route) => _ = self.brokers.take(&route),
+            // The broker may be gone (a failover): another is tried first.
+            None => self.brokers.move_on(),
+        }
+        self.join(true)?;
+        self.stats.rejoins += 1;
+        Ok(())
+    }
+
+    /// Joins, following NOT_LEADER and backing off while no leader can serve, until
+    /// the reconnect timeout. `rejoining`: any retryable failure is tried again (a
+    /// first `subscribe` fails at once on anything but the cluster's redirects).
+    pub(super) fn join(&mut self, rejoining: bool) -> Result<()> {
         let started = Instant::now();
         let mut backoff = REJOIN_BACKOFF_FIRST;
+        let mut cluster_backoffs = 0;
         loop {
             let err = match self.join_once() {
                 Ok(()) => {
-                    self.stats.rejoins += 1;
+                    self.brokers.served();
                     return Ok(());
                 }
                 Err(e) => e,
@@ -97,11 +117,28 @@ impl Consumer {
                 .settings
                 .reconnect_timeout
                 .is_some_and(|t| started.elapsed() >= t);
-            if !err.is_retryable() || out_of_time {
+            let route = brokers::route(&err);
+            if !err.is_retryable() || out_of_time || (!rejoining && route == Route::Stay) {
                 return Err(err);
             }
-            std::thread::sleep(backoff);
-            backoff = (backoff * 2).min(REJOIN_BACKOFF_MAX);
+            let wait = match route {
+                Route::Follow(_) => self.brokers.take(&route).map(brokers::cluster_backoff),
+                Route::MoveOn => {
+                    self.brokers.take(&route);
+                    cluster_backoffs += 1;
+                    Some(brokers::cluster_backoff(cluster_backoffs - 1))
+                }
+                Route::Stay => {
+                    if err.code().is_none() {
+                        self.brokers.move_on();
+                    }
+                    backoff = (backoff * 2).min(REJOIN_BACKOFF_MAX);
+                    Some(backoff / 2)
+                }
+            };
+            if let Some(wait) = wait {
+                std::thread::sleep(wait);
+            }
         }
     }
 
@@ -283,6 +320,11 @@ impl Consumer {
             ErrorCode::StaleEpoch if owed == Owed::Pull => self.stats.ignored_errors += 1,
             // Expelled (silent past the session timeout): join again.
             ErrorCode::UnknownSubscription | ErrorCode::UnknownMember => return Err(err),
+            // This node does not lead (any more): join again where the error says.
+            _ if brokers::route(&err) != Route::Stay => {
+                self.reroute = Some(brokers::route(&err));
+                return Err(err);
+            }
             _ if err.closes_connection() => return Err(err),
             _ if owed == Owed::Credit => self.credit_answer = Some(Err(err)),
             _ => self.errors.push_back(err),

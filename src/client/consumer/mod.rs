@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use crate::wire::ops::{Ack, CreditResult, DeliveryRef, Frame, Nack, Notice, SubResult};
 use crate::wire::{AckFlags, NackReason, OriginReason, StartPolicy};
 
+use super::brokers::{Brokers, Route};
 use super::bytes::Bytes;
 use super::conn::{Conn, DEFAULT_TIMEOUT};
 use super::error::{Error, Result};
@@ -303,11 +304,13 @@ impl ConsumerBuilder {
     /// Connects and authenticates; [`Consumer::subscribe`] joins a group.
     pub fn connect(self) -> Result<Consumer> {
         let addrs = self.addrs.map_err(Error::InvalidInput)?;
-        let conn = Conn::open(&addrs, &self.settings.token, self.settings.timeout)?;
+        let mut brokers = Brokers::new(addrs);
+        let conn = Conn::open_to(&mut brokers, &self.settings.token, self.settings.timeout)?;
         let link = Arc::new(Link::new());
         let heartbeat = link::spawn_heartbeat(link.clone(), self.settings.heartbeat_interval)?;
         Ok(Consumer {
-            addrs,
+            brokers,
+            reroute: None,
             settings: self.settings,
             on_rebalance: self.on_rebalance,
             link,
@@ -356,7 +359,10 @@ struct Subscription {
 /// application is busy between polls, and writes its queued ACKs. It only writes; the
 /// connection is read only by the thread that calls [`Consumer::poll`]. After a lost
 /// connection or an expulsion, `poll` connects and joins again: every partition is
-/// [`Rebalance::Lost`], and the broker delivers what was not settled again.
+/// [`Rebalance::Lost`], and the broker delivers what was not settled again. In a
+/// cluster it joins on the leader: NOT_LEADER (at SUB or later) sends it to the leader
+/// named, and while none is known it backs off and tries the other addresses it was
+/// given, within the reconnect timeout.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -372,7 +378,10 @@ struct Subscription {
 /// # Ok::<(), mortarmq::client::Error>(())
 /// ```
 pub struct Consumer {
-    addrs: Vec<SocketAddr>,
+    /// The brokers given and learnt (NOT_LEADER), and which to dial next.
+    brokers: Brokers,
+    /// Where the ERR that broke the connection said to go, for the next join.
+    reroute: Option<Route>,
     settings: Settings,
     on_rebalance: Option<RebalanceCallback>,
     link: Arc<Link>,
@@ -400,7 +409,9 @@ impl Consumer {
         Consumer::builder(addr).connect()
     }
 
-    /// Settings first; [`ConsumerBuilder::connect`] connects.
+    /// Settings first; [`ConsumerBuilder::connect`] connects. Every address `addr`
+    /// resolves to is a broker to try: for a cluster, a slice of its nodes' addresses
+    /// (see [`resolve_brokers`](super::resolve_brokers)).
     pub fn builder(addr: impl ToSocketAddrs) -> ConsumerBuilder {
         ConsumerBuilder {
             addrs: resolve_addrs(addr),
@@ -434,7 +445,7 @@ impl Consumer {
             source,
             resolved: None,
         });
-        let joined = self.join_once();
+        let joined = self.join(false);
         if joined.is_err() {
             self.sub = None;
         }
@@ -572,7 +583,7 @@ impl Drop for Consumer {
 impl std::fmt::Debug for Consumer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Consumer")
-            .field("addrs", &self.addrs)
+            .field("brokers", &self.brokers.order())
             .field("topic", &self.sub.as_ref().map(|s| s.topic.clone()))
             .field("member", &self.member.map(|m| m.member_id))
             .field("assignment", &self.assignment())

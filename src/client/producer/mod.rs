@@ -16,6 +16,7 @@ use crate::wire::limits::{DEDUP_WINDOW_SEQS, MAX_KEY_LEN_BYTES, MAX_VALUE_LEN_BY
 use crate::wire::ops::{Frame, Message, Pub};
 use crate::wire::{Durability, PubFlags};
 
+use super::brokers::{self, Brokers, Route};
 use super::conn::{Conn, DEFAULT_TIMEOUT};
 use super::error::{Error, Result};
 use super::topics::{self, partition_for_key, TopicInfo};
@@ -266,10 +267,11 @@ impl ProducerBuilder {
                 "max_in_flight {max}: 1 to {DEDUP_WINDOW_SEQS}"
             )));
         }
-        let conn = Conn::open(&addrs, &self.settings.token, self.settings.timeout)?;
+        let mut brokers = Brokers::new(addrs);
+        let conn = Conn::open_to(&mut brokers, &self.settings.token, self.settings.timeout)?;
         let idempotent = self.settings.idempotent;
         Ok(Producer {
-            addrs,
+            brokers,
             settings: self.settings,
             conn: Some(conn),
             topics: HashMap::default(),
@@ -280,6 +282,7 @@ impl ProducerBuilder {
             inflight: VecDeque::new(),
             retry: Vec::new(),
             must_drain: false,
+            reroute: None,
             next_seq: Vec::new(),
             producer_id: if idempotent { new_producer_id() } else { 0 },
             order: 0,
@@ -351,6 +354,12 @@ fn new_producer_id() -> u64 {
 /// behind it (refused SEQUENCE_OUT_OF_ORDER, not appended) are renumbered and resent in
 /// their order. A record still unanswered after the retry timeout fails.
 ///
+/// In a cluster (`man/mortarmq.7`, REPLICATION) the producer follows NOT_LEADER to the
+/// leader it names, resending what was in flight there with the same producer_seq, and
+/// while no leader can serve (LEADER_UNKNOWN, ELECTION_TIMEOUT, NOT_ENOUGH_REPLICAS, …)
+/// backs off (50 ms doubling to 2 s) and tries the other addresses it was given; all
+/// within the retry timeout.
+///
 /// Synchronous: every call runs on the caller's thread, and answers are read while
 /// the caller is in a `Producer` method. [`send`](Self::send) writes records in
 /// batches and returns at once (it waits only while `max_in_flight` records are
@@ -371,7 +380,8 @@ fn new_producer_id() -> u64 {
 /// # Ok::<(), mortarmq::client::Error>(())
 /// ```
 pub struct Producer {
-    addrs: Vec<SocketAddr>,
+    /// The brokers given and learnt (NOT_LEADER), and which to dial next.
+    brokers: Brokers,
     settings: Settings,
     conn: Option<Conn>,
     topics: HashMap<String, TopicInfo, Fnv>,
@@ -391,6 +401,9 @@ pub struct Producer {
     retry: Vec<pipeline::Pending>,
     /// A hole appeared: new records wait until the ones in flight are answered.
     must_drain: bool,
+    /// A broker's ERR said to go elsewhere (NOT_LEADER, LEADER_UNKNOWN, …): done once
+    /// the records in flight on this connection are all answered.
+    reroute: Option<Route>,
     /// (topic_id, partition) → producer_seq of the next record.
     /// Indexed by topic_id, then partition: two loads per record, no hashing; topic
     /// ids are small (pairs are numbered from 1).
@@ -409,7 +422,10 @@ impl Producer {
         Producer::builder(addr).connect()
     }
 
-    /// Settings first; [`ProducerBuilder::connect`] connects.
+    /// Settings first; [`ProducerBuilder::connect`] connects. Every address `addr`
+    /// resolves to is a broker to try: for a cluster, a slice of its nodes' addresses
+    /// (see [`resolve_brokers`](super::resolve_brokers)), so that the producer can find
+    /// the new leader after the old one is gone.
     pub fn builder(addr: impl ToSocketAddrs) -> ProducerBuilder {
         ProducerBuilder {
             addrs: resolve_addrs(addr),
@@ -643,17 +659,40 @@ impl Producer {
             let conn = self.conn.as_mut().expect("connected above");
             let answer_by = Instant::now() + self.settings.timeout;
             let err = match conn.request(frame, answer_by, &mut |_, _| {}) {
-                Ok(result) => return Ok(result),
+                Ok(result) => {
+                    self.brokers.served();
+                    return Ok(result);
+                }
                 Err(e) => e,
             };
-            if err.code().is_none() || err.closes_connection() {
+            let route = brokers::route(&err);
+            if err.code().is_none() || err.closes_connection() || route != Route::Stay {
                 self.conn = None;
             }
             if !err.is_retryable() || Instant::now() >= deadline {
                 return Err(err);
             }
-            pipeline::backoff(backoffs);
-            backoffs += 1;
+            match route {
+                Route::Stay if err.code().is_none() => {
+                    self.brokers.move_on();
+                    pipeline::backoff(backoffs);
+                    backoffs += 1;
+                }
+                Route::Stay => {
+                    pipeline::backoff(backoffs);
+                    backoffs += 1;
+                }
+                Route::Follow(_) => {
+                    if let Some(n) = self.brokers.take(&route) {
+                        std::thread::sleep(brokers::cluster_backoff(n));
+                    }
+                }
+                Route::MoveOn => {
+                    self.brokers.take(&route);
+                    std::thread::sleep(brokers::cluster_backoff(backoffs));
+                    backoffs += 1;
+                }
+            }
         }
     }
 
@@ -699,7 +738,7 @@ impl Drop for Producer {
 impl std::fmt::Debug for Producer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Producer")
-            .field("addrs", &self.addrs)
+            .field("brokers", &self.brokers.order())
             .field("producer_id", &self.producer_id)
             .field("connected", &self.conn.is_some())
             .field("in_flight", &self.inflight.len())

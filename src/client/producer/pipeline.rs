@@ -3,7 +3,8 @@
 //!
 //! [`refusal`] is the one place that turns an ERR answering a PUB into an action, from
 //! the registry's retry class. Following NOT_LEADER to another broker (replication) is
-//! a new [`Refusal`] there and an address change in [`Producer::reconnect`].
+//! a [`Route`] taken once the connection's records are answered ([`Producer::resend`]),
+//! then an address change in [`Producer::reconnect`].
 
 use std::time::{Duration, Instant};
 
@@ -12,6 +13,7 @@ use crate::wire::limits::{FRAME_HEADER_BYTES, OP_BYTES};
 use crate::wire::ops::{Frame, Message, OkResult, Pub, PubResult};
 use crate::wire::{Durability, ErrorCode, Op, PubFlags, PubResultFlags};
 
+use super::super::brokers::{self, Route};
 use super::super::conn::{answer_to, Conn, FrameAt};
 use super::super::error::{Error, Result};
 use super::{new_producer_id, Producer, Receipt, SendHandle};
@@ -113,6 +115,18 @@ impl Pending {
             ..p
         }
         .encode_frame(out);
+    }
+
+    /// How long to wait before resending it: the cluster's backoff after a cluster's
+    /// refusal (`man/mortarmq.7`, REPLICATION), else the registry's for BACKPRESSURE.
+    fn backoff_wait(&self) -> Duration {
+        let Some(n) = self.backoffs.checked_sub(1) else {
+            return Duration::ZERO;
+        };
+        match self.error.as_ref().map(brokers::route) {
+            Some(Route::MoveOn) => brokers::cluster_backoff(n),
+            _ => backoff_delay(BACKOFF_FIRST, n),
+        }
     }
 
     fn same_stream(&self, other: &Pending) -> bool {
@@ -299,6 +313,7 @@ impl Producer {
             Ok(r) => {
                 self.outbox.pop_front(p.len);
                 self.settle(p.handle, Ok(r));
+                self.brokers.served();
                 Ok(())
             }
             Err(e) if e.code().is_none() || !answers_pub(&e) => {
@@ -336,7 +351,19 @@ impl Producer {
                 .retry
                 .iter()
                 .any(|r| r.same_stream(&p) && r.seq < p.seq);
-        let action = refusal(code, behind, self.settings.idempotent);
+        let route = brokers::route(&err);
+        let action = match route {
+            // Refused at the gate, not appended: as it is, to the leader named.
+            Route::Follow(_) => Refusal::Resend,
+            _ => refusal(code, behind, self.settings.idempotent),
+        };
+        if route != Route::Stay && action != Refusal::Fail {
+            if route == Route::MoveOn && action == Refusal::Resend {
+                // Outcome unknown with no leader able to serve: not at full speed.
+                p.backoffs += 1;
+            }
+            self.reroute = Some(route);
+        }
         if matches!(code, ErrorCode::UnknownTopic | ErrorCode::UnknownPartition) {
             // Deleted or recreated: look it up afresh next time.
             self.topics.clear();
@@ -398,12 +425,20 @@ impl Producer {
     /// Sends the records to resend, in their first-send order, after the longest
     /// backoff any of them asked for.
     fn resend(&mut self) {
+        if let Some(route) = self.reroute.take() {
+            // Nothing is in flight here any more: go where the broker said.
+            if let Some(n) = self.brokers.take(&route) {
+                std::thread::sleep(brokers::cluster_backoff(n));
+            }
+            self.conn = None;
+            return;
+        }
         let mut ps = std::mem::take(&mut self.retry);
         ps.sort_by_key(|p| p.order);
         // Nothing is in flight: the resent records go out ahead of any new one.
         self.must_drain = false;
-        if let Some(n) = ps.iter().map(|p| p.backoffs).max().filter(|&n| n > 0) {
-            backoff(n - 1);
+        if let Some(wait) = ps.iter().map(Pending::backoff_wait).max() {
+            std::thread::sleep(wait);
         }
         for p in ps {
             let expired = p.first_sent.elapsed() > self.settings.retry_timeout;
@@ -434,6 +469,11 @@ impl Producer {
     /// The connection is gone: what was in flight has an unknown outcome.
     fn lose_connection(&mut self, why: Error) {
         self.conn = None;
+        match self.reroute.take() {
+            Some(route) => _ = self.brokers.take(&route),
+            // The broker may be gone: another is tried first.
+            None => self.brokers.move_on(),
+        }
         let mut lost: Vec<Pending> = self.inflight.drain(..).collect();
         for p in &mut lost {
             p.frame = self.outbox.take_front(p.len);
@@ -459,7 +499,7 @@ impl Producer {
         let mut n = 0;
         loop {
             let s = &self.settings;
-            let err = match Conn::open(&self.addrs, &s.token, s.timeout) {
+            let err = match Conn::open_to(&mut self.brokers, &s.token, s.timeout) {
                 Ok(c) => {
                     self.conn = Some(c);
                     self.stats.reconnects += 1;
@@ -511,6 +551,37 @@ mod tests {
         );
         assert_eq!(refusal(DurabilityUnavailable, false, true), Refusal::Fail);
         assert_eq!(refusal(UnknownTopic, false, true), Refusal::Fail);
+    }
+
+    #[test]
+    fn a_cluster_refusal_backs_off_as_the_replication_spec_says() {
+        let handle = SendHandle {
+            slot: std::sync::Arc::default(),
+        };
+        let mut p = Pending::new(
+            (1, 0),
+            (7, 1),
+            PubFlags::empty(),
+            0,
+            (handle, false),
+            Instant::now(),
+        );
+        assert_eq!(p.backoff_wait(), Duration::ZERO, "not refused yet");
+        p.backoffs = 3;
+        p.error = Some(Error::from_err(0x4001, Op::Pub as u8, b""));
+        assert_eq!(
+            p.backoff_wait(),
+            Duration::from_millis(40),
+            "BACKPRESSURE's"
+        );
+        p.error = Some(Error::from_err(0x6002, Op::Pub as u8, b""));
+        assert_eq!(
+            p.backoff_wait(),
+            Duration::from_millis(200),
+            "LEADER_UNKNOWN's"
+        );
+        p.backoffs = 30;
+        assert_eq!(p.backoff_wait(), Duration::from_secs(2), "capped at 2 s");
     }
 
     #[test]
