@@ -53,6 +53,28 @@ fn subscribe(c: &mut Client, topic_id: u16) {
     .expect("SUB");
 }
 
+/// A 3-node cluster whose leader (returned, with a client on it) holds topic `orders`
+/// (one partition, returned id) and `records` REPLICATED records `v1`…, each acknowledged:
+/// their (sequence, value) in order.
+fn cluster_with_orders(records: u64) -> (Cluster, usize, Client, u16, Vec<(u64, String)>) {
+    let cluster = Cluster::start(3, &[]);
+    let leader = cluster.wait_leader(ELECTION_LIMIT);
+    let mut c = client_of(&cluster, leader);
+    let topic_id = c
+        .declare("orders", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
+    let acked = (1..=records)
+        .map(|seq| {
+            (
+                publish(&mut c, topic_id, seq, None).sequence,
+                format!("v{seq}"),
+            )
+        })
+        .collect();
+    (cluster, leader, c, topic_id, acked)
+}
+
 /// Waits until every running node holds exactly `want` in `orders` partition 0.
 fn wait_converged(cluster: &Cluster, want: &[(u64, String)]) {
     for i in (0..cluster.nodes.len()).filter(|&i| cluster.is_up(i)) {
@@ -108,18 +130,7 @@ fn a_replicated_pub_is_answered_by_the_leader_held_by_every_node_and_followers_n
 
 #[test]
 fn a_leader_killed_with_kill_9_loses_no_acknowledged_record_and_a_resend_is_not_doubled() {
-    let mut cluster = Cluster::start(3, &[]);
-    let old = cluster.wait_leader(ELECTION_LIMIT);
-    let mut c = client_of(&cluster, old);
-    let topic_id = c
-        .declare("orders", 1, DeclareFlags::empty())
-        .unwrap()
-        .topic_id;
-    let mut acked = Vec::new();
-    for seq in 1..=10 {
-        let r = publish(&mut c, topic_id, seq, None);
-        acked.push((r.sequence, format!("v{seq}")));
-    }
+    let (mut cluster, old, mut c, topic_id, mut acked) = cluster_with_orders(10);
     let old_epoch = publish(&mut c, topic_id, 10, None).leader_epoch;
     cluster.kill9(old);
 
@@ -154,14 +165,7 @@ fn a_leader_killed_with_kill_9_loses_no_acknowledged_record_and_a_resend_is_not_
 
 #[test]
 fn a_leader_that_lost_its_followers_never_answers_ok() {
-    let mut cluster = Cluster::start(3, &[]);
-    let leader = cluster.wait_leader(ELECTION_LIMIT);
-    let mut c = client_of(&cluster, leader);
-    let topic_id = c
-        .declare("orders", 1, DeclareFlags::empty())
-        .unwrap()
-        .topic_id;
-    publish(&mut c, topic_id, 1, None);
+    let (mut cluster, leader, mut c, topic_id, _) = cluster_with_orders(1);
     for i in (0..3).filter(|&i| i != leader) {
         cluster.kill9(i);
     }
@@ -233,18 +237,7 @@ fn a_follower_that_lost_its_link_to_the_leader_stops_naming_it_before_raft_notic
 
 #[test]
 fn after_a_failover_a_group_resumes_at_its_committed_position() {
-    let mut cluster = Cluster::start(3, &[]);
-    let old = cluster.wait_leader(ELECTION_LIMIT);
-    let mut c = client_of(&cluster, old);
-    let topic_id = c
-        .declare("orders", 1, DeclareFlags::empty())
-        .unwrap()
-        .topic_id;
-    let mut acked = Vec::new();
-    for seq in 1..=20 {
-        let r = publish(&mut c, topic_id, seq, None);
-        acked.push((r.sequence, format!("v{seq}")));
-    }
+    let (mut cluster, old, _, topic_id, acked) = cluster_with_orders(20);
     let mut member = client_of(&cluster, old);
     subscribe(&mut member, topic_id);
     let first = receive(&mut member, 10, CONVERGE_LIMIT);

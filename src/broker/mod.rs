@@ -274,6 +274,32 @@ fn next_leader_epoch(storage: &dyn Storage, dir: &Path) -> Result<u64, String> {
 }
 
 impl Broker {
+    /// A broker over a loaded registry, before any partition is opened; single node
+    /// (`cluster` is set by `open_cluster`).
+    fn assemble(
+        config: BrokerConfig,
+        storage: Arc<dyn Storage>,
+        topics: TopicRegistry,
+        sink: Box<dyn JobSink>,
+        leader_epoch: u64,
+    ) -> Broker {
+        let topics_dir = config.data_dir.join(TOPICS_DIR);
+        Broker {
+            partitions: Partitions::new(Arc::clone(&storage), topics_dir, &config, leader_epoch),
+            consume: ConsumeDriver::new(Arc::clone(&storage), &config),
+            storage,
+            config,
+            leader_epoch,
+            topics,
+            sink,
+            effects: Vec::new(),
+            jobs: Vec::new(),
+            manage: manage::ManageWaits::default(),
+            counters: BrokerCounters::default(),
+            cluster: None,
+        }
+    }
+
     /// Opens the data directory: loads the registry, bumps and persists the leader epoch,
     /// recovers every partition and rebuilds producer state. Runs before the listener
     /// opens, so blocking I/O is fine here. The caller holds the directory's
@@ -291,20 +317,7 @@ impl Broker {
         // A start refused by the registry leaves every file (the epoch too) as it was.
         let (topics, registry_read) = TopicRegistry::load(Arc::clone(&storage), dir)?;
         let leader_epoch = next_leader_epoch(&*storage, dir)?;
-        let mut broker = Broker {
-            partitions: Partitions::new(Arc::clone(&storage), topics_dir, &config, leader_epoch),
-            consume: ConsumeDriver::new(Arc::clone(&storage), &config),
-            storage,
-            config,
-            leader_epoch,
-            topics,
-            sink,
-            effects: Vec::new(),
-            jobs: Vec::new(),
-            manage: manage::ManageWaits::default(),
-            counters: BrokerCounters::default(),
-            cluster: None,
-        };
+        let mut broker = Broker::assemble(config, storage, topics, sink, leader_epoch);
         let mut report = StartupReport {
             leader_epoch,
             topics: broker.topics.registry().len(),

@@ -48,17 +48,16 @@ use super::machine::{
     Effect as ReplicaEffect, PersistJob, Replica, ReplicaConfig, ReplicaOptions, Replicated, Waiter,
 };
 use super::PeerMessage;
-use crate::broker::deliver::ConsumeDriver;
 use crate::broker::jobs::{DurableJob, JobSink, Work};
 use crate::broker::partition::Partition;
 use crate::broker::producers::Idempotence;
 use crate::broker::publish::{refuse_fields, Partitions};
 use crate::broker::registry::{declare_err, declared, TopicRegistry};
+use crate::broker::{topics::TopicPair, Broker};
 use crate::broker::{
-    manage, BrokerConfig, BrokerCounters, ConnRef, Effect, Handled, Now, OutputRoom, PartitionKey,
+    BrokerConfig, BrokerCounters, ConnRef, Effect, Handled, Now, OutputRoom, PartitionKey,
     StartupReport, TOPICS_DIR,
 };
-use crate::broker::{topics::TopicPair, Broker};
 use crate::log::{encode_record, RecordView, Storage};
 use crate::wire::ops::{Pub, PubResult};
 use crate::wire::{DeclareCreated, Durability, ErrorCode, Op, PubResultFlags, Response};
@@ -413,20 +412,8 @@ impl Broker {
         let (replica, options) = replica;
         let (replica, _) = Replica::open_with(&storage, &dir, replica, options, now.mono_ms)
             .map_err(|e| format!("raft journal: {e}"))?;
-        let mut broker = Broker {
-            partitions: Partitions::new(Arc::clone(&storage), topics_dir, &config, 0),
-            consume: ConsumeDriver::new(Arc::clone(&storage), &config),
-            storage,
-            config,
-            leader_epoch: 0,
-            topics,
-            sink,
-            effects: Vec::new(),
-            jobs: Vec::new(),
-            manage: manage::ManageWaits::default(),
-            counters: BrokerCounters::default(),
-            cluster: Some(Box::new(Cluster::new(replica))),
-        };
+        let mut broker = Broker::assemble(config, storage, topics, sink, 0);
+        broker.cluster = Some(Box::new(Cluster::new(replica)));
         let mut report = StartupReport {
             topics: broker.topics.registry().len(),
             ..StartupReport::default()

@@ -247,6 +247,17 @@ impl Net {
     }
 
     /// Node `i`'s record at `sequence` of partition 0: `(producer_id, value)`.
+    /// The next sequence node `i`'s partition 0 of `topic` appends at.
+    fn next_sequence(&self, i: usize, topic: u16) -> u64 {
+        let part = self.nodes[i].broker.partition(topic, 0).unwrap();
+        part.log.next_sequence()
+    }
+
+    /// Every node's partition 0 of `topic` holds records up to `next − 1`.
+    fn all_at(&self, topic: u16, next: u64) -> bool {
+        (0..self.nodes.len()).all(|i| self.next_sequence(i, topic) == next)
+    }
+
     fn record(&mut self, i: usize, topic: u16, sequence: u64) -> Option<(u64, String)> {
         let r = self.nodes[i]
             .broker
@@ -323,17 +334,7 @@ fn a_pub_on_the_leader_is_answered_only_after_commit_and_every_node_holds_it() {
     assert_eq!(a.leader_epoch, net.term(l));
     assert!(a.commit_seq >= 1 && b.commit_seq >= 2);
     assert!(a.result_flags.is_empty());
-    net.run_until("every node applied both", |n| {
-        (0..3).all(|i| {
-            n.nodes[i]
-                .broker
-                .partition(topic, 0)
-                .unwrap()
-                .log
-                .next_sequence()
-                == 3
-        })
-    });
+    net.run_until("every node applied both", |n| n.all_at(topic, 3));
     for i in 0..3 {
         assert_eq!(net.record(i, topic, 1), Some((5, "a".into())), "node {i}");
         assert_eq!(net.record(i, topic, 2), Some((5, "b".into())), "node {i}");
@@ -369,9 +370,7 @@ fn a_producer_resending_after_a_failover_is_deduplicated() {
     assert_eq!(pub_ok(&net.wait_answer(l, 1)).sequence, 1);
     net.run_until("every node applied it", |n| {
         (0..3).all(|i| n.nodes[i].broker.cluster_status().unwrap().applied_index > 0)
-            && n.nodes
-                .iter()
-                .all(|node| node.broker.partition(topic, 0).unwrap().log.next_sequence() == 2)
+            && n.all_at(topic, 2)
     });
     // The leader dies (cut off); the producer, unsure, resends to the new one.
     net.nodes[l].isolated = true;
@@ -386,13 +385,7 @@ fn a_producer_resending_after_a_failover_is_deduplicated() {
     assert_eq!(pub_ok(&net.wait_answer(n, 3)).sequence, 2);
     net.nodes[l].isolated = false;
     net.run_until("the old leader caught up", |net| {
-        net.nodes[l]
-            .broker
-            .partition(topic, 0)
-            .unwrap()
-            .log
-            .next_sequence()
-            == 3
+        net.next_sequence(l, topic) == 3
     });
     for i in 0..3 {
         assert_eq!(net.record(i, topic, 1), Some((9, "x".into())), "node {i}");
@@ -422,13 +415,7 @@ fn a_truncated_proposals_sequences_and_producer_seqs_are_handed_out_again() {
     assert_eq!(pub_ok(&net.wait_answer(n, 3)).sequence, 1);
     net.nodes[l].isolated = false;
     net.run_until("the old leader took the new entries", |net| {
-        net.nodes[l]
-            .broker
-            .partition(topic, 0)
-            .unwrap()
-            .log
-            .next_sequence()
-            == 2
+        net.next_sequence(l, topic) == 2
     });
     net.lead_again(l, n);
     net.publish(l, 4, topic, (7, 1), "again-1");
@@ -443,11 +430,7 @@ fn a_truncated_proposals_sequences_and_producer_seqs_are_handed_out_again() {
         "a truncated PUB counted as stored"
     );
     net.nodes[n].isolated = false;
-    net.run_until("every node applied it", |net| {
-        net.nodes
-            .iter()
-            .all(|node| node.broker.partition(topic, 0).unwrap().log.next_sequence() == 4)
-    });
+    net.run_until("every node applied it", |net| net.all_at(topic, 4));
     for i in 0..3 {
         assert_eq!(
             net.record(i, topic, 1),
@@ -536,14 +519,7 @@ fn a_restarted_node_applies_the_log_again_without_doubling_a_record() {
     net.publish(l, 1, topic, (3, 1), "a");
     assert_eq!(pub_ok(&net.wait_answer(l, 1)).sequence, 1);
     let f = (0..3).find(|&i| i != l).unwrap();
-    let next = |net: &Net| {
-        net.nodes[f]
-            .broker
-            .partition(topic, 0)
-            .unwrap()
-            .log
-            .next_sequence()
-    };
+    let next = |net: &Net| net.next_sequence(f, topic);
     net.run_until("the follower applied it", |net| next(net) == 2);
     let disk = net.nodes[f].disk.clone();
     net.nodes[f] = open_node_on(f as u64 + 1, disk);
