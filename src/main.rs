@@ -205,19 +205,11 @@ fn open(
 }
 
 /// The replica's view of `--node-id`/`--peers` and the raft timers. Peers' client
-/// addresses (for NOT_LEADER) arrive in their HELLOs; this node's is `--advertise`.
+/// addresses (for NOT_LEADER's text) arrive in their HELLOs; a node never names itself.
 fn replica_config(config: &Config) -> Option<(ReplicaConfig, ReplicaOptions)> {
     let c = &config.cluster;
     let id = c.node_id.filter(|_| c.is_cluster())?;
-    let own = c.advertise.unwrap_or(config.reactor.listen).to_string();
-    let nodes = c.peers.iter().map(|p| {
-        let addr = if p.id == id {
-            own.clone()
-        } else {
-            String::new()
-        };
-        (u64::from(p.id), addr)
-    });
+    let nodes = c.peers.iter().map(|p| (u64::from(p.id), String::new()));
     let options = ReplicaOptions {
         tick_ms: c.raft_tick_ms,
         ..ReplicaOptions::default()

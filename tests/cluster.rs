@@ -88,14 +88,7 @@ fn wait_converged(cluster: &Cluster, want: &[(u64, String)]) {
 
 #[test]
 fn a_replicated_pub_is_answered_by_the_leader_held_by_every_node_and_followers_name_it() {
-    let cluster = Cluster::start(3, &[]);
-    let leader = cluster.wait_leader(ELECTION_LIMIT);
-    let mut c = client_of(&cluster, leader);
-    let topic_id = c
-        .declare("orders", 1, DeclareFlags::empty())
-        .unwrap()
-        .topic_id;
-    let mut acked = Vec::new();
+    let (cluster, leader, mut c, topic_id, mut acked) = cluster_with_orders(0);
     for seq in 1..=20 {
         // The default durability of a cluster is REPLICATED; ask for it outright too.
         let durability = (seq % 2 == 0).then_some(Durability::Replicated);

@@ -274,6 +274,14 @@ fn next_leader_epoch(storage: &dyn Storage, dir: &Path) -> Result<u64, String> {
 }
 
 impl Broker {
+    /// Groups and their committed positions from the positions file, once the partitions
+    /// are open; the count of positions restored.
+    fn restore_groups(&mut self, now: Now) -> Result<usize, String> {
+        let registry = self.topics.registry();
+        self.consume
+            .restore(registry, &mut self.partitions, &mut self.counters, now)
+    }
+
     /// A broker over a loaded registry, before any partition is opened; single node
     /// (`cluster` is set by `open_cluster`).
     fn assemble(
@@ -336,12 +344,7 @@ impl Broker {
         broker.submit_jobs();
         report.truncations = broker.counters.recovery_truncations;
         report.journal_records_replayed = broker.counters.journal_records_replayed;
-        report.group_positions = broker.consume.restore(
-            broker.topics.registry(),
-            &mut broker.partitions,
-            &mut broker.counters,
-            now,
-        )?;
+        report.group_positions = broker.restore_groups(now)?;
         // Only a registry read from disk tells a deleted topic's directory from a live one.
         if registry_read {
             report.orphan_dirs_removed = broker.remove_orphan_dirs(&pairs);

@@ -174,6 +174,11 @@ impl Registry {
             self.freed.remove(&pair);
             pair
         };
+        Ok(self.insert(pair, name, partition_count))
+    }
+
+    /// Names `pair` in both maps; the caller chose a free pair.
+    fn insert(&mut self, pair: u16, name: &str, partition_count: u16) -> TopicPair {
         let topic = TopicPair {
             pair,
             name: name.to_string(),
@@ -181,7 +186,7 @@ impl Registry {
         };
         self.by_name.insert(topic.name.clone(), pair);
         self.by_pair.insert(pair, topic.clone());
-        Ok(topic)
+        topic
     }
 
     /// The pair [`create_avoiding`](Self::create_avoiding) would take now, without
@@ -208,14 +213,7 @@ impl Registry {
         } else {
             self.freed.remove(&pair);
         }
-        let topic = TopicPair {
-            pair,
-            name: name.to_string(),
-            partition_count,
-        };
-        self.by_name.insert(topic.name.clone(), pair);
-        self.by_pair.insert(pair, topic.clone());
-        Some(topic)
+        Some(self.insert(pair, name, partition_count))
     }
 
     pub fn delete(&mut self, pair: u16) -> Option<TopicPair> {

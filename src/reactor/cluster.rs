@@ -19,7 +19,6 @@ use mio::{Registry, Token};
 
 use super::{Reactor, PEER_TOKEN_BASE};
 use crate::admin::{ClusterFigures, PeerFigures, NO_LEADER};
-use crate::broker::replica::cluster::ClusterStatus;
 use crate::broker::Now;
 use crate::peer::{Dropped, Message, PeerEvent, Peers, PeersConfig};
 
@@ -188,8 +187,8 @@ impl Reactor {
         self.cluster_inputs = inputs;
     }
 
-    /// Writes the pass's peer messages, after the clients' output.
-    /// Sends what the broker's replica released this pass, then writes the links.
+    /// Sends what the broker's replica released this pass, then writes the links (after
+    /// the clients' output).
     pub(super) fn cluster_flush(&mut self, now: Now) {
         let Some(cluster) = self.cluster.as_mut() else {
             return;
@@ -217,21 +216,10 @@ impl Reactor {
             ClusterInput::Peer(PeerEvent::Up { id }) => {
                 let hello = self.cluster.as_ref().and_then(|c| c.peers.hello(id));
                 let addr = hello.map(|h| h.client_addr.to_string());
-                self.broker
-                    .peer_link(u64::from(id), addr.or(Some(String::new())));
+                self.broker.peer_up(u64::from(id), addr);
             }
-            ClusterInput::Peer(PeerEvent::Down { id }) => {
-                self.broker.peer_link(u64::from(id), None)
-            }
+            ClusterInput::Peer(PeerEvent::Down { id }) => self.broker.peer_down(u64::from(id)),
         }
-    }
-
-    /// The leader this node can reach: itself, or a peer whose links are up (a leader
-    /// behind a dead link may be gone: the same rule as the gate's LEADER_UNKNOWN).
-    fn reachable_leader(&self, status: &ClusterStatus) -> Option<u64> {
-        let leader = status.leader_id?;
-        let up = |id| u8::try_from(id).is_ok_and(|id| self.peers().is_some_and(|p| p.link_up(id)));
-        (leader == status.node_id || up(leader)).then_some(leader)
     }
 
     /// What `/healthz` reads: the reachable leader, or none (nothing on a single node).
@@ -239,7 +227,7 @@ impl Reactor {
         let Some(status) = self.broker.cluster_status() else {
             return;
         };
-        let leader = self.reachable_leader(&status).unwrap_or(NO_LEADER);
+        let leader = status.leader_id.unwrap_or(NO_LEADER);
         self.liveness.leader.store(leader, Ordering::Relaxed);
     }
 
@@ -274,25 +262,12 @@ impl Reactor {
             node_id: status.node_id,
             role: status.role,
             term: status.term,
-            leader_id: self.reachable_leader(&status).unwrap_or(0),
+            leader_id: status.leader_id.unwrap_or(0),
             commit_index: status.commit_index,
             applied_index: status.applied_index,
             last_index: status.last_index,
             peers: peers.collect(),
         })
-    }
-
-    pub fn send_to_peer(&mut self, msg: &Message) -> bool {
-        let Some(cluster) = self.cluster.as_mut() else {
-            return false;
-        };
-        match cluster.send(msg) {
-            Ok(()) => true,
-            Err(why) => {
-                log::trace!("peer message to {} dropped: {why:?}", msg.to);
-                false
-            }
-        }
     }
 }
 
@@ -436,7 +411,8 @@ mod tests {
         });
         let mut to2 = Message::default();
         (to2.from, to2.to, to2.term) = (1, 2, 4);
-        assert!(reactor.send_to_peer(&to2));
+        let cluster = reactor.cluster.as_mut().unwrap();
+        assert!(cluster.send(&to2).is_ok());
         turn_until(&mut reactor, &mut other, &|_, o| {
             o.seen
                 .iter()

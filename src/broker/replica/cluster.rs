@@ -123,6 +123,7 @@ pub struct ClusterStatus {
     pub node_id: u64,
     pub is_leader: bool,
     pub term: u64,
+    /// The leader this node can reach: raft's, unless its links are down (§7.1).
     pub leader_id: Option<u64>,
     pub commit_index: u64,
     /// The last entry applied to this broker's state.
@@ -166,6 +167,14 @@ impl Cluster {
         &mut self.replica
     }
 
+    /// Raft's leader, unless it is a peer whose links are down: the leader "known" of
+    /// §7.1, for the gate, `/stats` and `/healthz` alike.
+    fn reachable_leader(&self) -> Option<u64> {
+        let leader = self.replica.leader_id()?;
+        let reachable = leader == self.replica.id() || !self.links_down.contains(&leader);
+        reachable.then_some(leader)
+    }
+
     /// The role gate: leader, applied up to its term's start, log healthy.
     fn gate(&self, now_ms: u64) -> Result<(), (ErrorCode, String)> {
         if let Some(why) = &self.failed {
@@ -174,11 +183,9 @@ impl Cluster {
         if let Err(r) = self.replica.admit(now_ms) {
             // A leader whose link is down may be gone: sending the client there would
             // cost it a connect timeout, so it backs off and asks again (§7.1).
-            let leader = self.replica.leader_id();
-            if r.code == ErrorCode::NotLeader
-                && leader.is_some_and(|l| self.links_down.contains(&l))
-            {
-                let text = format!("no link to the last leader {}", leader.unwrap_or(0));
+            if r.code == ErrorCode::NotLeader && self.reachable_leader().is_none() {
+                let last = self.replica.leader_id().unwrap_or(0);
+                let text = format!("no link to the last leader {last}");
                 return Err((ErrorCode::LeaderUnknown, text));
             }
             return Err((r.code, r.text));
@@ -425,12 +432,7 @@ impl Broker {
         broker
             .partitions
             .rebuild_all_producers(now, &mut broker.counters);
-        report.group_positions = broker.consume.restore(
-            broker.topics.registry(),
-            &mut broker.partitions,
-            &mut broker.counters,
-            now,
-        )?;
+        report.group_positions = broker.restore_groups(now)?;
         Ok((broker, report))
     }
 
@@ -470,20 +472,20 @@ impl Broker {
         }
     }
 
-    /// Peer `id`'s link came up (`client_addr` from its HELLO, for NOT_LEADER's text) or
-    /// went down (`None`).
-    pub fn peer_link(&mut self, id: u64, client_addr: Option<String>) {
-        let Some(c) = self.cluster.as_deref_mut() else {
-            return;
-        };
-        match client_addr {
-            Some(addr) => {
-                c.links_down.remove(&id);
+    /// Peer `id`'s links came up; `client_addr` from its HELLO names it in NOT_LEADER.
+    pub fn peer_up(&mut self, id: u64, client_addr: Option<String>) {
+        if let Some(c) = self.cluster.as_deref_mut() {
+            c.links_down.remove(&id);
+            if let Some(addr) = client_addr {
                 c.replica.set_node_addr(id, addr);
             }
-            None => {
-                c.links_down.insert(id);
-            }
+        }
+    }
+
+    /// Peer `id`'s links went down: as leader it is no longer "known" (§7.1).
+    pub fn peer_down(&mut self, id: u64) {
+        if let Some(c) = self.cluster.as_deref_mut() {
+            c.links_down.insert(id);
         }
     }
 
@@ -517,7 +519,7 @@ impl Broker {
             node_id: c.replica.id(),
             is_leader: c.replica.is_leader(),
             term: c.replica.term(),
-            leader_id: c.replica.leader_id(),
+            leader_id: c.reachable_leader(),
             commit_index: c.replica.commit_index(),
             applied_index: c.applied_index,
             role: c.replica.role(),

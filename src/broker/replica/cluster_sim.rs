@@ -9,7 +9,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::machine::ReplicaConfig;
+use super::machine::{test_address, test_config, ReplicaConfig};
 use super::PeerMessage;
 use crate::broker::{
     unlimited_room, Broker, BrokerConfig, ConnRef, DurableJob, Effect, Handled, JobSink, Now,
@@ -52,10 +52,6 @@ struct Node {
     answers: BTreeMap<u64, Response>,
 }
 
-fn address(id: u64) -> String {
-    format!("127.0.0.1:{}", 7000 + id)
-}
-
 fn open_node(id: u64) -> Node {
     open_node_on(id, SimDisk::seeded(id))
 }
@@ -70,13 +66,8 @@ fn open_node_on(id: u64, disk: SimDisk) -> Node {
         ..BrokerConfig::default()
     };
     let replica = ReplicaConfig {
-        id,
-        nodes: (1..=NODES).map(|id| (id, address(id))).collect(),
         election_ticks: ELECTION_TICKS,
-        heartbeat_ticks: 2,
-        journal_file_bytes: 64 * 1024,
-        applied: 0,
-        replication_timeout_ms: 5_000,
+        ..test_config(id, NODES)
     };
     let jobs = Jobs::default();
     let sink = Box::new(jobs.clone());
@@ -351,7 +342,10 @@ fn a_follower_turns_requests_away_naming_the_leader() {
         for op in [Op::Pub, Op::Declare, Op::Sub, Op::Ack] {
             let (code, text) = broker.admit(op, net.now).unwrap_err();
             assert_eq!(code, ErrorCode::NotLeader);
-            assert_eq!(text, format!("leader {leader_id} {}", address(leader_id)));
+            assert_eq!(
+                text,
+                format!("leader {leader_id} {}", test_address(leader_id))
+            );
         }
         assert_eq!(broker.admit(Op::Ping, net.now), Ok(()));
         let status = broker.cluster_status().unwrap();

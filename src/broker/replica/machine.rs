@@ -90,6 +90,28 @@ pub struct ReplicaConfig {
     pub replication_timeout_ms: u64,
 }
 
+/// The three in-process harnesses' cluster (`sim`, `simnet`, `cluster_sim`): node `id`
+/// of `nodes`, each at client address `127.0.0.1:7000+id`, on the default timers; each
+/// harness overrides what it tunes.
+#[cfg(test)]
+pub(super) fn test_config(id: u64, nodes: u64) -> ReplicaConfig {
+    ReplicaConfig {
+        id,
+        nodes: (1..=nodes).map(|n| (n, test_address(n))).collect(),
+        election_ticks: 10,
+        heartbeat_ticks: 2,
+        journal_file_bytes: 64 * 1024,
+        applied: 0,
+        replication_timeout_ms: 5_000,
+    }
+}
+
+/// Node `id`'s client address in [`test_config`].
+#[cfg(test)]
+pub(super) fn test_address(id: u64) -> String {
+    format!("127.0.0.1:{}", 7000 + id)
+}
+
 /// A request the role gate turns away, with the ERR frame's code and text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {

@@ -3,13 +3,14 @@
 //! persist jobs completed by the test when it says so. §9.3's seeded simulator with
 //! faults and the checker grows from here.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Arc;
 
 use raft::eraftpb::{Message, MessageType};
 
 use super::entry::{Batch, BatchPart, EntryData, RegistryChange};
+use super::machine::{test_address, test_config};
 use super::machine::{Effect, PersistJob, Replica, ReplicaConfig, Replicated, Waiter};
 use crate::broker::ConnRef;
 use crate::log::simdisk::SimDisk;
@@ -46,26 +47,18 @@ struct Node {
     answers: Vec<Answer>,
 }
 
-fn address(id: u64) -> String {
-    format!("127.0.0.1:{}", 7000 + id)
-}
-
 struct Cluster {
     nodes: Vec<Node>,
     now_ms: u64,
 }
 
 fn open_node(id: u64, disk: SimDisk) -> Node {
-    let nodes: BTreeMap<u64, String> = (1..=NODES).map(|id| (id, address(id))).collect();
     let storage: Arc<dyn Storage> = Arc::new(disk.clone());
     let config = ReplicaConfig {
-        id,
-        nodes,
         election_ticks: ELECTION_TICKS,
-        heartbeat_ticks: 2,
         journal_file_bytes: JOURNAL_FILE_BYTES,
-        applied: 0,
         replication_timeout_ms: REPLICATION_TIMEOUT_MS,
+        ..test_config(id, NODES)
     };
     let (replica, _) = Replica::open(&storage, Path::new("/data"), config, 0).unwrap();
     Node {
@@ -227,7 +220,7 @@ fn a_leader_is_elected_and_every_node_applies_the_same_entries_in_the_same_order
     let leader_id = c.nodes[l].replica.id();
     assert_eq!(c.nodes[l].replica.admit(c.now_ms), Ok(()));
     for f in (0..c.nodes.len()).filter(|&f| f != l) {
-        let text = format!("leader {leader_id} {}", address(leader_id));
+        let text = format!("leader {leader_id} {}", test_address(leader_id));
         assert_eq!(refusal_of(&c, f), (ErrorCode::NotLeader, text));
     }
     let wanted: Vec<EntryData> = (0..12).map(proposal).collect();
@@ -359,7 +352,7 @@ fn a_new_leader_truncates_the_old_leaders_entries_whose_waiters_get_log_truncate
     for (n, (w, result)) in answers.iter().enumerate() {
         assert_eq!((w.slot, *result), (n as u64, Err(ErrorCode::LogTruncated)));
     }
-    let text = format!("leader {new_id} {}", address(new_id));
+    let text = format!("leader {new_id} {}", test_address(new_id));
     assert_eq!(refusal_of(&c, old), (ErrorCode::NotLeader, text));
     c.run_until("every node applied the new leader's entry", |c| {
         c.nodes.iter().all(|n| n.applied == c.nodes[new].applied)

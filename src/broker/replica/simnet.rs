@@ -23,7 +23,9 @@ use std::sync::Arc;
 use raft::eraftpb::{Message, MessageType};
 
 use super::entry::{Batch, BatchPart, EntryData};
-use super::machine::{Effect, PersistJob, Replica, ReplicaConfig, ReplicaOptions, Waiter};
+use super::machine::{
+    test_config, Effect, PersistJob, Replica, ReplicaConfig, ReplicaOptions, Waiter,
+};
 use crate::broker::ConnRef;
 use crate::log::simdisk::{SimDisk, SimRng};
 use crate::log::Storage;
@@ -145,15 +147,11 @@ struct Sim {
 
 fn config(id: u64) -> ReplicaConfig {
     ReplicaConfig {
-        id,
-        nodes: (1..=NODES as u64)
-            .map(|id| (id, format!("127.0.0.1:{}", 7000 + id)))
-            .collect(),
         election_ticks: ELECTION_TICKS,
         heartbeat_ticks: HEARTBEAT_TICKS,
         journal_file_bytes: JOURNAL_FILE_BYTES,
-        applied: 0,
         replication_timeout_ms: REPLICATION_TIMEOUT_MS,
+        ..test_config(id, NODES as u64)
     }
 }
 
