@@ -1130,7 +1130,7 @@ fn idle_admin_connections_are_capped_and_closed_while_healthz_keeps_answering() 
          {healthz_max:?}; {open_after} left open, the rest closed by the broker within \
          {all_closed_in:?}"
     );
-    // A thread that has counted itself out may still be in /proc for a moment.
+    // A thread joined a moment ago may still be in /proc for a moment.
     const EXITING_THREADS_SLACK: usize = 4;
     let threads_max = threads_before + mortarmq::admin::ADMIN_THREADS_MAX + EXITING_THREADS_SLACK;
     assert!(

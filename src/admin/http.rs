@@ -137,6 +137,7 @@ impl Drop for Admin {
 
 fn accept_loop(listener: &TcpListener, ctx: &Arc<Ctx>, stop: &AtomicBool) {
     let conns = Arc::new(Conns::default());
+    let mut workers = Workers::default();
     let mut failures = 0u64;
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
@@ -146,7 +147,7 @@ fn accept_loop(listener: &TcpListener, ctx: &Arc<Ctx>, stop: &AtomicBool) {
                     failures = 0;
                 }
                 if !stop.load(Ordering::Relaxed) {
-                    admit(stream, ctx, &conns);
+                    admit(stream, ctx, &conns, &mut workers);
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -164,13 +165,10 @@ fn accept_loop(listener: &TcpListener, ctx: &Arc<Ctx>, stop: &AtomicBool) {
 }
 
 /// Serves a new connection on a thread of its own, if there is room for it.
-fn admit(stream: TcpStream, ctx: &Arc<Ctx>, conns: &Arc<Conns>) {
+fn admit(stream: TcpStream, ctx: &Arc<Ctx>, conns: &Arc<Conns>, workers: &mut Workers) {
     let stream = Arc::new(stream);
-    let slot = conns.take_thread().then(|| conns.enter(&stream));
+    let slot = workers.room(conns).then(|| conns.enter(&stream));
     let Some(Some(id)) = slot else {
-        if slot.is_some() {
-            conns.thread_done();
-        }
         let busy = "every admin connection is being answered; try again\n";
         let _ = stream.set_write_timeout(Some(Duration::from_millis(ADMIN_WRITE_TIMEOUT_MS)));
         respond(&stream, 503, busy.to_string(), &[]);
@@ -183,13 +181,61 @@ fn admit(stream: TcpStream, ctx: &Arc<Ctx>, conns: &Arc<Conns>) {
         .spawn(move || {
             ctx.serve_conn(&stream, id, &conns_of_thread);
             conns_of_thread.leave(id);
-            conns_of_thread.thread_done();
+            conns_of_thread.thread_done(id);
         });
-    if let Err(e) = spawned {
-        // Out of threads or memory: this connection is dropped, the listener goes on.
-        log::warn!("admin connection dropped: cannot start its thread: {e}");
-        conns.leave(id);
-        conns.thread_done();
+    match spawned {
+        Ok(handle) => workers.alive.push((id, handle)),
+        Err(e) => {
+            // Out of threads or memory: this connection is dropped, the listener goes on.
+            log::warn!("admin connection dropped: cannot start its thread: {e}");
+            conns.leave(id);
+        }
+    }
+}
+
+/// The connection threads not yet joined, owned by the accept thread. A thread counts
+/// against [`ADMIN_THREADS_MAX`] until it is joined, that is until the OS has ended it,
+/// not merely until its work is done: on a loaded machine finished threads can linger
+/// for a while, and the cap is on threads the process holds.
+#[derive(Default)]
+struct Workers {
+    alive: Vec<(u64, JoinHandle<()>)>,
+}
+
+impl Workers {
+    /// Joins the threads that have finished; true once fewer than [`ADMIN_THREADS_MAX`]
+    /// are left, waiting up to [`ADMIN_THREAD_WAIT_MS`] for one to finish.
+    fn room(&mut self, conns: &Conns) -> bool {
+        let deadline = Instant::now() + Duration::from_millis(ADMIN_THREAD_WAIT_MS);
+        loop {
+            let finished = {
+                let mut done = conns.lock_done();
+                while self.alive.len().saturating_sub(done.len()) >= ADMIN_THREADS_MAX {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    done = conns
+                        .thread_ended
+                        .wait_timeout(done, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+                std::mem::take(&mut *done)
+            };
+            for id in finished {
+                if let Some(at) = self.alive.iter().position(|(w, _)| *w == id) {
+                    // Its closure has returned: this waits only for the OS to end it.
+                    let _ = self.alive.swap_remove(at).1.join();
+                }
+            }
+            if self.alive.len() < ADMIN_THREADS_MAX {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+        }
     }
 }
 
@@ -198,9 +244,9 @@ fn admit(stream: TcpStream, ctx: &Arc<Ctx>, conns: &Arc<Conns>) {
 struct Conns {
     table: Mutex<Vec<ConnEntry>>,
     next_id: AtomicU64,
-    /// Connection threads alive (at most [`ADMIN_THREADS_MAX`]), and a signal when one
-    /// ends.
-    threads: Mutex<usize>,
+    /// Connection threads whose work is done, waiting to be joined by the accept thread,
+    /// and a signal when one is added.
+    done: Mutex<Vec<u64>>,
     thread_ended: Condvar,
 }
 
@@ -212,26 +258,13 @@ struct ConnEntry {
 }
 
 impl Conns {
-    /// Counts one more connection thread, waiting up to [`ADMIN_THREAD_WAIT_MS`] for
-    /// room; false if there was none.
-    fn take_thread(&self) -> bool {
-        let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
-        let wait = Duration::from_millis(ADMIN_THREAD_WAIT_MS);
-        let full = |n: &mut usize| *n >= ADMIN_THREADS_MAX;
-        let (mut threads, _) = self
-            .thread_ended
-            .wait_timeout_while(threads, wait, full)
-            .unwrap_or_else(|e| e.into_inner());
-        if *threads >= ADMIN_THREADS_MAX {
-            return false;
-        }
-        *threads += 1;
-        true
+    fn lock_done(&self) -> std::sync::MutexGuard<'_, Vec<u64>> {
+        self.done.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn thread_done(&self) {
-        let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
-        *threads = threads.saturating_sub(1);
+    /// Called by connection thread `id` as its last act.
+    fn thread_done(&self, id: u64) {
+        self.lock_done().push(id);
         self.thread_ended.notify_one();
     }
 
@@ -629,19 +662,34 @@ mod tests {
     #[test]
     fn at_the_thread_cap_a_newcomer_waits_for_a_thread_to_end() {
         let conns = Arc::new(Conns::default());
-        for _ in 0..ADMIN_THREADS_MAX {
-            assert!(conns.take_thread());
+        let mut workers = Workers::default();
+        let (release, released) = mpsc::channel::<()>();
+        let released = Arc::new(Mutex::new(released));
+        for id in 0..ADMIN_THREADS_MAX as u64 {
+            assert!(workers.room(&conns));
+            let (conns, released) = (Arc::clone(&conns), Arc::clone(&released));
+            let handle = std::thread::spawn(move || {
+                let _ = released.lock().unwrap().recv();
+                conns.thread_done(id);
+            });
+            workers.alive.push((id, handle));
         }
-        let ending = Arc::clone(&conns);
         let ender = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
-            ending.thread_done();
+            release.send(()).unwrap();
+            release
         });
         let started = Instant::now();
-        assert!(conns.take_thread(), "one ended within the wait");
+        assert!(workers.room(&conns), "one ended within the wait");
         assert!(started.elapsed() < Duration::from_millis(ADMIN_THREAD_WAIT_MS));
-        ender.join().unwrap();
-        assert!(!conns.take_thread(), "none ends: refused after the wait");
+        assert_eq!(workers.alive.len(), ADMIN_THREADS_MAX - 1, "and was joined");
+        let release = ender.join().unwrap();
+        workers.alive.push((u64::MAX, std::thread::spawn(|| {})));
+        assert!(!workers.room(&conns), "none ends: refused after the wait");
+        drop(release);
+        for (_, handle) in workers.alive.drain(..) {
+            handle.join().unwrap();
+        }
     }
 
     #[test]
