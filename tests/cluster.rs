@@ -12,7 +12,9 @@ use common::consume::receive;
 use common::wait::wait_until;
 use mortarmq::client::{Client, ClientError};
 use mortarmq::wire::ops::{Frame, Pub, PubResult, Sub};
-use mortarmq::wire::{AckFlags, DeclareFlags, Durability, ErrorCode, PubFlags, PubResultFlags};
+use mortarmq::wire::{
+    AckFlags, DeclareFlags, Durability, ErrorCode, NackReason, PubFlags, PubResultFlags,
+};
 
 /// Longest an election may take here: 0.5–1.0 s by default, more on a loaded 2-core host.
 const ELECTION_LIMIT: Duration = Duration::from_secs(20);
@@ -226,6 +228,49 @@ fn a_follower_that_lost_its_link_to_the_leader_stops_naming_it_before_raft_notic
         LINK_DOWN_LIMIT,
         || matches!(cluster.probe(follower), Err((ErrorCode::LeaderUnknown, _))),
     );
+}
+
+/// A dead letter is replicated like any record: every node's twin holds it, the group
+/// counts it settled on every node, and a new leader neither loses nor writes it again.
+#[test]
+fn a_dead_letter_reaches_every_node_and_is_not_written_again_after_a_failover() {
+    let (mut cluster, old, mut producer, topic_id, _) = cluster_with_orders(3);
+    let mut member = client_of(&cluster, old);
+    subscribe(&mut member, topic_id);
+    let got = receive(&mut member, 3, CONVERGE_LIMIT);
+    for m in [&got[0], &got[2]] {
+        member
+            .request(&Frame::Ack(m.ack(AckFlags::empty())))
+            .unwrap();
+    }
+    let reject = got[1].nack(NackReason::Reject);
+    member.request(&Frame::Nack(reject)).unwrap();
+    let dead_letter = vec![(1, "v2".to_string())];
+    wait_until("every node to hold the dead letter", CONVERGE_LIMIT, || {
+        (0..3).all(|i| cluster.records(i, "orders.dlq", 0) == dead_letter)
+    });
+    // Settled by the dead letter, the group's position moves past it on every node.
+    let settled = got[2].sequence;
+    wait_until(
+        "every node to hold the group past it",
+        CONVERGE_LIMIT,
+        || {
+            (0..3).all(|i| {
+                let (_, body) = cluster.nodes[i].http("GET", "/stats");
+                body.contains(&format!("\"committed\":{settled}"))
+            })
+        },
+    );
+    drop(producer);
+    cluster.kill9(old);
+    let new = cluster.wait_leader(ELECTION_LIMIT);
+    producer = client_of(&cluster, new);
+    let fourth = publish(&mut producer, topic_id, 4, None).sequence;
+    let mut member = client_of(&cluster, new);
+    subscribe(&mut member, topic_id);
+    let next = receive(&mut member, 1, CONVERGE_LIMIT);
+    assert_eq!(next[0].sequence, fourth, "the rejected record came back");
+    assert_eq!(cluster.records(new, "orders.dlq", 0), dead_letter);
 }
 
 #[test]

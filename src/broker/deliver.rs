@@ -207,6 +207,37 @@ impl ConsumeDriver {
         });
     }
 
+    /// Cluster mode: as [`Self::settle_dead_letters`], once the BATCH that carried a
+    /// dead letter is applied. A proposal refused or truncated gives its sequence to
+    /// another record, so the record found there must be this dead letter, or it is
+    /// appended again.
+    pub(super) fn settle_replicated_dead_letters(&mut self, partitions: &mut Partitions) {
+        let (coordinator, retries) = (&mut self.coordinator, &mut self.dead_letter_retries);
+        self.dead_letters.retain(|d| {
+            let Some(part) = partitions.get_mut(d.twin) else {
+                return false;
+            };
+            if part.log.durable_sequence() < d.twin_sequence {
+                return true;
+            }
+            let found = match part.log.read_one(d.twin_sequence) {
+                Ok(Some(r)) => dlq::split_origin(r.flags, r.value).1 == Some(d.origin),
+                // Gone to retention, or unreadable: it was applied, so it was there.
+                Ok(None) | Err(_) => true,
+            };
+            match found {
+                true => coordinator.dead_lettered(
+                    d.group_id,
+                    d.origin.origin_topic_id,
+                    d.origin.origin_partition,
+                    d.origin.origin_sequence,
+                ),
+                false => retries.push((d.group_id, d.origin)),
+            }
+            false
+        });
+    }
+
     /// A twin's flush failed: its records above `written` never reached the file, so the
     /// dead letters that waited for them are appended again (the sequences they waited
     /// for will be given to other records).
@@ -242,6 +273,36 @@ impl ConsumeDriver {
         let (group, topic_id, partition, committed) = change;
         self.coordinator
             .restore_position((group, topic_id), partition, committed, now.mono_ms);
+    }
+
+    /// Dead letters in a BATCH part of a twin: settled for their groups, as start-up
+    /// does with what it finds in the twins (`restore`), so a follower that comes to
+    /// lead does not write them again. A leader's live groups ignore them.
+    pub(super) fn replicated_dead_letters(
+        &mut self,
+        first_sequence: u64,
+        records: &[u8],
+        now: Now,
+    ) {
+        let (mut pos, mut sequence) = (0, first_sequence);
+        while let Ok((r, len)) = crate::log::decode_record(&records[pos..], Some(sequence)) {
+            if let (_, Some((origin, group))) = dlq::split_dead_letter(r.flags, r.value) {
+                let source = (group, origin.origin_topic_id);
+                let (partition, seq) = (origin.origin_partition, origin.origin_sequence);
+                self.coordinator
+                    .restore_dead_lettered(source, partition, seq, now.mono_ms);
+            }
+            pos += len;
+            sequence += 1;
+            if pos >= records.len() {
+                break;
+            }
+        }
+    }
+
+    /// A cluster node's role this pass (`Coordinator::set_following`).
+    pub(super) fn set_following(&mut self, following: bool, now: Now) {
+        self.coordinator.set_following(following, now.mono_ms);
     }
 
     pub(super) fn persist_positions_now(&mut self) -> std::io::Result<()> {
@@ -594,7 +655,13 @@ impl Broker {
             key: &key,
             value: &value,
         };
-        match self.partitions.append(twin, &record) {
+        // In a cluster the twin is replicated like any partition: the record goes into
+        // the pass's BATCH and is settled once applied (`replica::cluster`).
+        let appended = match self.cluster.is_some() {
+            true => self.propose_dead_letter(twin, &record, now).ok_or(None),
+            false => self.partitions.append(twin, &record).map_err(Some),
+        };
+        match appended {
             Ok(twin_sequence) => {
                 self.consume.dead_letters.push(DeadLetterWait {
                     twin,
@@ -605,9 +672,12 @@ impl Broker {
                 self.counters.dead_letters_appended += 1;
             }
             // The record stays unsettled in its group (holding the committed position)
-            // and is appended again by housekeeping: better late than lost.
+            // and is appended again by housekeeping: better late than lost. A cluster
+            // node that does not serve (not leading, lease lapsed) waits the same way.
             Err(e) => {
-                log::error!("dead-letter append to topic {} failed: {e}", twin.0);
+                if let Some(e) = e {
+                    log::error!("dead-letter append to topic {} failed: {e}", twin.0);
+                }
                 self.consume.dead_letter_retries.push((group_id, origin));
             }
         }

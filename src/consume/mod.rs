@@ -389,6 +389,10 @@ pub struct Coordinator {
     group_ids: HashMap<(Vec<u8>, u16), u16>,
     conns: HashMap<ConnId, ConnSubs>,
     restored: BTreeMap<(Vec<u8>, u16), Restored>,
+    /// A cluster follower: restored groups do not expire ([`Coordinator::set_following`]).
+    following: bool,
+    /// Restored groups do not expire before this (a new leader's grace).
+    restored_kept_until_ms: u64,
     /// u32 so that exhaustion of the u16 group id space is visible.
     next_group_id: u32,
     /// Ids of removed groups, reused (lowest first) once `next_group_id` ran out.
@@ -459,6 +463,8 @@ impl Coordinator {
             group_ids: HashMap::new(),
             conns: HashMap::new(),
             restored: BTreeMap::new(),
+            following: false,
+            restored_kept_until_ms: 0,
             next_group_id: 1,
             free_group_ids: BTreeSet::new(),
             next_member_id: 1,
@@ -476,6 +482,16 @@ impl Coordinator {
         for group in self.groups.values_mut() {
             group.raise_epochs(self.epoch_base);
         }
+    }
+
+    /// A cluster node says each pass whether it follows. Groups restored from the
+    /// leader's replicated positions do not expire while it follows, and get a whole
+    /// `--group-ttl` from the moment it starts leading.
+    pub fn set_following(&mut self, following: bool, now_ms: u64) {
+        if self.following && !following {
+            self.restored_kept_until_ms = now_ms.saturating_add(self.sh.config.group_ttl_ms);
+        }
+        self.following = following;
     }
 
     pub fn config(&self) -> &ConsumeConfig {
@@ -985,6 +1001,12 @@ impl Coordinator {
             // a new leader may send its whole (older) view once.
             let at = r.committed.entry(partition).or_insert(committed);
             *at = (*at).max(committed);
+            let committed = *at;
+            // Dead letters at or below the position matter no more: a follower told of
+            // every dead letter would otherwise keep them all.
+            if let Some(dead) = r.dead_lettered.get_mut(&partition) {
+                *dead = dead.split_off(&(committed + 1));
+            }
         }
     }
 
@@ -1227,6 +1249,15 @@ impl Coordinator {
                 }
             }
             Timer::GroupExpiry { group_id } => self.expire_group(group_id, now_ms),
+            Timer::RestoredExpiry if self.following || now_ms < self.restored_kept_until_ms => {
+                // A cluster follower keeps what its leader replicated for the day it
+                // leads, and a new leader gives the members of the last one a whole
+                // `--group-ttl` to come back (`docs/REPLICATION.md` §7.4).
+                let at_ms = self
+                    .restored_kept_until_ms
+                    .max(now_ms + self.sh.config.group_ttl_ms);
+                self.sh.timer_set(at_ms, Timer::RestoredExpiry);
+            }
             Timer::RestoredExpiry => {
                 // They were shown as groups without members: their removal counts as such.
                 self.sh.stats.groups_expired += self.restored.len() as u64;

@@ -2164,3 +2164,45 @@ fn a_purge_ends_deliveries_below_it_and_moves_positions_up() {
     let fx = h.effects();
     assert_eq!(seqs(&fx), vec![6]);
 }
+
+#[test]
+fn a_followers_replicated_groups_do_not_expire_and_a_new_leader_gives_them_a_whole_ttl() {
+    let ttl = config().group_ttl_ms;
+    let names = |h: &H| -> Vec<Vec<u8>> {
+        let snap = h.c.snapshot();
+        snap.groups.into_iter().map(|g| g.name).collect()
+    };
+    let mut h = H::new(2);
+    h.c.set_following(true, h.now);
+    let now = h.now;
+    h.c.restore_position((b"g", TOPIC), 0, 2, now);
+    h.advance(3 * ttl);
+    assert_eq!(names(&h), vec![b"g".to_vec()], "expired while following");
+    // Leading from now: the members of the last leader have one --group-ttl to return.
+    h.c.set_following(false, h.now);
+    h.advance(ttl / 2);
+    assert_eq!(
+        names(&h),
+        vec![b"g".to_vec()],
+        "expired early after promotion"
+    );
+    h.advance(ttl);
+    assert!(names(&h).is_empty(), "kept past its ttl on the leader");
+}
+
+#[test]
+fn a_replicated_position_forgets_the_dead_letters_at_or_below_it() {
+    let mut h = H::new(2);
+    h.log.partitions.get_mut(&TOPIC).unwrap()[0] = (1, 9);
+    let now = h.now;
+    for seq in [3, 5, 7] {
+        h.c.restore_dead_lettered((b"g", TOPIC), 0, seq, now);
+    }
+    h.c.restore_position((b"g", TOPIC), 0, 5, now);
+    let restored = &h.c.restored[&(b"g".to_vec(), TOPIC)];
+    assert_eq!(restored.dead_lettered[&0], BTreeSet::from([7]));
+    h.join(A, 0);
+    let fx = h.effects();
+    // 6 and 8 are due; 7 stays settled by its dead letter.
+    assert_eq!(seqs(&fx), vec![6, 8]);
+}

@@ -32,9 +32,13 @@
 //!
 //! - **Group positions**: every `POSITIONS_REPLICATE_INTERVAL_MS` the leader's BATCH
 //!   carries the committed positions that moved; followers keep them as restored
-//!   positions for the day they lead (§7.4).
+//!   positions for the day they lead (§7.4), and do not expire them while following.
+//! - **Dead letters**: the leader's go into the pass's BATCH as records of the twin
+//!   (taking their sequence from the overlay, like a PUB's) and settle in their group
+//!   once applied, if the record found at their sequence is theirs; every node counts
+//!   the dead letters it applies as settled for the day it leads, as start-up does.
 //!
-//! Not yet: dead letters in BATCHes (written on the leader only), `--producer-ttl` on
+//! Not yet: `--producer-ttl` on
 //! the leader's wall clock, the broker's applied index kept across restarts (a start
 //! applies the whole raft log again; replay skips what the segments hold), journal
 //! compaction, a DECLARE's OK held by the lease (PUB answers are, in the replica).
@@ -53,7 +57,8 @@ use crate::broker::partition::Partition;
 use crate::broker::producers::Idempotence;
 use crate::broker::publish::{refuse_fields, Partitions};
 use crate::broker::registry::{declare_err, declared, TopicRegistry};
-use crate::broker::{topics::TopicPair, Broker};
+use crate::broker::topics::{pair_of, TopicPair};
+use crate::broker::Broker;
 use crate::broker::{
     BrokerConfig, BrokerCounters, ConnRef, Effect, Handled, Now, OutputRoom, PartitionKey,
     StartupReport, TOPICS_DIR,
@@ -586,6 +591,29 @@ impl Broker {
         Handled::Wait
     }
 
+    /// A dead letter on a leader: into this pass's BATCH like a PUB's record (the twin is
+    /// replicated like any partition); its sequence, or `None` while this node does not
+    /// serve (the consume plane tries again at housekeeping).
+    pub(in crate::broker) fn propose_dead_letter(
+        &mut self,
+        twin: PartitionKey,
+        record: &RecordView<'_>,
+        now: Now,
+    ) -> Option<u64> {
+        let c = self.cluster.as_deref_mut()?;
+        c.gate(now.mono_ms).ok()?;
+        let part = self.partitions.get(twin)?;
+        let sequence = c.take_sequence(twin, part.log.next_sequence());
+        c.encode(
+            twin,
+            &RecordView {
+                sequence,
+                ..*record
+            },
+        );
+        Some(sequence)
+    }
+
     /// DECLARE of a new topic in a cluster: a REGISTRY entry with the pair chosen here.
     pub(in crate::broker) fn propose_declare(
         &mut self,
@@ -673,7 +701,8 @@ impl Broker {
             Err(written) => consume.twin_flush_failed(key, written),
         });
         self.jobs.extend(self.topics.take_write_job(now.mono_ms));
-        self.consume.settle_dead_letters(&self.partitions);
+        self.consume
+            .settle_replicated_dead_letters(&mut self.partitions);
         self.pump_consume(now, room);
         self.jobs.extend(self.consume.positions_job(now, false));
         self.submit_jobs();
@@ -778,6 +807,8 @@ impl Broker {
         if let Some(term) = self.cluster_mut().note_leadership() {
             self.consume.leading_in(term);
         }
+        let following = !self.cluster_mut().replica.is_leader();
+        self.consume.set_following(following, now);
         self.apply_queued(now);
     }
 
@@ -874,6 +905,10 @@ impl Broker {
                 now.mono_ms,
                 &mut self.counters,
             );
+            if pair_of(key.0).is_some_and(|(_, twin)| twin) {
+                self.consume
+                    .replicated_dead_letters(p.first_sequence, &p.records, now);
+            }
             match applied {
                 Ok(_) => self.consume.records_available(key.0, key.1),
                 Err(e) => {
