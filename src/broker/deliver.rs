@@ -210,15 +210,26 @@ impl ConsumeDriver {
     /// Cluster mode: as [`Self::settle_dead_letters`], once the BATCH that carried a
     /// dead letter is applied. A proposal refused or truncated gives its sequence to
     /// another record, so the record found there must be this dead letter, or it is
-    /// appended again.
-    pub(super) fn settle_replicated_dead_letters(&mut self, partitions: &mut Partitions) {
+    /// appended again; so is one whose sequence is neither applied nor proposed on a
+    /// leader that has applied all it proposed before (`proposed_end`, `None` while that
+    /// cannot be known: `Cluster::proposed_end`).
+    pub(super) fn settle_replicated_dead_letters(
+        &mut self,
+        partitions: &mut Partitions,
+        proposed_end: &dyn Fn(PartitionKey) -> Option<u64>,
+    ) {
         let (coordinator, retries) = (&mut self.coordinator, &mut self.dead_letter_retries);
         self.dead_letters.retain(|d| {
             let Some(part) = partitions.get_mut(d.twin) else {
                 return false;
             };
             if part.log.durable_sequence() < d.twin_sequence {
-                return true;
+                let end = proposed_end(d.twin).map(|p| p.max(part.log.next_sequence()));
+                let lost = end.is_some_and(|end| d.twin_sequence >= end);
+                if lost {
+                    retries.push((d.group_id, d.origin));
+                }
+                return !lost;
             }
             let found = match part.log.read_one(d.twin_sequence) {
                 Ok(Some(r)) => dlq::split_origin(r.flags, r.value).1 == Some(d.origin),
@@ -394,11 +405,20 @@ impl ConsumeDriver {
         });
     }
 
-    pub(super) fn check_invariants(&self, partitions: &Partitions) {
+    /// `proposed_end`: in a cluster, where a twin's records proposed and not applied yet
+    /// end (`None` while unknown: `Cluster::proposed_end`); 0 on a single node.
+    pub(super) fn check_invariants(
+        &self,
+        partitions: &Partitions,
+        proposed_end: &dyn Fn(PartitionKey) -> Option<u64>,
+    ) {
         for d in &self.dead_letters {
+            let Some(end) = proposed_end(d.twin) else {
+                continue;
+            };
             let twin = partitions.get(d.twin);
             assert!(
-                twin.is_none_or(|p| p.log.next_sequence() > d.twin_sequence),
+                twin.is_none_or(|p| p.log.next_sequence().max(end) > d.twin_sequence),
                 "a dead letter waits for a record its twin never got"
             );
         }

@@ -628,7 +628,13 @@ impl Broker {
     pub fn check_invariants(&self) {
         self.topics.check_invariants();
         self.partitions.check_invariants();
-        self.consume.check_invariants(&self.partitions);
+        let proposed_end = |key| {
+            self.cluster
+                .as_deref()
+                .map_or(Some(0), |c| c.proposed_end(key))
+        };
+        self.consume
+            .check_invariants(&self.partitions, &proposed_end);
         assert!(self.jobs.is_empty(), "jobs gathered but never submitted");
     }
 }

@@ -371,6 +371,14 @@ impl Cluster {
         }
     }
 
+    /// Where the records this term proposed to `key` end (0: none), on a leader that has
+    /// applied all it proposed before; `None` otherwise, while an entry it proposed may
+    /// still commit or be truncated.
+    pub(in crate::broker) fn proposed_end(&self, key: PartitionKey) -> Option<u64> {
+        let decided = self.replica.is_leader() && self.catching_up.is_none();
+        decided.then(|| self.overlay.get(&key).map_or(0, |o| o.next_sequence))
+    }
+
     fn take_declare(&mut self, index: u64) -> Option<(ConnRef, u64)> {
         if self.registry_in_flight == Some(index) {
             self.registry_in_flight = None;
@@ -701,8 +709,10 @@ impl Broker {
             Err(written) => consume.twin_flush_failed(key, written),
         });
         self.jobs.extend(self.topics.take_write_job(now.mono_ms));
+        let c = self.cluster.as_deref().expect("cluster mode");
+        let proposed_end = |twin| c.proposed_end(twin);
         self.consume
-            .settle_replicated_dead_letters(&mut self.partitions);
+            .settle_replicated_dead_letters(&mut self.partitions, &proposed_end);
         self.pump_consume(now, room);
         self.jobs.extend(self.consume.positions_job(now, false));
         self.submit_jobs();

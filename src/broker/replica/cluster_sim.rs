@@ -11,14 +11,19 @@ use std::time::Duration;
 
 use super::machine::{test_address, test_config, ReplicaConfig};
 use super::PeerMessage;
+use crate::broker::dlq::split_origin;
 use crate::broker::{
     unlimited_room, Broker, BrokerConfig, ConnRef, DurableJob, Effect, Handled, JobSink, Now,
 };
 use crate::fsync::{Completion, Job as _};
 use crate::log::simdisk::SimDisk;
 use crate::log::Storage;
-use crate::wire::ops::{Declare, Pub, PubResult};
-use crate::wire::{DeclareFlags, Durability, ErrorCode, Op, PubFlags, PubResultFlags, Response};
+use crate::wire::limits::SUB_PARTITION_ANY;
+use crate::wire::ops::{ControlAck, Declare, DeliveryRef, Pub, PubResult, Sub};
+use crate::wire::{
+    ControlResult, DeclareFlags, Durability, ErrorCode, NackReason, Op, PubFlags, PubResultFlags,
+    Response,
+};
 
 const NODES: u64 = 3;
 const ELECTION_TICKS: usize = 10;
@@ -50,6 +55,8 @@ struct Node {
     isolated: bool,
     /// Answers by slot.
     answers: BTreeMap<u64, Response>,
+    /// NOTICEs and MSGs pushed, in order.
+    pushes: Vec<Effect>,
 }
 
 fn open_node(id: u64) -> Node {
@@ -86,6 +93,7 @@ fn open_node_on(id: u64, disk: SimDisk) -> Node {
         inbox: VecDeque::new(),
         isolated: false,
         answers: BTreeMap::new(),
+        pushes: Vec::new(),
     }
 }
 
@@ -117,11 +125,15 @@ impl Net {
             let mut effects = Vec::new();
             node.broker.drain_effects(&mut effects);
             for e in effects {
-                if let Effect::Answer { slot, response, .. } = e {
-                    assert!(
+                match e {
+                    Effect::Answer { slot, response, .. } => assert!(
                         node.answers.insert(slot, response).is_none(),
                         "slot {slot} twice"
-                    );
+                    ),
+                    push @ (Effect::Notice { .. } | Effect::Deliver { .. }) => {
+                        node.pushes.push(push)
+                    }
+                    Effect::PullAnswer { .. } => {}
                 }
             }
             let mut out = Vec::new();
@@ -273,6 +285,32 @@ impl Net {
         self.run_until("the old leader serves again", |net| {
             net.serving_leader(Some(n)) == Some(l)
         });
+    }
+
+    /// Joins group `g` on node `i` and returns its first MSG, CONTROL_ACKing the
+    /// NOTICEs that come before it.
+    fn first_delivery(&mut self, i: usize, topic: u16) -> DeliveryRef {
+        let sub = Sub {
+            group: b"g",
+            topic_id: topic,
+            partition: SUB_PARTITION_ANY,
+            ..Sub::default()
+        };
+        let _ = self.nodes[i].broker.subscribe(CONN, &sub, self.now);
+        loop {
+            self.deliver();
+            for push in std::mem::take(&mut self.nodes[i].pushes) {
+                match push {
+                    Effect::Notice { notice, .. } => {
+                        let answer = ControlAck::answering(&notice, ControlResult::Ok);
+                        let _ = self.nodes[i].broker.control_ack(CONN, &answer, self.now);
+                    }
+                    Effect::Deliver { delivery, .. } => return delivery.reference,
+                    _ => {}
+                }
+            }
+            self.tick();
+        }
     }
 
     fn term(&self, i: usize) -> u64 {
@@ -533,4 +571,52 @@ fn a_restarted_node_applies_the_log_again_without_doubling_a_record() {
     );
     assert_eq!(net.record(f, topic, 1), Some((3, "a".into())));
     assert_eq!(net.record(f, topic, 2), Some((3, "b".into())));
+}
+
+#[test]
+fn a_dead_letter_whose_entry_was_truncated_is_written_again_once_its_node_leads_again() {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    net.publish(l, 1, topic, (7, 1), "poison");
+    assert_eq!(pub_ok(&net.wait_answer(l, 1)).sequence, 1);
+    let delivery = net.first_delivery(l, topic);
+    // Cut off, the leader proposes the dead letter in an entry nobody else gets.
+    net.nodes[l].isolated = true;
+    let nack = delivery.nack(NackReason::Reject);
+    let _ = net.nodes[l].broker.nack(CONN, &nack, net.now);
+    net.run_until("a new leader, the old one deposed", |net| {
+        net.serving_leader(Some(l)).is_some()
+            && !net.nodes[l].broker.cluster_status().unwrap().is_leader
+    });
+    let n = net.serving_leader(Some(l)).unwrap();
+    net.nodes[l].isolated = false;
+    net.run_until("the old leader follows the new term", |net| {
+        net.term(l) == net.term(n)
+    });
+    net.lead_again(l, n);
+    // Housekeeping appends again what waits for an entry that is gone.
+    let twin = topic + 1;
+    for _ in 0..ROUNDS_MAX {
+        if net.next_sequence(l, twin) == 2 {
+            break;
+        }
+        net.nodes[l].broker.housekeeping(net.now);
+        net.tick();
+        net.deliver();
+    }
+    let third = (0..3).find(|&i| i != l && i != n).unwrap();
+    net.run_until("a majority applied the dead letter", |net| {
+        net.next_sequence(l, twin) == 2 && net.next_sequence(third, twin) == 2
+    });
+    let record = net.nodes[third]
+        .broker
+        .read_record(twin, 0, 1)
+        .unwrap()
+        .unwrap();
+    let (value, origin) = split_origin(record.flags, &record.value);
+    assert_eq!(value, b"poison");
+    assert_eq!(origin.map(|o| o.origin_sequence), Some(1));
+    let positions = net.nodes[l].broker.coordinator().positions();
+    assert_eq!(positions[0].committed, 1, "the group settled it");
 }
