@@ -46,6 +46,23 @@ def encode_connect(token):
                         reserved=0).encode()
 
 
+def connect_first(addrs, token, timeout):
+    """A Connection to the first of ``addrs`` ((host, port), in order) that connects
+    and answers CONNECT, and its address. One that is down, or accepts but does not
+    answer within ``timeout`` (a paused node), is passed over; an ERR to CONNECT
+    (AUTH_FAILED) is raised. With one address its error is raised as it is."""
+    last = None
+    for addr in addrs:
+        try:
+            return Connection(addr, token, timeout), addr
+        except OSError as e:
+            if len(addrs) == 1:
+                raise
+            last = e
+    raise ConnectionError("no broker of %s answers (the last: %s)"
+                          % (", ".join("%s:%d" % a for a in addrs), last))
+
+
 class Connection:
     def __init__(self, address, token=b"", timeout=10.0):
         self.timeout = timeout

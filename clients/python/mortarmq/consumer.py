@@ -18,14 +18,13 @@ import threading
 import time
 
 from . import wire
-from ._conn import Connection, check_answer, leader_address
+from ._brokers import MOVE_ON, STAY, Brokers, cluster_backoff, parse_brokers, route
+from ._conn import check_answer, connect_first
 from .errors import MortarError, ProtocolError
 
 HEARTBEAT_INTERVAL = 3.0  # a tenth of the broker's default 30 s session timeout
 # poll() looks at the heartbeat thread's findings at least this often while it waits.
 READ_SLICE = 1.0
-# NOT_LEADER redirects a join follows in a row without a pause.
-REDIRECTS_FREE = 4
 WRITE_BATCH = 128  # queued ACKs/NACKs that force a write
 
 _OP_BYTE = {op: bytes([op]) for op in wire.Op}
@@ -89,6 +88,12 @@ class Message:
 class Consumer:
     """Joins ``group`` on ``topic`` at ``address`` and yields its Messages.
 
+    ``address`` is one broker ("host:port") or a cluster's nodes (a list, or one string
+    "host:port,host:port,..."): the member joins on the leader, following NOT_LEADER,
+    and after a failover joins again on the new one, trying the other nodes with the
+    cluster backoff (50 ms doubling to 2 s) while none leads (man/mortarmq.7,
+    REPLICATION). Delivery resumes at the group's committed position.
+
     ``start`` ("earliest" or "latest") is where the group begins on a partition it has
     no committed position for. ``credit`` (records) and ``credit_bytes`` size the window
     of unsettled deliveries (0: the broker's default, 256 records and 2 MiB). With
@@ -150,17 +155,12 @@ class Consumer:
         self.topic_id = None
         self.source_topic_id = None
         self.ignored_errors = 0  # OWNERSHIP_FENCED / UNKNOWN_DELIVERY answers dropped
-        # In a cluster: the leader a NOT_LEADER named, joined instead of ``address``
-        # until it cannot be reached.
-        self._leader = None
+        # The addresses known and the order to dial them in; and where an ERR said to
+        # join next (a route, or None: the next address).
+        self._brokers = Brokers(parse_brokers(address))
+        self._reroute = None
 
-        for redirect in range(REDIRECTS_FREE + 1):
-            try:
-                self._join_once()
-                break
-            except MortarError as e:
-                if not leader_address(e) or redirect == REDIRECTS_FREE:
-                    raise
+        self._join(rejoining=False)
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, daemon=True,
                                            name="mortarmq-heartbeat")
@@ -287,7 +287,8 @@ class Consumer:
     # ---- joining ---------------------------------------------------------------------
 
     def _join_once(self):
-        conn = Connection(self._leader or self.address, self._token, self.timeout)
+        conn, addr = connect_first(self._brokers.order(), self._token, self.timeout)
+        self._brokers.connected(addr)
         try:
             pushes = []
             on_push = lambda op, payload: pushes.append((op, payload))  # noqa: E731
@@ -297,10 +298,6 @@ class Consumer:
                            credit_count=self._credit, credit_bytes=self._credit_bytes,
                            flags=wire.SubFlags.PULL_MODE if self.pull else 0)
             ok = conn.request(sub.encode(), wire.Op.SUB, on_push=on_push)
-        except MortarError as e:
-            conn.close()
-            self._leader = leader_address(e) or self._leader
-            raise
         except BaseException:
             conn.close()
             raise
@@ -335,29 +332,54 @@ class Consumer:
         lost; connect and SUB again, backing off, until reconnect_timeout."""
         self._drop_connection()
         self._lose_partitions()
+        how, self._reroute = self._reroute, None
+        if how is not None:
+            self._brokers.take(how)
+        else:
+            self._brokers.move_on()  # the broker may be gone (a failover): try another
+        self._join(rejoining=True)
+
+    def _join(self, rejoining):
+        """Joins, following NOT_LEADER and backing off while no leader can serve, until
+        reconnect_timeout. A first join fails at once on anything but the cluster's
+        redirects and backoffs; a rejoin tries again on any retryable failure."""
         started = time.monotonic()
-        backoffs = 0
+        backoffs = cluster_backoffs = 0
         while True:
             try:
                 self._join_once()
+                self._brokers.served()
                 return
             except MortarError as e:
                 # AUTH_FAILED, UNKNOWN_TOPIC and the like will not go away by retrying.
-                if not e.retryable:
+                how = route(e)
+                if not e.retryable or (not rejoining and how == STAY):
                     raise
                 last = e
-                if leader_address(e) and backoffs < REDIRECTS_FREE:
-                    backoffs += 1
-                    continue  # straight to the leader it names
             except (OSError, ProtocolError) as e:
-                last = e
-                self._leader = None  # gone: ask the address given again
+                if not rejoining:
+                    raise
+                how, last = None, e
             if (self.reconnect_timeout is not None
                     and time.monotonic() - started >= self.reconnect_timeout):
+                if not rejoining:
+                    raise last
                 raise ConnectionError("cannot rejoin %r on %s within %s s: %s"
                                       % (self.group, self.address, self.reconnect_timeout, last))
-            time.sleep(min(1.0, 0.05 * 2 ** backoffs))
-            backoffs += 1
+            if how == MOVE_ON:
+                self._brokers.take(how)
+                wait = cluster_backoff(cluster_backoffs)
+                cluster_backoffs += 1
+            elif how not in (None, STAY):
+                n = self._brokers.take(how)  # straight to the leader it names
+                wait = None if n is None else cluster_backoff(n)
+            else:
+                if how is None:
+                    self._brokers.rotate()  # every address failed: the leader too
+                wait = min(1.0, 0.05 * 2 ** backoffs)
+                backoffs += 1
+            if wait:
+                time.sleep(wait)
 
     def _lose_partitions(self):
         held, self._held = self._held, {}
@@ -462,9 +484,9 @@ class Consumer:
         elif err.name == "UNKNOWN_NOTICE" or (err.name == "STALE_EPOCH" and op == wire.Op.PULL):
             # A notice already superseded; a PULL raced a rebalance (the NOTICE follows).
             self.ignored_errors += 1
-        elif leader_address(err):
-            # This node does not lead (any more): join again on the leader it names.
-            self._leader = leader_address(err)
+        elif route(err) != STAY:
+            # This node does not lead (any more): join again where the error says.
+            self._reroute = route(err)
             self._broken = True
         elif err.name in ("UNKNOWN_SUBSCRIPTION", "UNKNOWN_MEMBER") or err.closes_connection:
             # Expelled (silent past the session timeout) or about to be closed: join again.

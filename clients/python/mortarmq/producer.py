@@ -18,7 +18,8 @@ import time
 import zlib
 
 from . import wire
-from ._conn import Connection, check_answer, leader_address
+from ._brokers import MOVE_ON, STAY, Brokers, cluster_backoff, parse_brokers, route
+from ._conn import check_answer, connect_first
 from .errors import MortarError, ProtocolError
 
 Receipt = collections.namedtuple(
@@ -34,9 +35,6 @@ _DEDUPLICATED = int(wire.PubResultFlags.DEDUPLICATED)
 
 BACKOFF_FIRST = 0.01  # the registry's advice for BACKPRESSURE: 10 ms doubling to 1 s
 BACKOFF_MAX = 1.0
-# NOT_LEADER redirects a request follows in a row without a pause; two nodes naming
-# each other while an election settles are then asked after the usual backoff.
-REDIRECTS_FREE = 4
 WRITE_BATCH_BYTES = 256 * 1024
 
 
@@ -64,6 +62,15 @@ def durability_flags(durability):
             raise ValueError("durability must be None, %s, not %r"
                              % (", ".join(map(repr, wire.DURABILITY_NAMES)), durability)) from None
     return int(wire.Durability(durability))
+
+
+def _backoff_wait(rec):
+    """How long ``rec`` asks to wait before it is resent, in seconds."""
+    if not rec.backoffs:
+        return 0.0
+    if rec.error is not None and route(rec.error) == MOVE_ON:
+        return cluster_backoff(rec.backoffs - 1)
+    return min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (rec.backoffs - 1))
 
 
 def partition_for(key, partition_count):
@@ -123,7 +130,11 @@ class _Record:
 
 
 class Producer:
-    """Publishes to a broker at ``address`` ("host:port").
+    """Publishes to a broker at ``address`` ("host:port"), or to a cluster given as a
+    list of its nodes' addresses (a list, or one string "host:port,host:port,...").
+    A node that does not lead answers NOT_LEADER naming the leader, where the producer
+    goes; while no leader can serve it backs off (50 ms doubling to 2 s) and tries the
+    next address, and a node that is down is passed over (man/mortarmq.7, REPLICATION).
 
     ``durability`` is the default for publishes (None: the broker's --durability;
     "written", "fsync" or "replicated"). With ``declare=True`` a topic that does not
@@ -165,12 +176,11 @@ class Producer:
         self.reconnects = 0  # connections replaced after a loss
         self.resent = 0  # records sent again (after an ERR or a connection loss)
         self._closed = False
-        # In a cluster: the leader a NOT_LEADER named, connected to instead of
-        # ``address`` until it cannot be reached; and whether to go there once the
-        # records in flight are answered.
-        self._leader = None
-        self._reroute = False
-        self._conn = Connection(address, self._token, timeout)
+        # The addresses known and the order to dial them in; and where an ERR said to
+        # go once the records in flight are answered (a route, or None).
+        self._brokers = Brokers(parse_brokers(address))
+        self._reroute = None
+        self._conn = self._open()
 
     # ---- public API ------------------------------------------------------------------
 
@@ -289,26 +299,37 @@ class Producer:
         reconnects and backoff errors until retry_timeout."""
         self._pump(lambda: self._conn is not None and not self._inflight and not self._retry)
         deadline = time.monotonic() + self.retry_timeout
-        backoffs = redirects = 0
+        backoffs = 0
         while True:
             if self._conn is None:
                 self._reconnect(deadline)
             try:
-                return self._conn.request(data, op)
+                ok = self._conn.request(data, op)
+                self._brokers.served()
+                return ok
             except MortarError as e:
-                leader = leader_address(e)
-                if e.closes_connection or leader:
+                how = route(e)
+                if e.closes_connection or how != STAY:
                     self._drop_connection()
                 if e.retry == "no" or time.monotonic() >= deadline:
                     raise
-                if leader:
-                    self._leader = leader
-                    if redirects < REDIRECTS_FREE:
-                        # Straight to the leader it names (a few times in a row at most).
-                        redirects += 1
-                        continue
+                if how == MOVE_ON:
+                    self._brokers.take(how)
+                    time.sleep(cluster_backoff(backoffs))
+                    backoffs += 1
+                elif how != STAY:
+                    # Straight to the leader it names (backing off only once redirects
+                    # go round in circles).
+                    n = self._brokers.take(how)
+                    if n is not None:
+                        time.sleep(cluster_backoff(n))
+                else:
+                    time.sleep(min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** backoffs))
+                    backoffs += 1
+                continue
             except (OSError, ProtocolError):
                 self._drop_connection()
+                self._brokers.move_on()  # it may be gone: another is tried first
                 if time.monotonic() >= deadline:
                     raise
             time.sleep(min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** backoffs))
@@ -417,6 +438,7 @@ class Producer:
             self._lost()
             return True
         self._inflight.popleft()
+        self._brokers.served()
         self._succeed(rec, Receipt(sequence, _DURABILITY.get(reached, reached), leader_epoch,
                                    commit_seq, bool(flags & _DEDUPLICATED), rec.partition))
         return True
@@ -424,12 +446,19 @@ class Producer:
     def _refused(self, rec, err):
         """An ERR answering ``rec``: resend it, or fail it (and renumber what follows)."""
         rec.error = err
-        leader = leader_address(err)
-        if leader:
-            # Not appended: resent as it is on the leader, once the records in flight
-            # here are answered (they get NOT_LEADER too).
-            self._leader = leader
-            self._reroute = True
+        how = route(err)
+        if how not in (STAY, MOVE_ON):
+            # Refused at the gate, not appended: resent as it is on the leader, once
+            # the records in flight here are answered (they get NOT_LEADER too).
+            self._reroute = how
+            self._retry.append(rec)
+            return
+        if how == MOVE_ON and (err.retry == "backoff" or self.idempotent):
+            # No leader here able to serve: the next node, after the cluster backoff.
+            # An entry that may have been appended (REPLICATION_TIMEOUT and the like)
+            # is resent with the same producer_seq there.
+            self._reroute = how
+            rec.backoffs += 1
             self._retry.append(rec)
             return
         if err.closes_connection:
@@ -485,16 +514,21 @@ class Producer:
         self._must_drain = True
 
     def _resend(self):
-        if self._reroute:
-            self._drop_connection()  # _pump connects to the leader, then resends
+        if self._reroute is not None:
+            # Nothing is in flight here any more: go where the broker said. _pump
+            # connects there, then resends.
+            n = self._brokers.take(self._reroute)
+            self._drop_connection()
+            if n is not None:
+                time.sleep(cluster_backoff(n))
             return
         recs = sorted(self._retry, key=lambda r: r.order)
         self._retry = []
         # Nothing is in flight: the resent records go out ahead of any new one.
         self._must_drain = False
-        backoffs = max(r.backoffs for r in recs)
-        if backoffs:
-            time.sleep(min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (backoffs - 1)))
+        wait = max(_backoff_wait(r) for r in recs)
+        if wait:
+            time.sleep(wait)
         now = time.monotonic()
         for rec in recs:
             if rec.error is not None and now - rec.first_sent > self.retry_timeout:
@@ -516,6 +550,10 @@ class Producer:
 
     def _lost(self):
         """The connection is gone: what was in flight has an unknown outcome."""
+        if self._reroute is not None:
+            self._brokers.take(self._reroute)
+        else:
+            self._brokers.move_on()  # the broker may be gone: another is tried first
         self._drop_connection()
         pending = list(self._inflight)
         self._inflight.clear()
@@ -530,16 +568,20 @@ class Producer:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-        self._reroute = False
+        self._reroute = None
         self._wbuf = []
         self._wbuf_bytes = 0
+
+    def _open(self):
+        conn, addr = connect_first(self._brokers.order(), self._token, self.timeout)
+        self._brokers.connected(addr)
+        return conn
 
     def _reconnect(self, deadline):
         backoffs = 0
         while True:
             try:
-                self._conn = Connection(self._leader or self.address, self._token,
-                                        self.timeout)
+                self._conn = self._open()
                 self.reconnects += 1
                 return
             except MortarError as e:
@@ -548,10 +590,8 @@ class Producer:
                 last = e
             except OSError as e:
                 last = e
-                if self._leader:
-                    # The leader named is gone: ask the address given again.
-                    self._leader = None
-                    continue
+                # Every address was tried: the leader named (if any) is gone too.
+                self._brokers.rotate()
             if time.monotonic() >= deadline:
                 raise ConnectionError("cannot reach the broker at %s within %.0f s: %s"
                                       % (self.address, self.retry_timeout, last))
