@@ -499,6 +499,9 @@ impl Broker {
     pub fn peer_down(&mut self, id: u64) {
         if let Some(c) = self.cluster.as_deref_mut() {
             c.links_down.insert(id);
+            // What was queued on the link went with it: raft, counting those appends in
+            // flight, would otherwise send one message per heartbeat until they time out.
+            c.replica.report_unreachable(id);
         }
     }
 
