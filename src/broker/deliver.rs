@@ -313,6 +313,12 @@ impl ConsumeDriver {
 
     /// A cluster node's role this pass (`Coordinator::set_following`).
     pub(super) fn set_following(&mut self, following: bool, now: Now) {
+        if following && !self.coordinator.following() {
+            // Their groups are gone (`Coordinator::stop_leading`): the new leader
+            // delivers those records again and writes what dead letters they need.
+            self.dead_letters.clear();
+            self.dead_letter_retries.clear();
+        }
         self.coordinator.set_following(following, now.mono_ms);
     }
 

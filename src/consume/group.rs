@@ -726,6 +726,11 @@ impl Group {
                 self.notice(sh, p, member_id, NoticeKind::Revoke);
             }
         }
+        self.answer_pulls_empty(sh);
+    }
+
+    /// Answers every waiting PULL with no records: the group is going away.
+    pub(super) fn answer_pulls_empty(&self, sh: &mut Shared) {
         let answers: Vec<(ConnId, u64)> = (self.members.values())
             .flat_map(|m| m.pulls.iter().map(|pull| (m.conn, pull.pull_id)))
             .collect();

@@ -491,7 +491,36 @@ impl Coordinator {
         if self.following && !following {
             self.restored_kept_until_ms = now_ms.saturating_add(self.sh.config.group_ttl_ms);
         }
+        if following && !self.following {
+            self.stop_leading(now_ms);
+        }
         self.following = following;
+    }
+
+    pub fn following(&self) -> bool {
+        self.following
+    }
+
+    /// A cluster node stopped leading (`docs/REPLICATION.md` §7.4): its groups become
+    /// groups without members at their committed positions, as on any follower; waiting
+    /// PULLs are answered empty and nothing more is delivered from here, so the records
+    /// the new leader replicates are not pushed twice to one group. Members are told
+    /// nothing: their next request meets the role gate (NOT_LEADER) and they SUB again
+    /// on the new leader. A dead letter not yet settled is the new leader's to write.
+    fn stop_leading(&mut self, now_ms: u64) {
+        let positions = self.positions();
+        for (group_id, group) in std::mem::take(&mut self.groups) {
+            group.answer_pulls_empty(&mut self.sh);
+            self.free_group_ids.insert(group_id);
+        }
+        self.sh.timers.retain(|(_, t)| t.group_id().is_none());
+        self.group_ids.clear();
+        self.sh.dirty.clear();
+        self.sh.notices.clear();
+        self.conns.clear();
+        for p in positions {
+            self.restore_position((&p.group, p.topic_id), p.partition, p.committed, now_ms);
+        }
     }
 
     pub fn config(&self) -> &ConsumeConfig {

@@ -2206,3 +2206,43 @@ fn a_replicated_position_forgets_the_dead_letters_at_or_below_it() {
     // 6 and 8 are due; 7 stays settled by its dead letter.
     assert_eq!(seqs(&fx), vec![6, 8]);
 }
+
+#[test]
+fn a_node_that_stops_leading_ends_its_members_and_keeps_its_groups_at_their_positions() {
+    let mut h = H::new(1);
+    h.log.partitions.get_mut(&TOPIC).unwrap()[0] = (1, 2);
+    let a = h.join(A, SubFlags::PULL_MODE.bits());
+    h.pull(A, 1, &h.pull_req(&a, 10, 0, 0)).unwrap();
+    let answers = pull_answers(&h.c.take_effects());
+    assert_eq!(answers[0].2.len(), 1);
+    h.ack(A, &answers[0].2[0], 0).unwrap();
+    // Nothing more to read: the next PULL waits.
+    h.pull(A, 2, &h.pull_req(&a, 10, 5_000, 0)).unwrap();
+    assert!(pull_answers(&h.c.take_effects()).is_empty());
+    let late_pull = h.pull_req(&a, 10, 0, 0);
+
+    h.c.set_following(true, h.now);
+    h.c.check_invariants();
+    assert_eq!(
+        pull_answers(&h.c.take_effects()),
+        vec![(A, 2, vec![])],
+        "a waiting PULL stays unanswered"
+    );
+    // Records the new leader replicates are not handed out from here.
+    h.log.partitions.get_mut(&TOPIC).unwrap()[0] = (1, 9);
+    h.c.records_available(TOPIC, 0);
+    h.advance(config().ack_wait_ms * 2);
+    assert_eq!(
+        h.pull(A, 3, &late_pull),
+        Err(ErrorCode::UnknownSubscription)
+    );
+    assert!(h.effects().is_empty(), "a deposed leader delivers");
+    let snap = h.c.snapshot();
+    assert_eq!(snap.groups.len(), 1);
+    assert!(snap.groups[0].members.is_empty());
+    assert_eq!(snap.groups[0].partitions[0].committed, 1);
+    // Leading again, a new SUB rebuilds the group at its position.
+    h.c.set_following(false, h.now);
+    h.join(B, 0);
+    assert_eq!(seqs(&h.effects())[0], 2);
+}

@@ -32,7 +32,8 @@
 //!
 //! - **Group positions**: every `POSITIONS_REPLICATE_INTERVAL_MS` the leader's BATCH
 //!   carries the committed positions that moved; followers keep them as restored
-//!   positions for the day they lead (§7.4), and do not expire them while following.
+//!   positions for the day they lead (§7.4), and do not expire them while following. A
+//!   node that stops leading ends its groups' memberships (`Coordinator::stop_leading`).
 //! - **Dead letters**: the leader's go into the pass's BATCH as records of the twin
 //!   (taking their sequence from the overlay, like a PUB's) and settle in their group
 //!   once applied, if the record found at their sequence is theirs; every node counts
