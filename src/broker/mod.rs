@@ -626,7 +626,7 @@ impl Broker {
     /// The broker's bookkeeping holds together; the tests and the reactor's debug builds
     /// run it after every step.
     pub fn check_invariants(&self) {
-        self.topics.check_invariants();
+        self.topics.check_invariants(self.registry_in_flight());
         self.partitions.check_invariants();
         self.consume.check_invariants(&self.partitions);
         assert!(self.jobs.is_empty(), "jobs gathered but never submitted");

@@ -534,3 +534,29 @@ fn a_restarted_node_applies_the_log_again_without_doubling_a_record() {
     assert_eq!(net.record(f, topic, 1), Some((3, "a".into())));
     assert_eq!(net.record(f, topic, 2), Some((3, "b".into())));
 }
+
+#[test]
+fn declares_queued_behind_a_registry_proposal_all_run_and_are_answered() {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    // Three DECLAREs in one pass: the second and third queue behind the first's
+    // REGISTRY proposal (not behind a topic creation, as on a single node), and the
+    // pass's invariant check must accept that.
+    for (slot, name) in [(1, "a"), (2, "b"), (3, "a")] {
+        let d = Declare {
+            topic: name.as_bytes(),
+            partition_count: 1,
+            flags: DeclareFlags::empty(),
+        };
+        let handled = net.nodes[l].broker.declare(CONN, slot, &d, net.now);
+        assert!(matches!(handled, Handled::Wait), "DECLARE {slot}");
+    }
+    let ids: Vec<u16> = (1..=3)
+        .map(|slot| match net.wait_answer(l, slot) {
+            Response::Declare(r) => r.topic_id,
+            other => panic!("DECLARE {slot} answered {other:?}"),
+        })
+        .collect();
+    assert_eq!(ids[0], ids[2], "the same topic declared twice");
+    assert_ne!(ids[0], ids[1]);
+}
