@@ -61,7 +61,11 @@ pub struct Report {
 impl Report {
     /// The one summary line.
     pub fn summary(&self) -> String {
-        let faults: Vec<String> = self.faults.iter().map(|(k, n)| format!("{k}={n}")).collect();
+        let faults: Vec<String> = self
+            .faults
+            .iter()
+            .map(|(k, n)| format!("{k}={n}"))
+            .collect();
         format!(
             "chaos: faults {} ({}); sent {}, acknowledged {}, delivered {} (acknowledged \
              ones), redelivered {}, nodes checked {}, known (allowed): {}, lost: {}, \
@@ -152,7 +156,9 @@ pub fn check(events: &[Value], allow: Allow) -> Report {
 /// Rule 1; `lost` counts acknowledged records missing from at least one node.
 fn check_acks_present(acks: &[Ack], logs: &Logs, report: &mut Report) {
     if logs.is_empty() {
-        report.violations.push("the history has no node logs to check".into());
+        report
+            .violations
+            .push("the history has no node logs to check".into());
     }
     let mut lost = HashSet::new();
     for a in acks {
@@ -211,7 +217,9 @@ fn check_epochs(acks: &[Ack], report: &mut Report) {
     let mut seen: HashMap<u64, (u64, u64, u64)> = HashMap::new();
     for a in acks {
         if a.durability != "REPLICATED" {
-            report.violations.push(format!("{} acknowledged as {}", a.value, a.durability));
+            report
+                .violations
+                .push(format!("{} acknowledged as {}", a.value, a.durability));
         }
         let s = seen.entry(a.producer).or_insert((a.scan, 0, 0));
         if a.scan != s.0 {

@@ -102,7 +102,10 @@ impl Cluster {
             .args(["--node-id", &node.id.to_string()])
             .args(["--peers", &self.peers_arg])
             .args(["--listen-peer", &node.peer_real.to_string()])
-            .env("RUST_LOG", std::env::var("MORTARD_LOG").unwrap_or("info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("MORTARD_LOG").unwrap_or("info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
@@ -124,7 +127,11 @@ impl Cluster {
                 Err(_) => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    return Err(format!("node {} did not start; see {}", node.id, node.log.display()));
+                    return Err(format!(
+                        "node {} did not start; see {}",
+                        node.id,
+                        node.log.display()
+                    ));
                 }
             }
         }
@@ -246,10 +253,15 @@ impl Drop for Cluster {
 pub fn http_get(admin: SocketAddr, path: &str) -> Result<(u16, String), String> {
     let timeout = Duration::from_millis(ADMIN_TIMEOUT_MS);
     let mut s = TcpStream::connect_timeout(&admin, timeout).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    s.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    s.set_read_timeout(Some(timeout))
         .map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
     let mut text = String::new();
     s.read_to_string(&mut text).map_err(|e| e.to_string())?;
     let status = text

@@ -58,7 +58,9 @@ fn between(rng: &mut SimRng, (lo, hi): (u64, u64)) -> u64 {
 
 fn has_leader(cluster: &Cluster) -> bool {
     let running = cluster.nodes.iter().filter(|n| n.state == State::Running);
-    running.filter_map(|n| get_json(n.admin, "/stats").ok()).any(|s| s["cluster"]["role"] == "leader")
+    running
+        .filter_map(|n| get_json(n.admin, "/stats").ok())
+        .any(|s| s["cluster"]["role"] == "leader")
 }
 
 /// The node (index) that says it leads with the highest term, else a running one.
@@ -106,7 +108,10 @@ pub fn run(cluster: &mut Cluster, load: &Load, rng: &mut SimRng, until: Instant)
         let h = &load.history;
         let node = cluster.nodes[target].id;
         let name = format!("{kind:?}");
-        h.add("fault", json!({"kind": name, "phase": "begin", "node": node, "detail": detail}));
+        h.add(
+            "fault",
+            json!({"kind": name, "phase": "begin", "node": node, "detail": detail}),
+        );
         publish_observable(cluster, load);
         std::thread::sleep(hold.min(until.saturating_duration_since(Instant::now())));
         reap(cluster, load);
@@ -122,10 +127,16 @@ pub fn run(cluster: &mut Cluster, load: &Load, rng: &mut SimRng, until: Instant)
 /// Writes a `crash` for every node that exited on its own and starts it again.
 pub fn reap(cluster: &mut Cluster, load: &Load) {
     for (node, status) in cluster.reap() {
-        load.history.add("crash", json!({"node": node, "status": status}));
-        let i = cluster.nodes.iter().position(|n| n.id == node).expect("a node of ours");
+        load.history
+            .add("crash", json!({"node": node, "status": status}));
+        let i = cluster
+            .nodes
+            .iter()
+            .position(|n| n.id == node)
+            .expect("a node of ours");
         if let Err(e) = cluster.start(i) {
-            load.history.add("note", json!({"text": format!("restart after crash: {e}")}));
+            load.history
+                .add("note", json!({"text": format!("restart after crash: {e}")}));
         }
     }
 }
@@ -153,7 +164,11 @@ fn begin(cluster: &mut Cluster, kind: Kind, t: usize, rng: &mut SimRng) -> Strin
             "SIGSTOP".into()
         }
         Kind::IsolateLeader | Kind::Split => {
-            let fault = if rng.below(2) == 0 { Fault::Cut } else { Fault::Drop(100) };
+            let fault = if rng.below(2) == 0 {
+                Fault::Cut
+            } else {
+                Fault::Drop(100)
+            };
             for o in others {
                 links.set(id, o, fault);
                 links.set(o, id, fault);
@@ -166,7 +181,12 @@ fn begin(cluster: &mut Cluster, kind: Kind, t: usize, rng: &mut SimRng) -> Strin
                 let (from, to) = if outbound { (id, o) } else { (o, id) };
                 links.set(from, to, Fault::Drop(100));
             }
-            if outbound { "outbound silent" } else { "inbound silent" }.into()
+            if outbound {
+                "outbound silent"
+            } else {
+                "inbound silent"
+            }
+            .into()
         }
         Kind::Loss | Kind::Delay => all_links(cluster, kind, rng),
         Kind::RestartFollower => restart_follower(cluster, t, rng),
@@ -204,7 +224,10 @@ fn restart_follower(cluster: &mut Cluster, t: usize, rng: &mut SimRng) -> String
     };
     match cluster.start(f) {
         Ok(()) => format!("node {} restarted after {how}", cluster.nodes[f].id),
-        Err(e) => format!("node {} not restarted after {how}: {e}", cluster.nodes[f].id),
+        Err(e) => format!(
+            "node {} not restarted after {how}: {e}",
+            cluster.nodes[f].id
+        ),
     }
 }
 

@@ -110,7 +110,10 @@ pub fn run_producer(load: &Load, id: u64) {
         let mut producer = match load.producer() {
             Ok(p) => p,
             Err(e) => {
-                h.add("note", json!({"text": format!("producer {id}: connect: {e}")}));
+                h.add(
+                    "note",
+                    json!({"text": format!("producer {id}: connect: {e}")}),
+                );
                 std::thread::sleep(Duration::from_millis(REDIAL_PAUSE_MS));
                 continue;
             }
@@ -123,11 +126,21 @@ pub fn run_producer(load: &Load, id: u64) {
             let partition = (n % u64::from(load.partitions)) as u16;
             n += 1;
             let record = Record::new(TOPIC, value.as_bytes()).partition(partition);
-            h.add("send", json!({"producer": id, "value": value, "partition": partition}));
+            h.add(
+                "send",
+                json!({"producer": id, "value": value, "partition": partition}),
+            );
             match producer.send_record(record) {
-                Ok(handle) => inflight.push_back(Sent { value, partition, handle }),
+                Ok(handle) => inflight.push_back(Sent {
+                    value,
+                    partition,
+                    handle,
+                }),
                 Err(e) => {
-                    h.add("fail", json!({"producer": id, "value": value, "error": e.to_string()}));
+                    h.add(
+                        "fail",
+                        json!({"producer": id, "value": value, "error": e.to_string()}),
+                    );
                     break;
                 }
             }
@@ -157,7 +170,10 @@ fn settle(load: &Load, id: u64, scan: u64, inflight: &mut VecDeque<Sent>, all: b
     for s in inflight.drain(..) {
         match s.handle.result() {
             None if !all => keep.push_back(s),
-            None => h.add("fail", json!({"producer": id, "value": s.value, "error": "unanswered"})),
+            None => h.add(
+                "fail",
+                json!({"producer": id, "value": s.value, "error": "unanswered"}),
+            ),
             Some(Ok(r)) => {
                 h.add(
                     "ack",
@@ -168,9 +184,10 @@ fn settle(load: &Load, id: u64, scan: u64, inflight: &mut VecDeque<Sent>, all: b
                 );
                 load.acked(&s.value);
             }
-            Some(Err(e)) => {
-                h.add("fail", json!({"producer": id, "value": s.value, "error": e.to_string()}))
-            }
+            Some(Err(e)) => h.add(
+                "fail",
+                json!({"producer": id, "value": s.value, "error": e.to_string()}),
+            ),
         }
     }
     *inflight = keep;
@@ -183,13 +200,19 @@ pub fn run_member(load: &Load, id: u64) {
         let mut consumer = match Consumer::connect(&load.addrs[..]).map_err(|e| e.to_string()) {
             Ok(c) => c,
             Err(e) => {
-                h.add("note", json!({"text": format!("member {id}: connect: {e}")}));
+                h.add(
+                    "note",
+                    json!({"text": format!("member {id}: connect: {e}")}),
+                );
                 std::thread::sleep(Duration::from_millis(REDIAL_PAUSE_MS));
                 continue;
             }
         };
         if let Err(e) = consumer.subscribe(GROUP, TOPIC, StartPolicy::Earliest) {
-            h.add("note", json!({"text": format!("member {id}: subscribe: {e}")}));
+            h.add(
+                "note",
+                json!({"text": format!("member {id}: subscribe: {e}")}),
+            );
             std::thread::sleep(Duration::from_millis(REDIAL_PAUSE_MS));
             continue;
         }

@@ -87,17 +87,42 @@ fn main() -> ExitCode {
     }
 }
 
-fn parse_opts() -> Result<Opts, String> {
+fn options() -> Options {
     let mut o = Options::new();
     o.optopt("", "duration", "time under faults (default 60s)", "DUR");
-    o.optopt("", "seed", "seed of the fault schedule (default: the clock)", "N");
-    o.optopt("", "history", "where the history goes (default chaos-history.jsonl)", "PATH");
-    o.optopt("", "mortard", "the broker binary (default: beside this one)", "PATH");
+    o.optopt(
+        "",
+        "seed",
+        "seed of the fault schedule (default: the clock)",
+        "N",
+    );
+    o.optopt(
+        "",
+        "history",
+        "where the history goes (default chaos-history.jsonl)",
+        "PATH",
+    );
+    o.optopt(
+        "",
+        "mortard",
+        "the broker binary (default: beside this one)",
+        "PATH",
+    );
     o.optopt("", "producers", "idempotent producers (default 3)", "N");
     o.optopt("", "members", "group members (default 2)", "N");
     o.optopt("", "partitions", "partitions of the topic (default 4)", "N");
-    o.optopt("", "rate", "records per second per producer (default 200)", "N");
-    o.optopt("", "check", "only check this history, start nothing", "PATH");
+    o.optopt(
+        "",
+        "rate",
+        "records per second per producer (default 200)",
+        "N",
+    );
+    o.optopt(
+        "",
+        "check",
+        "only check this history, start nothing",
+        "PATH",
+    );
     o.optflag(
         "",
         "allow-position-divergence",
@@ -105,14 +130,22 @@ fn parse_opts() -> Result<Opts, String> {
          violations (a known broker gap, docs/REPLICATION.md section 9.4)",
     );
     o.optflag("h", "help", "this text");
-    let m = o.parse(std::env::args().skip(1)).map_err(|e| e.to_string())?;
+    o
+}
+
+fn parse_opts() -> Result<Opts, String> {
+    let o = options();
+    let m = o
+        .parse(std::env::args().skip(1))
+        .map_err(|e| e.to_string())?;
     if m.opt_present("help") {
         print!("{}", o.usage("Usage: mortar-chaos [options]"));
         std::process::exit(0);
     }
     let number = |name: &str, default: u64| -> Result<u64, String> {
         m.opt_str(name).map_or(Ok(default), |v| {
-            v.parse().map_err(|_| format!("--{name}: not a number: {v}"))
+            v.parse()
+                .map_err(|_| format!("--{name}: not a number: {v}"))
         })
     };
     let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
@@ -121,7 +154,9 @@ fn parse_opts() -> Result<Opts, String> {
         duration: parse_duration(&duration).map_err(|e| format!("--duration: {e}"))?,
         seed: number("seed", clock.map_or(1, |d| d.as_nanos() as u64))?,
         history: PathBuf::from(m.opt_str("history").unwrap_or("chaos-history.jsonl".into())),
-        mortard: m.opt_str("mortard").map_or_else(default_mortard, PathBuf::from),
+        mortard: m
+            .opt_str("mortard")
+            .map_or_else(default_mortard, PathBuf::from),
         producers: number("producers", 3)?.max(1),
         members: number("members", 2)?.max(1),
         partitions: number("partitions", 4)?.clamp(1, 64) as u16,
@@ -200,7 +235,12 @@ fn run(opts: &Opts) -> Result<ExitCode, String> {
     ));
     faults::publish_observable(&cluster, &load);
     let threads = spawn_load(&load, opts);
-    faults::run(&mut cluster, &load, &mut rng, Instant::now() + opts.duration);
+    faults::run(
+        &mut cluster,
+        &load,
+        &mut rng,
+        Instant::now() + opts.duration,
+    );
     let mut extra = Vec::new();
     settle(&mut cluster, &load, threads, &mut extra)?;
     read_logs(&cluster, &history, opts.partitions, &mut extra);
@@ -218,7 +258,10 @@ fn run(opts: &Opts) -> Result<ExitCode, String> {
     Ok(code)
 }
 
-type Threads = (Vec<std::thread::JoinHandle<()>>, Vec<std::thread::JoinHandle<()>>);
+type Threads = (
+    Vec<std::thread::JoinHandle<()>>,
+    Vec<std::thread::JoinHandle<()>>,
+);
 
 fn spawn_load(load: &Arc<Load>, opts: &Opts) -> Threads {
     let spawn = |f: Box<dyn FnOnce(&Load) + Send>| {
@@ -261,7 +304,10 @@ fn settle(
     }
     faults::reap(cluster, load);
     match converge(cluster, deadline) {
-        Ok(index) => h.add("note", json!({"text": format!("every node applied {index}")})),
+        Ok(index) => h.add(
+            "note",
+            json!({"text": format!("every node applied {index}")}),
+        ),
         Err(e) => extra.push(e),
     }
     for n in &cluster.nodes {
@@ -294,7 +340,9 @@ fn converge(cluster: &Cluster, deadline: Instant) -> Result<u64, String> {
             }
         }
         if Instant::now() >= deadline {
-            return Err(format!("nodes did not converge: (applied, commit) {seen:?}"));
+            return Err(format!(
+                "nodes did not converge: (applied, commit) {seen:?}"
+            ));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -329,13 +377,14 @@ fn read_partition(admin: std::net::SocketAddr, p: u16) -> Result<Vec<(u64, Strin
             if r["encoding"] != "text" {
                 return Err(format!("a record not written by this tool: {r}"));
             }
-            let seq = r["sequence"].as_u64().ok_or("a record without a sequence")?;
+            let seq = r["sequence"]
+                .as_u64()
+                .ok_or("a record without a sequence")?;
             out.push((seq, r["value"].as_str().unwrap_or_default().to_string()));
         }
         from = page["next"].as_u64().ok_or("a page without next")?;
     }
 }
-
 
 #[cfg(test)]
 mod tests;

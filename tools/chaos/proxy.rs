@@ -106,7 +106,12 @@ impl Frames {
             match s.read(&mut chunk) {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
                     return Ok(None)
                 }
                 Err(e) => return Err(e),
@@ -120,7 +125,10 @@ impl Frames {
         }
         let len = u32::from_be_bytes(self.buf[..4].try_into().expect("4 bytes")) as usize;
         if len == 0 || len > FRAME_BYTES_MAX {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "bad frame length"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "bad frame length",
+            ));
         }
         if self.buf.len() < 4 + len {
             return Ok(None);

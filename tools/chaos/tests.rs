@@ -35,7 +35,11 @@ fn clean() -> Vec<Value> {
         ack(1, "d", 1, 1, 2, 3),
     ];
     h.extend(["a", "b", "c", "d"].map(deliver));
-    h.extend([position(1, 1, 10, 1), position(1, 1, 20, 3), position(1, 2, 30, 2)]);
+    h.extend([
+        position(1, 1, 10, 1),
+        position(1, 1, 20, 3),
+        position(1, 2, 30, 2),
+    ]);
     h.extend((1..=3).flat_map(|node| [final_position(node, 0, 3), final_position(node, 1, 1)]));
     for node in 1..=3 {
         h.push(log(node, 0, &[(1, "a"), (2, "b"), (3, "c")]));
@@ -61,19 +65,31 @@ fn final_position(node: u64, partition: u64, committed: u64) -> Value {
 fn a_clean_history_has_no_violation() {
     let report = check(&clean());
     assert_eq!(report.violations, Vec::<String>::new());
-    assert_eq!((report.acknowledged, report.delivered, report.lost), (4, 4, 0));
+    assert_eq!(
+        (report.acknowledged, report.delivered, report.lost),
+        (4, 4, 0)
+    );
     assert_eq!(report.faults["KillLeader"], 1);
-    assert!(report.summary().ends_with("known (allowed): 0, lost: 0, violations: 0"));
+    assert!(report
+        .summary()
+        .ends_with("known (allowed): 0, lost: 0, violations: 0"));
 }
 
 #[test]
 fn an_acknowledged_record_missing_on_one_node_is_lost() {
     let mut h = clean();
-    let node2 = h.iter_mut().find(|e| e["ev"] == "log" && e["node"] == 2).unwrap();
+    let node2 = h
+        .iter_mut()
+        .find(|e| e["ev"] == "log" && e["node"] == 2)
+        .unwrap();
     *node2 = log(2, 0, &[(1, "a"), (3, "c")]);
     let report = check(&h);
     assert_eq!(report.lost, 1);
-    assert!(report.violations.iter().any(|v| v.starts_with("lost: b")), "{:?}", report.violations);
+    assert!(
+        report.violations.iter().any(|v| v.starts_with("lost: b")),
+        "{:?}",
+        report.violations
+    );
 }
 
 #[test]
@@ -81,7 +97,10 @@ fn a_record_held_twice_is_a_duplicate() {
     let mut h = clean();
     h.push(log(3, 1, &[(1, "d"), (2, "a")]));
     let v = violations(&h);
-    assert!(v.iter().any(|v| v.starts_with("duplicate: node 3 holds a")), "{v:?}");
+    assert!(
+        v.iter().any(|v| v.starts_with("duplicate: node 3 holds a")),
+        "{v:?}"
+    );
 }
 
 #[test]
@@ -92,7 +111,10 @@ fn nodes_holding_different_values_at_one_sequence_disagree() {
     h.push(log(3, 1, &[(1, "d"), (2, "x")]));
     let v = violations(&h);
     assert_eq!(v.len(), 1, "{v:?}");
-    assert!(v[0].starts_with("disagreement at (partition, sequence) (1, 2)"), "{v:?}");
+    assert!(
+        v[0].starts_with("disagreement at (partition, sequence) (1, 2)"),
+        "{v:?}"
+    );
 }
 
 #[test]
@@ -105,7 +127,10 @@ fn an_ok_under_a_lower_epoch_than_one_seen_before_is_a_regression() {
     }
     let v = violations(&h);
     assert_eq!(v.len(), 1, "{v:?}");
-    assert!(v[0].starts_with("epoch regression: producer 0 got e"), "{v:?}");
+    assert!(
+        v[0].starts_with("epoch regression: producer 0 got e"),
+        "{v:?}"
+    );
 }
 
 #[test]
@@ -116,7 +141,11 @@ fn answers_found_in_one_look_may_come_in_any_epoch_order() {
     h.push(ack(0, "e", 0, 4, 2, 5));
     h.extend(["e", "f"].map(deliver));
     for node in 1..=3 {
-        h.push(log(node, 0, &[(1, "a"), (2, "b"), (3, "c"), (4, "e"), (5, "f")]));
+        h.push(log(
+            node,
+            0,
+            &[(1, "a"), (2, "b"), (3, "c"), (4, "e"), (5, "f")],
+        ));
     }
     assert_eq!(violations(&h), Vec::<String>::new());
 }
@@ -127,7 +156,10 @@ fn a_position_moving_backwards_within_one_life_is_flagged() {
     h.push(position(1, 2, 40, 1));
     let v = violations(&h);
     assert_eq!(v.len(), 1, "{v:?}");
-    assert!(v[0].starts_with("position backwards: node 1 (life 2)"), "{v:?}");
+    assert!(
+        v[0].starts_with("position backwards: node 1 (life 2)"),
+        "{v:?}"
+    );
 }
 
 #[test]
@@ -159,8 +191,18 @@ fn a_node_showing_another_group_position_after_healing_diverges() {
     h.push(final_position(2, 0, 1));
     let v = violations(&h);
     assert_eq!(v.len(), 1, "{v:?}");
-    assert!(v[0].starts_with("positions diverge after healing: partition 0"), "{v:?}");
-    let allowed = check::check(&h, Allow { position_divergence: true });
+    assert!(
+        v[0].starts_with("positions diverge after healing: partition 0"),
+        "{v:?}"
+    );
+    let allowed = check::check(
+        &h,
+        Allow {
+            position_divergence: true,
+        },
+    );
     assert_eq!((allowed.violations.len(), allowed.known.len()), (0, 1));
-    assert!(allowed.summary().ends_with("known (allowed): 1, lost: 0, violations: 0"));
+    assert!(allowed
+        .summary()
+        .ends_with("known (allowed): 1, lost: 0, violations: 0"));
 }
