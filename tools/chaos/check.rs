@@ -118,11 +118,7 @@ pub fn check(events: &[Value], allow: Allow) -> Report {
                 text(e, "status"),
                 num(e, "t")
             )),
-            "deliver" => {
-                if !delivered.insert(text(e, "value")) {
-                    report.redelivered += 1;
-                }
-            }
+            "deliver" => report.redelivered += u64::from(!delivered.insert(text(e, "value"))),
             "fault" if e["phase"] == "begin" => {
                 *report.faults.entry(text(e, "kind")).or_default() += 1;
             }
