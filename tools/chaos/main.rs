@@ -37,7 +37,7 @@ use load::{Load, TOPIC};
 
 /// Nodes in the cluster.
 const NODES: u8 = 3;
-/// Waits after healing: for the acknowledged records to be delivered, and for every
+/// Each of two waits after healing: for the acknowledged records to be delivered, then for every
 /// node to apply the same index.
 const SETTLE_TIMEOUT_MS: u64 = 60_000;
 /// The applied indexes must stay equal this long (group positions ride a BATCH every
@@ -303,7 +303,10 @@ fn settle(
         let _ = t.join();
     }
     faults::reap(cluster, load);
-    match converge(cluster, deadline) {
+    match converge(
+        cluster,
+        Instant::now() + Duration::from_millis(SETTLE_TIMEOUT_MS),
+    ) {
         Ok(index) => h.add(
             "note",
             json!({"text": format!("every node applied {index}")}),
