@@ -626,7 +626,7 @@ impl Broker {
     /// The broker's bookkeeping holds together; the tests and the reactor's debug builds
     /// run it after every step.
     pub fn check_invariants(&self) {
-        self.topics.check_invariants();
+        self.topics.check_invariants(self.registry_in_flight());
         self.partitions.check_invariants();
         let proposed_end = |key| {
             self.cluster

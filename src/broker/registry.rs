@@ -284,14 +284,16 @@ impl TopicRegistry {
         }
     }
 
-    pub(super) fn check_invariants(&self) {
+    /// `registry_in_flight`: a cluster's REGISTRY proposal is out, which DECLAREs queue
+    /// behind as they do behind a creation.
+    pub(super) fn check_invariants(&self, registry_in_flight: bool) {
         assert!(self.durable <= self.version);
         assert!(self
             .unwritten
             .values()
             .all(|&v| v > self.durable && v <= self.version));
         assert!(
-            self.creating.is_some() || self.queued.is_empty(),
+            self.creating.is_some() || registry_in_flight || self.queued.is_empty(),
             "queued behind nothing"
         );
         for w in &self.waiters {

@@ -621,4 +621,28 @@ fn a_deposed_leader_ends_its_groups_and_leading_again_redelivers_what_they_had_n
     net.run_until("the group settled it", |net| {
         net.nodes[l].broker.coordinator().positions()[0].committed == 1
     });
+
+fn declares_queued_behind_a_registry_proposal_all_run_and_are_answered() {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    // Three DECLAREs in one pass: the second and third queue behind the first's
+    // REGISTRY proposal (not behind a topic creation, as on a single node), and the
+    // pass's invariant check must accept that.
+    for (slot, name) in [(1, "a"), (2, "b"), (3, "a")] {
+        let d = Declare {
+            topic: name.as_bytes(),
+            partition_count: 1,
+            flags: DeclareFlags::empty(),
+        };
+        let handled = net.nodes[l].broker.declare(CONN, slot, &d, net.now);
+        assert!(matches!(handled, Handled::Wait), "DECLARE {slot}");
+    }
+    let ids: Vec<u16> = (1..=3)
+        .map(|slot| match net.wait_answer(l, slot) {
+            Response::Declare(r) => r.topic_id,
+            other => panic!("DECLARE {slot} answered {other:?}"),
+        })
+        .collect();
+    assert_eq!(ids[0], ids[2], "the same topic declared twice");
+    assert_ne!(ids[0], ids[1]);
 }

@@ -1,0 +1,247 @@
+//! The fault schedule: from one seed, one fault at a time, each held for a drawn time,
+//! then undone, then a drawn quiet gap. What a fault hits (the leader, a follower, a
+//! link) is read from the nodes' `/stats` when it begins.
+
+use std::time::{Duration, Instant};
+
+use mortarmq::log::simdisk::SimRng;
+use serde_json::json;
+
+use crate::cluster::{get_json, Cluster, State};
+use crate::load::Load;
+use crate::proxy::Fault;
+
+/// A fault is held between these (ms): long enough for an election (≤ 3 s failover)
+/// or not, both cases being interesting.
+const HOLD_MS: (u64, u64) = (500, 5_000);
+/// Quiet time between faults (ms).
+const GAP_MS: (u64, u64) = (300, 2_500);
+
+/// The first fault waits for the first leader this long at most.
+const FIRST_LEADER_MS: u64 = 10_000;
+
+/// The kinds, drawn uniformly.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// kill -9 of the leader, restarted when the hold ends.
+    KillLeader,
+    /// SIGSTOP of the leader, SIGCONT when the hold ends.
+    PauseLeader,
+    /// Every link to and from the leader cut (closed) or silent (all frames dropped).
+    IsolateLeader,
+    /// One node, any role, cut off from the other two: a 2/1 split.
+    Split,
+    /// The leader's outbound links (or its inbound ones) silent, the other way working.
+    OneWay,
+    /// Every link drops a share of its frames.
+    Loss,
+    /// Every link holds its frames.
+    Delay,
+    /// A follower killed and restarted at once (or SIGTERMed: a clean restart).
+    RestartFollower,
+}
+
+const KINDS: [Kind; 8] = [
+    Kind::KillLeader,
+    Kind::PauseLeader,
+    Kind::IsolateLeader,
+    Kind::Split,
+    Kind::OneWay,
+    Kind::Loss,
+    Kind::Delay,
+    Kind::RestartFollower,
+];
+
+fn between(rng: &mut SimRng, (lo, hi): (u64, u64)) -> u64 {
+    lo + rng.below(hi - lo + 1)
+}
+
+fn has_leader(cluster: &Cluster) -> bool {
+    let running = cluster.nodes.iter().filter(|n| n.state == State::Running);
+    running
+        .filter_map(|n| get_json(n.admin, "/stats").ok())
+        .any(|s| s["cluster"]["role"] == "leader")
+}
+
+/// The node (index) that says it leads with the highest term, else a running one.
+pub fn leader(cluster: &Cluster, rng: &mut SimRng) -> usize {
+    let mut best: Option<(u64, usize)> = None;
+    for (i, n) in cluster.nodes.iter().enumerate() {
+        if n.state != State::Running {
+            continue;
+        }
+        let Ok(stats) = get_json(n.admin, "/stats") else {
+            continue;
+        };
+        if stats["cluster"]["role"] == "leader" {
+            let term = stats["cluster"]["term"].as_u64().unwrap_or(0);
+            if best.is_none_or(|(t, _)| term > t) {
+                best = Some((term, i));
+            }
+        }
+    }
+    best.map_or_else(|| rng.below(cluster.nodes.len() as u64) as usize, |b| b.1)
+}
+
+/// Runs faults until `until`, leaving the cluster as the last one left it (the caller
+/// heals).
+pub fn run(cluster: &mut Cluster, load: &Load, rng: &mut SimRng, until: Instant) {
+    let first_leader = Instant::now() + Duration::from_millis(FIRST_LEADER_MS);
+    while !has_leader(cluster) && Instant::now() < first_leader {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut round = Vec::new();
+    while Instant::now() < until {
+        reap(cluster, load);
+        publish_observable(cluster, load);
+        if round.is_empty() {
+            // Every kind once per round, in a drawn order: a short run sees them all.
+            round = KINDS.to_vec();
+            for i in (1..round.len()).rev() {
+                round.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+        }
+        let kind = round.pop().expect("refilled");
+        let hold = Duration::from_millis(between(rng, HOLD_MS));
+        let target = leader(cluster, rng);
+        let detail = begin(cluster, kind, target, rng);
+        let h = &load.history;
+        let node = cluster.nodes[target].id;
+        let name = format!("{kind:?}");
+        h.add(
+            "fault",
+            json!({"kind": name, "phase": "begin", "node": node, "detail": detail}),
+        );
+        publish_observable(cluster, load);
+        std::thread::sleep(hold.min(until.saturating_duration_since(Instant::now())));
+        reap(cluster, load);
+        if let Err(e) = end(cluster, kind, target) {
+            h.add("note", json!({"text": format!("ending {name}: {e}")}));
+        }
+        h.add("fault", json!({"kind": name, "phase": "end", "node": node}));
+        publish_observable(cluster, load);
+        std::thread::sleep(Duration::from_millis(between(rng, GAP_MS)));
+    }
+}
+
+/// Writes a `crash` for every node that exited on its own and starts it again.
+pub fn reap(cluster: &mut Cluster, load: &Load) {
+    for (node, status) in cluster.reap() {
+        load.history
+            .add("crash", json!({"node": node, "status": status}));
+        let i = cluster
+            .nodes
+            .iter()
+            .position(|n| n.id == node)
+            .expect("a node of ours");
+        if let Err(e) = cluster.start(i) {
+            load.history
+                .add("note", json!({"text": format!("restart after crash: {e}")}));
+        }
+    }
+}
+
+/// Tells the observer which nodes it may ask (a paused one would only time out).
+pub fn publish_observable(cluster: &Cluster, load: &Load) {
+    let running = cluster.nodes.iter().filter(|n| n.state == State::Running);
+    let list = running.map(|n| (n.id, n.life, n.admin)).collect();
+    *load.observable.lock().unwrap_or_else(|e| e.into_inner()) = list;
+}
+
+/// Starts `kind` on node `t` (an index); returns what was done, for the history.
+fn begin(cluster: &mut Cluster, kind: Kind, t: usize, rng: &mut SimRng) -> String {
+    let n = cluster.nodes.len() as u8;
+    let id = cluster.nodes[t].id;
+    let others = (1..=n).filter(move |&o| o != id);
+    let links = &cluster.links;
+    match kind {
+        Kind::KillLeader => {
+            cluster.kill9(t);
+            "kill -9".into()
+        }
+        Kind::PauseLeader => {
+            cluster.pause(t);
+            "SIGSTOP".into()
+        }
+        Kind::IsolateLeader | Kind::Split => {
+            let fault = if rng.below(2) == 0 {
+                Fault::Cut
+            } else {
+                Fault::Drop(100)
+            };
+            for o in others {
+                links.set(id, o, fault);
+                links.set(o, id, fault);
+            }
+            format!("{fault:?} both ways")
+        }
+        Kind::OneWay => {
+            let outbound = rng.below(2) == 0;
+            for o in others {
+                let (from, to) = if outbound { (id, o) } else { (o, id) };
+                links.set(from, to, Fault::Drop(100));
+            }
+            if outbound {
+                "outbound silent"
+            } else {
+                "inbound silent"
+            }
+            .into()
+        }
+        Kind::Loss | Kind::Delay => all_links(cluster, kind, rng),
+        Kind::RestartFollower => restart_follower(cluster, t, rng),
+    }
+}
+
+fn all_links(cluster: &Cluster, kind: Kind, rng: &mut SimRng) -> String {
+    let n = cluster.nodes.len() as u8;
+    let fault = match kind {
+        Kind::Loss => Fault::Drop(between(rng, (5, 40)) as u32),
+        _ => Fault::Delay(between(rng, (5, 300))),
+    };
+    for from in 1..=n {
+        for to in (1..=n).filter(|&to| to != from) {
+            cluster.links.set(from, to, fault);
+        }
+    }
+    format!("{fault:?} on every link")
+}
+
+/// Restarts a node other than the leader `t` (kill -9 or SIGTERM); the fault's hold is
+/// then a quiet time.
+fn restart_follower(cluster: &mut Cluster, t: usize, rng: &mut SimRng) -> String {
+    let n = cluster.nodes.len();
+    let f = (t + 1 + rng.below(n as u64 - 1) as usize) % n;
+    if cluster.nodes[f].state != State::Running {
+        return format!("node {} not running; nothing done", cluster.nodes[f].id);
+    }
+    let how = if rng.below(2) == 0 {
+        cluster.kill9(f);
+        "kill -9"
+    } else {
+        cluster.terminate(f);
+        "SIGTERM"
+    };
+    match cluster.start(f) {
+        Ok(()) => format!("node {} restarted after {how}", cluster.nodes[f].id),
+        Err(e) => format!(
+            "node {} not restarted after {how}: {e}",
+            cluster.nodes[f].id
+        ),
+    }
+}
+
+fn end(cluster: &mut Cluster, kind: Kind, t: usize) -> Result<(), String> {
+    match kind {
+        Kind::KillLeader => cluster.start(t),
+        Kind::PauseLeader => {
+            cluster.resume(t);
+            Ok(())
+        }
+        Kind::RestartFollower => Ok(()),
+        _ => {
+            cluster.links.heal();
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! The checker against small hand-made histories: a clean one passes, and each kind of
+//! bug the tool exists to find is flagged on its own.
+
+use serde_json::{json, Value};
+
+use crate::check::{self, Allow};
+
+fn ack(producer: u64, value: &str, partition: u64, sequence: u64, epoch: u64, scan: u64) -> Value {
+    json!({"ev": "ack", "t": scan, "producer": producer, "value": value,
+        "partition": partition, "sequence": sequence, "leader_epoch": epoch,
+        "commit_seq": sequence, "durability": "REPLICATED", "dedup": false, "scan": scan})
+}
+
+fn deliver(value: &str) -> Value {
+    json!({"ev": "deliver", "t": 0, "member": 0, "value": value, "partition": 0,
+        "sequence": 0, "attempt": 1})
+}
+
+fn log(node: u64, partition: u64, records: &[(u64, &str)]) -> Value {
+    json!({"ev": "log", "t": 0, "node": node, "partition": partition, "records": records})
+}
+
+fn position(node: u64, life: u64, t: u64, committed: u64) -> Value {
+    json!({"ev": "position", "t": t, "node": node, "life": life, "role": "follower",
+        "term": 2, "partition": 0, "committed": committed})
+}
+
+/// Two producers, two records each, held by three nodes, delivered, positions forward.
+fn clean() -> Vec<Value> {
+    let mut h = vec![
+        json!({"ev": "fault", "t": 0, "kind": "KillLeader", "phase": "begin", "node": 1}),
+        ack(0, "a", 0, 1, 1, 1),
+        ack(1, "b", 0, 2, 1, 1),
+        ack(0, "c", 0, 3, 2, 2),
+        ack(1, "d", 1, 1, 2, 3),
+    ];
+    h.extend(["a", "b", "c", "d"].map(deliver));
+    h.extend([
+        position(1, 1, 10, 1),
+        position(1, 1, 20, 3),
+        position(1, 2, 30, 2),
+    ]);
+    h.extend((1..=3).flat_map(|node| [final_position(node, 0, 3), final_position(node, 1, 1)]));
+    for node in 1..=3 {
+        h.push(log(node, 0, &[(1, "a"), (2, "b"), (3, "c")]));
+        h.push(log(node, 1, &[(1, "d")]));
+    }
+    h
+}
+
+fn check(h: &[Value]) -> check::Report {
+    check::check(h, Allow::default())
+}
+
+fn violations(h: &[Value]) -> Vec<String> {
+    check(h).violations
+}
+
+fn final_position(node: u64, partition: u64, committed: u64) -> Value {
+    json!({"ev": "final_position", "t": 99, "node": node, "life": 1, "role": "follower",
+        "term": 3, "partition": partition, "committed": committed})
+}
+
+#[test]
+fn a_clean_history_has_no_violation() {
+    let report = check(&clean());
+    assert_eq!(report.violations, Vec::<String>::new());
+    assert_eq!(
+        (report.acknowledged, report.delivered, report.lost),
+        (4, 4, 0)
+    );
+    assert_eq!(report.faults["KillLeader"], 1);
+    assert!(report
+        .summary()
+        .ends_with("known (allowed): 0, lost: 0, violations: 0"));
+}
+
+#[test]
+fn an_acknowledged_record_missing_on_one_node_is_lost() {
+    let mut h = clean();
+    let node2 = h
+        .iter_mut()
+        .find(|e| e["ev"] == "log" && e["node"] == 2)
+        .unwrap();
+    *node2 = log(2, 0, &[(1, "a"), (3, "c")]);
+    let report = check(&h);
+    assert_eq!(report.lost, 1);
+    assert!(
+        report.violations.iter().any(|v| v.starts_with("lost: b")),
+        "{:?}",
+        report.violations
+    );
+}
+
+#[test]
+fn a_record_held_twice_is_a_duplicate() {
+    let mut h = clean();
+    h.push(log(3, 1, &[(1, "d"), (2, "a")]));
+    let v = violations(&h);
+    assert!(
+        v.iter().any(|v| v.starts_with("duplicate: node 3 holds a")),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn nodes_holding_different_values_at_one_sequence_disagree() {
+    let mut h = clean();
+    h.push(log(1, 1, &[(1, "d"), (2, "x")]));
+    h.push(log(2, 1, &[(1, "d"), (2, "y")]));
+    h.push(log(3, 1, &[(1, "d"), (2, "x")]));
+    let v = violations(&h);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(
+        v[0].starts_with("disagreement at (partition, sequence) (1, 2)"),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn an_ok_under_a_lower_epoch_than_one_seen_before_is_a_regression() {
+    let mut h = clean();
+    h.push(ack(0, "e", 0, 4, 1, 4));
+    h.push(deliver("e"));
+    for node in 1..=3 {
+        h.push(log(node, 0, &[(1, "a"), (2, "b"), (3, "c"), (4, "e")]));
+    }
+    let v = violations(&h);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(
+        v[0].starts_with("epoch regression: producer 0 got e"),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn answers_found_in_one_look_may_come_in_any_epoch_order() {
+    let mut h = clean();
+    // Producer 0's look 5 finds both; the client cannot tell which answer came first.
+    h.push(ack(0, "f", 0, 5, 3, 5));
+    h.push(ack(0, "e", 0, 4, 2, 5));
+    h.extend(["e", "f"].map(deliver));
+    for node in 1..=3 {
+        h.push(log(
+            node,
+            0,
+            &[(1, "a"), (2, "b"), (3, "c"), (4, "e"), (5, "f")],
+        ));
+    }
+    assert_eq!(violations(&h), Vec::<String>::new());
+}
+
+#[test]
+fn a_position_moving_backwards_within_one_life_is_flagged() {
+    let mut h = clean();
+    h.push(position(1, 2, 40, 1));
+    let v = violations(&h);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(
+        v[0].starts_with("position backwards: node 1 (life 2)"),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn an_acknowledged_record_never_delivered_is_flagged() {
+    let h: Vec<Value> = clean().into_iter().filter(|e| *e != deliver("c")).collect();
+    let v = violations(&h);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(v[0].starts_with("never delivered: c"), "{v:?}");
+}
+
+#[test]
+fn a_node_that_exits_on_its_own_is_flagged() {
+    let mut h = clean();
+    h.push(json!({"ev": "crash", "t": 5, "node": 2, "status": "signal: 6 (SIGABRT)"}));
+    let v = violations(&h);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(v[0].starts_with("crash: node 2"), "{v:?}");
+}
+
+#[test]
+fn a_history_without_node_logs_proves_nothing() {
+    let h: Vec<Value> = clean().into_iter().filter(|e| e["ev"] != "log").collect();
+    assert!(violations(&h).iter().any(|v| v.contains("no node logs")));
+}
+
+#[test]
+fn a_node_showing_another_group_position_after_healing_diverges() {
+    let mut h = clean();
+    h.push(final_position(2, 0, 1));
+    let v = violations(&h);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(
+        v[0].starts_with("positions diverge after healing: partition 0"),
+        "{v:?}"
+    );
+    let allowed = check::check(
+        &h,
+        Allow {
+            position_divergence: true,
+        },
+    );
+    assert_eq!((allowed.violations.len(), allowed.known.len()), (0, 1));
+    assert!(allowed
+        .summary()
+        .ends_with("known (allowed): 1, lost: 0, violations: 0"));
+}
