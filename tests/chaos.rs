@@ -70,7 +70,6 @@ fn a_short_seeded_chaos_run_finds_no_violation_and_its_checker_finds_a_lost_reco
         history.to_str().unwrap(),
         "--mortard",
         env!("CARGO_BIN_EXE_mortard"),
-        "--allow-position-divergence",
     ]);
     let line = summary(&run);
     assert!(run.status.success(), "{line}");
@@ -88,20 +87,12 @@ fn a_short_seeded_chaos_run_finds_no_violation_and_its_checker_finds_a_lost_reco
         );
     }
 
-    let recheck = chaos(&[
-        "--check",
-        history.to_str().unwrap(),
-        "--allow-position-divergence",
-    ]);
+    let recheck = chaos(&["--check", history.to_str().unwrap()]);
     assert!(recheck.status.success(), "{}", summary(&recheck));
 
     let doctored = dir.path().join("doctored.jsonl");
     without_one_ack_on_node_2(&history, &doctored);
-    let bad = chaos(&[
-        "--check",
-        doctored.to_str().unwrap(),
-        "--allow-position-divergence",
-    ]);
+    let bad = chaos(&["--check", doctored.to_str().unwrap()]);
     let line = summary(&bad);
     assert_eq!(bad.status.code(), Some(1), "{line}");
     assert!(line.contains("lost: 1,"), "{line}");

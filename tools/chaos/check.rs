@@ -16,10 +16,6 @@
 //!    shows the same committed position for every partition of the group: positions
 //!    are replicated state, and a node holding a lower one would, once elected, move
 //!    the group's committed position backwards and deliver acknowledged records again.
-//!
-//! [`Allow::position_divergence`] reports rule 8's findings as *known* instead of as
-//! violations: a known gap of the broker (docs/REPLICATION.md §9.4), to be dropped
-//! once it is fixed.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -36,12 +32,6 @@ struct Ack {
     durability: String,
 }
 
-/// Findings reported as known rather than as violations.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Allow {
-    pub position_divergence: bool,
-}
-
 /// What the history holds and what is wrong with it.
 #[derive(Default)]
 pub struct Report {
@@ -54,8 +44,6 @@ pub struct Report {
     pub lost: u64,
     pub nodes_checked: u64,
     pub violations: Vec<String>,
-    /// Findings of the rules [`Allow`] names.
-    pub known: Vec<String>,
 }
 
 impl Report {
@@ -68,8 +56,7 @@ impl Report {
             .collect();
         format!(
             "chaos: faults {} ({}); sent {}, acknowledged {}, delivered {} (acknowledged \
-             ones), redelivered {}, nodes checked {}, known (allowed): {}, lost: {}, \
-             violations: {}",
+             ones), redelivered {}, nodes checked {}, lost: {}, violations: {}",
             self.faults.values().sum::<u64>(),
             faults.join(" "),
             self.sent,
@@ -77,7 +64,6 @@ impl Report {
             self.delivered,
             self.redelivered,
             self.nodes_checked,
-            self.known.len(),
             self.lost,
             self.violations.len()
         )
@@ -95,7 +81,7 @@ fn text(v: &Value, k: &str) -> String {
 /// Every node's log after healing: node → (partition, sequence) → value.
 type Logs = BTreeMap<u64, BTreeMap<(u64, u64), String>>;
 
-pub fn check(events: &[Value], allow: Allow) -> Report {
+pub fn check(events: &[Value]) -> Report {
     let mut report = Report::default();
     let mut acks = Vec::new();
     let mut delivered = HashSet::new();
@@ -141,11 +127,7 @@ pub fn check(events: &[Value], allow: Allow) -> Report {
     check_epochs(&acks, &mut report);
     check_positions(events, &mut report);
     check_delivered(&acks, &delivered, &mut report);
-    let before = report.violations.len();
     check_final_positions(events, &logs, &mut report);
-    if allow.position_divergence {
-        report.known = report.violations.split_off(before);
-    }
     report
 }
 

@@ -58,7 +58,6 @@ struct Opts {
     partitions: u16,
     rate: u64,
     check_only: Option<PathBuf>,
-    allow: check::Allow,
 }
 
 fn main() -> ExitCode {
@@ -71,7 +70,7 @@ fn main() -> ExitCode {
     };
     if let Some(path) = &opts.check_only {
         return match history::read(path) {
-            Ok(events) => verdict(&check::check(&events, opts.allow), &[]),
+            Ok(events) => verdict(&check::check(&events), &[]),
             Err(e) => {
                 eprintln!("mortar-chaos: {e}");
                 ExitCode::from(2)
@@ -123,12 +122,6 @@ fn options() -> Options {
         "only check this history, start nothing",
         "PATH",
     );
-    o.optflag(
-        "",
-        "allow-position-divergence",
-        "report group positions that differ across nodes after healing as known, not as \
-         violations (a known broker gap, docs/REPLICATION.md section 9.4)",
-    );
     o.optflag("h", "help", "this text");
     o
 }
@@ -162,9 +155,6 @@ fn parse_opts() -> Result<Opts, String> {
         partitions: number("partitions", 4)?.clamp(1, 64) as u16,
         rate: number("rate", 200)?.max(1),
         check_only: m.opt_str("check").map(PathBuf::from),
-        allow: check::Allow {
-            position_divergence: m.opt_present("allow-position-divergence"),
-        },
     })
 }
 
@@ -187,9 +177,6 @@ fn default_mortard() -> PathBuf {
 fn verdict(report: &check::Report, extra: &[String]) -> ExitCode {
     for v in report.violations.iter().chain(extra).take(30) {
         println!("violation: {v}");
-    }
-    for k in report.known.iter().take(10) {
-        println!("known: {k}");
     }
     let mut summary = report.summary();
     if !extra.is_empty() {
@@ -248,7 +235,7 @@ fn run(opts: &Opts) -> Result<ExitCode, String> {
         extra.push(e);
     }
     history.flush();
-    let report = check::check(&history::read(&opts.history)?, opts.allow);
+    let report = check::check(&history::read(&opts.history)?);
     let code = verdict(&report, &extra);
     if code == ExitCode::SUCCESS {
         let _ = std::fs::remove_dir_all(&dir);
