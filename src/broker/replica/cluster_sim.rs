@@ -313,6 +313,18 @@ impl Net {
         }
     }
 
+    /// Node `i`'s dead letter at `sequence` of `twin` partition 0: its original value
+    /// and origin sequence.
+    fn dead_letter(&mut self, i: usize, twin: u16, sequence: u64) -> (Vec<u8>, u64) {
+        let broker = &mut self.nodes[i].broker;
+        let record = broker.read_record(twin, 0, sequence).unwrap().unwrap();
+        let (value, origin) = split_origin(record.flags, &record.value);
+        (
+            value.to_vec(),
+            origin.expect("a dead letter").origin_sequence,
+        )
+    }
+
     fn term(&self, i: usize) -> u64 {
         self.nodes[i].broker.cluster_status().unwrap().term
     }
@@ -610,18 +622,13 @@ fn a_deposed_leader_ends_its_groups_and_leading_again_redelivers_what_they_had_n
     net.run_until("a majority applied the dead letter", |net| {
         net.next_sequence(l, twin) == 2 && net.next_sequence(third, twin) == 2
     });
-    let record = net.nodes[third]
-        .broker
-        .read_record(twin, 0, 1)
-        .unwrap()
-        .unwrap();
-    let (value, origin) = split_origin(record.flags, &record.value);
-    assert_eq!(value, b"poison");
-    assert_eq!(origin.map(|o| o.origin_sequence), Some(1));
+    assert_eq!(net.dead_letter(third, twin, 1), (b"poison".to_vec(), 1));
     net.run_until("the group settled it", |net| {
         net.nodes[l].broker.coordinator().positions()[0].committed == 1
     });
+}
 
+#[test]
 fn declares_queued_behind_a_registry_proposal_all_run_and_are_answered() {
     let mut net = Net::new();
     let l = net.settled_leader();
