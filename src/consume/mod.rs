@@ -1034,7 +1034,7 @@ impl Coordinator {
             // Dead letters at or below the position matter no more: a follower told of
             // every dead letter would otherwise keep them all.
             if let Some(dead) = r.dead_lettered.get_mut(&partition) {
-                *dead = dead.split_off(&(committed + 1));
+                *dead = dead.split_off(&committed.saturating_add(1));
             }
         }
     }
@@ -1282,9 +1282,10 @@ impl Coordinator {
                 // A cluster follower keeps what its leader replicated for the day it
                 // leads, and a new leader gives the members of the last one a whole
                 // `--group-ttl` to come back (`docs/REPLICATION.md` §7.4).
-                let at_ms = self
-                    .restored_kept_until_ms
-                    .max(now_ms + self.sh.config.group_ttl_ms);
+                let at_ms = match self.following {
+                    true => now_ms.saturating_add(self.sh.config.group_ttl_ms),
+                    false => self.restored_kept_until_ms,
+                };
                 self.sh.timer_set(at_ms, Timer::RestoredExpiry);
             }
             Timer::RestoredExpiry => {

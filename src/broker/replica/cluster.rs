@@ -39,10 +39,10 @@
 //!   once applied, if the record found at their sequence is theirs; every node counts
 //!   the dead letters it applies as settled for the day it leads, as start-up does.
 //!
-//! Not yet: `--producer-ttl` on
-//! the leader's wall clock, the broker's applied index kept across restarts (a start
-//! applies the whole raft log again; replay skips what the segments hold), journal
-//! compaction, a DECLARE's OK held by the lease (PUB answers are, in the replica).
+//! Not yet: `--producer-ttl` on the leader's wall clock, the broker's applied index kept
+//! across restarts (a start applies the whole raft log again; replay skips what the
+//! segments hold), journal compaction, a DECLARE's OK held by the lease (PUB answers
+//! are, in the replica).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
