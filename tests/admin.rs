@@ -3,10 +3,10 @@
 mod common;
 
 use std::io::Write as _;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::mortard::Mortard;
+use common::repo::promtool_check;
 use mortarmq::admin::{Kind, METRICS};
 use mortarmq::client::Client;
 use mortarmq::wire::limits::SUB_PARTITION_ANY;
@@ -203,29 +203,7 @@ fn metrics_pass_promtool_check() {
     let (broker, _member) = busy_broker();
     let (status, metrics) = broker.http("GET", "/metrics");
     assert_eq!(status, 200);
-    let mut promtool = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool (package prometheus; tools/test.sh installs it)");
-    promtool
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(metrics.as_bytes())
-        .unwrap();
-    let out = promtool.wait_with_output().unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && said.trim().is_empty(),
-        "promtool: {said}\n{metrics}"
-    );
+    promtool_check(&metrics);
     for family in [
         "process_resident_memory_bytes",
         "process_start_time_seconds",

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::io::Write;
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -14,6 +13,7 @@ use std::time::{Duration, Instant};
 use common::cluster::Cluster;
 use common::mortarctl;
 use common::mortard::{free_port, Mortard};
+use common::repo::{promtool_check, readme_block};
 use common::wait::wait_until;
 use mortarmq::client::Client;
 use mortarmq::wire::DeclareFlags;
@@ -278,38 +278,6 @@ fn cluster_status(node: &Mortard) -> std::process::Output {
         "status",
     ]);
     mortarctl::run_to_end(cmd, b"", MORTARCTL_LIMIT).expect("mortarctl ended")
-}
-
-/// `promtool check metrics` finds nothing (tools/test.sh installs it).
-fn promtool_check(metrics: &str) {
-    let mut promtool = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool (package prometheus; tools/test.sh installs it)");
-    let mut input = promtool.stdin.take().unwrap();
-    input.write_all(metrics.as_bytes()).unwrap();
-    drop(input);
-    let out = promtool.wait_with_output().unwrap();
-    let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && said.trim().is_empty(),
-        "promtool: {said}\n{metrics}"
-    );
-}
-
-/// The `sh` block under README heading `heading`.
-fn readme_block(heading: &str) -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
-    let readme = std::fs::read_to_string(path).unwrap();
-    let section = readme
-        .split(&format!("\n## {heading}\n"))
-        .nth(1)
-        .expect(heading);
-    let block = section.split("```sh\n").nth(1).expect("an sh block");
-    block.split("```").next().unwrap().to_string()
 }
 
 /// A prefix `P` whose nine ports `P11`..`P33` are all free now.

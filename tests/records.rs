@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::mortarctl;
 use common::mortard::Mortard;
+use common::repo::readme_block;
 use common::wait;
 use mortarmq::client::{Consumer, StartPolicy};
 use mortarmq::wire::{DeclareFlags, Durability};
@@ -434,19 +435,6 @@ fn dlq_list_shows_origins_and_replay_makes_dead_letters_consumable_again() {
     assert!(ok(&broker, &future).starts_with("replayed 0 dead letters"));
 }
 
-/// The `sh` block under README heading `heading`, one command a line.
-fn readme_block(heading: &str) -> Vec<String> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
-    let readme = std::fs::read_to_string(path).unwrap();
-    let section = readme
-        .split(&format!("\n## {heading}\n"))
-        .nth(1)
-        .expect(heading);
-    let block = section.split("```sh\n").nth(1).expect("an sh block");
-    let block = block.split("```").next().unwrap();
-    block.lines().map(str::to_string).collect()
-}
-
 #[test]
 fn the_readme_peeks_and_replays_dead_letters_as_written() {
     let broker = Mortard::start(&[]);
@@ -489,7 +477,7 @@ fn the_readme_peeks_and_replays_dead_letters_as_written() {
 
     let mut printed = String::new();
     for heading in ["Look without consuming", "Dead letters"] {
-        for line in readme_block(heading) {
+        for line in readme_block(heading).lines() {
             let words: Vec<&str> = line.split_whitespace().collect();
             assert_eq!(words[0], "mortarctl", "{line}");
             printed += &ok(&broker, &words[1..]);
