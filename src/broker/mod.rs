@@ -628,6 +628,10 @@ impl Broker {
     pub fn check_invariants(&self) {
         self.topics.check_invariants(self.registry_in_flight());
         self.partitions.check_invariants();
+        assert!(
+            self.cluster.is_none() || !self.partitions.has_unflushed(),
+            "a cluster node appended outside apply"
+        );
         let proposed_end = |key| {
             self.cluster
                 .as_deref()

@@ -495,24 +495,10 @@ impl Partitions {
         Ok(appended)
     }
 
-    /// Cluster mode: writes what the consume plane buffered (dead letters, not
-    /// replicated yet) to the segments, without the single node's journal.
-    pub(super) fn flush_local(&mut self, mut flushed: impl FnMut(PartitionKey, Result<(), u64>)) {
-        for key in std::mem::take(&mut self.flush_list) {
-            let Some(part) = self.map.get_mut(&key) else {
-                continue;
-            };
-            part.dirty = false;
-            let pending = part.log.pending_bytes() as u64;
-            let outcome = part.log.flush().map_err(|e| {
-                log::error!("append to topic {} partition {} failed: {e}", key.0, key.1);
-                part.log.written_sequence()
-            });
-            if outcome.is_ok() {
-                self.data_bytes += pending;
-            }
-            flushed(key, outcome);
-        }
+    /// Records appended here and not yet flushed. A cluster node appends only by applying
+    /// committed entries (`replica::cluster`), so it never has any.
+    pub(super) fn has_unflushed(&self) -> bool {
+        !self.flush_list.is_empty()
     }
 
     /// Group commit: a journal sync job for what this pass wrote (unless enough run),

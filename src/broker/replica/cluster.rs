@@ -707,11 +707,6 @@ impl Broker {
         self.propose_pass(now);
         self.poll_replica(now);
         self.run_queued_declares(now);
-        let consume = &mut self.consume;
-        self.partitions.flush_local(|key, written| match written {
-            Ok(()) => consume.records_available(key.0, key.1),
-            Err(written) => consume.twin_flush_failed(key, written),
-        });
         self.jobs.extend(self.topics.take_write_job(now.mono_ms));
         let c = self.cluster.as_deref().expect("cluster mode");
         let proposed_end = |twin| c.proposed_end(twin);
