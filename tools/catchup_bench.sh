@@ -24,6 +24,8 @@ CATCHUP_LIMIT_SECONDS=600
 cd "$(dirname "$0")/.."
 cargo build --release --quiet --bin mortard --bin mortar-bench --bin mortarctl
 BIN=target/release
+# shellcheck source=cluster_common.sh
+source tools/cluster_common.sh
 WORK=$(mktemp -d)
 declare -A PID
 cleanup() {
@@ -35,10 +37,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-PEERS="1=127.0.0.1:$(free_port),2=127.0.0.1:$(free_port),3=127.0.0.1:$(free_port)"
+PEERS=$(loopback_peers)
 declare -A CLIENT ADMIN
 for id in 1 2 3; do
   CLIENT[$id]=127.0.0.1:$(free_port)
@@ -67,13 +66,8 @@ field() { # ID PYTHON-EXPRESSION over c = the cluster section
 for id in 1 2 3; do start "$id"; done
 L=
 for _ in $(seq 400); do
-  for id in 1 2 3; do
-    if "$BIN/mortarctl" --broker "${CLIENT[$id]}" --timeout 2s topics create catchup \
-      --partitions 1 >/dev/null 2>&1; then
-      L=$id
-      break 2
-    fi
-  done
+  L=$(first_to_declare catchup "${CLIENT[1]}" "${CLIENT[2]}" "${CLIENT[3]}")
+  [ -n "$L" ] && break
   sleep 0.05
 done
 [ -n "$L" ] || { echo "catchup_bench: no leader" >&2; exit 1; }

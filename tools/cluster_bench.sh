@@ -15,6 +15,8 @@ DURATION=${2:-5s}
 cd "$(dirname "$0")/.."
 cargo build --release --quiet --bin mortard --bin mortar-bench --bin mortarctl
 BIN=target/release
+# shellcheck source=cluster_common.sh
+source tools/cluster_common.sh
 WORK=$(mktemp -d)
 PIDS=()
 cleanup() {
@@ -23,9 +25,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
 
 # start NAME ARGS...: runs mortard in $WORK/NAME, echoes its client address.
 start() {
@@ -48,7 +47,7 @@ start() {
 }
 
 SINGLE=$(start single --listen 127.0.0.1:0)
-PEERS="1=127.0.0.1:$(free_port),2=127.0.0.1:$(free_port),3=127.0.0.1:$(free_port)"
+PEERS=$(loopback_peers)
 NODES=()
 for id in 1 2 3; do
   NODES+=("$(start "node$id" --listen "127.0.0.1:$(free_port)" --node-id "$id" --peers "$PEERS")")
@@ -57,12 +56,11 @@ done
 # The leader: the node that creates the topic (followers answer NOT_LEADER).
 LEADER=
 for _ in $(seq 200); do
-  for addr in "${NODES[@]}"; do
-    if "$BIN/mortarctl" --broker "$addr" topics create bench --partitions 1 >/dev/null 2>&1; then
-      LEADER=$addr
-      break 2
-    fi
-  done
+  i=$(first_to_declare bench "${NODES[@]}")
+  if [ -n "$i" ]; then
+    LEADER=${NODES[$((i - 1))]}
+    break
+  fi
   sleep 0.1
 done
 [ -n "$LEADER" ] || { echo "cluster_bench: no leader" >&2; exit 1; }

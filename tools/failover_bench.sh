@@ -12,6 +12,8 @@ KILLS=${1:-20}
 cd "$(dirname "$0")/.."
 cargo build --release --quiet --bin mortard --bin mortarctl
 BIN=target/release
+# shellcheck source=cluster_common.sh
+source tools/cluster_common.sh
 WORK=$(mktemp -d)
 declare -A PID
 cleanup() {
@@ -20,10 +22,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-PEERS="1=127.0.0.1:$(free_port),2=127.0.0.1:$(free_port),3=127.0.0.1:$(free_port)"
+PEERS=$(loopback_peers)
 declare -A CLIENT
 for id in 1 2 3; do CLIENT[$id]=127.0.0.1:$(free_port); done
 ALL="${CLIENT[1]},${CLIENT[2]},${CLIENT[3]}"
@@ -34,15 +33,7 @@ start() { # ID
   PID[$1]=$!
   disown "$!" # no "Killed" line from the shell for each kill
 }
-leader() { # prints the id of the node that takes a DECLARE (followers refuse it)
-  for id in 1 2 3; do
-    if "$BIN/mortarctl" --broker "${CLIENT[$id]}" --timeout 2s topics create failover \
-      --partitions 1 >/dev/null 2>&1; then
-      echo "$id"
-      return
-    fi
-  done
-}
+leader() { first_to_declare failover "${CLIENT[1]}" "${CLIENT[2]}" "${CLIENT[3]}"; }
 ms() { date +%s%3N; }
 
 for id in 1 2 3; do start "$id"; done
