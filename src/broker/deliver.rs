@@ -42,6 +42,17 @@ impl DeadLetterWait {
     fn origin(&self) -> Origin {
         self.origin
     }
+
+    /// Its group counts the record settled: the dead letter is where it must be.
+    fn settle_in(&self, coordinator: &mut Coordinator) {
+        let o = &self.origin;
+        coordinator.dead_lettered(
+            self.group_id,
+            o.origin_topic_id,
+            o.origin_partition,
+            o.origin_sequence,
+        );
+    }
 }
 
 /// The coordinator and what the broker keeps beside it.
@@ -195,13 +206,7 @@ impl ConsumeDriver {
                 .get(d.twin)
                 .is_none_or(|p| p.log.durable_sequence() >= d.twin_sequence);
             if durable {
-                let o = &d.origin;
-                coordinator.dead_lettered(
-                    d.group_id,
-                    o.origin_topic_id,
-                    o.origin_partition,
-                    o.origin_sequence,
-                );
+                d.settle_in(coordinator);
             }
             !durable
         });
@@ -221,6 +226,8 @@ impl ConsumeDriver {
         let (coordinator, retries) = (&mut self.coordinator, &mut self.dead_letter_retries);
         self.dead_letters.retain(|d| {
             let Some(part) = partitions.get_mut(d.twin) else {
+                // The pair is gone, as on a single node (`settle_dead_letters`).
+                d.settle_in(coordinator);
                 return false;
             };
             if part.log.durable_sequence() < d.twin_sequence {
@@ -237,12 +244,7 @@ impl ConsumeDriver {
                 Ok(None) | Err(_) => true,
             };
             match found {
-                true => coordinator.dead_lettered(
-                    d.group_id,
-                    d.origin.origin_topic_id,
-                    d.origin.origin_partition,
-                    d.origin.origin_sequence,
-                ),
+                true => d.settle_in(coordinator),
                 false => retries.push((d.group_id, d.origin)),
             }
             false
