@@ -141,6 +141,10 @@ pub struct ClusterFigures {
     pub applied_index: u64,
     /// The last entry in this node's log, committed or not.
     pub last_index: u64,
+    /// The journal's checkpoint (start-up applies from there) and the first entry it
+    /// still holds: compaction's progress.
+    pub checkpoint_index: u64,
+    pub first_index: u64,
     pub peers: Vec<PeerFigures>,
 }
 

@@ -313,3 +313,67 @@ fn after_a_failover_a_group_resumes_at_its_committed_position() {
     let epoch = stats["groups"][0]["partitions"][0]["ownership_epoch"].as_u64();
     assert!(epoch.is_some_and(|e| e > 2 << 32), "{epoch:?}");
 }
+
+/// Node `i`'s `/stats` `cluster` figure `name`.
+fn cluster_figure(cluster: &Cluster, i: usize, name: &str) -> u64 {
+    let (_, body) = cluster.nodes[i].http("GET", "/stats");
+    let stats: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    stats["cluster"][name].as_u64().expect(name)
+}
+
+/// Node `i`'s raft journal files.
+fn journal_files(cluster: &Cluster, i: usize) -> usize {
+    let dir = cluster.nodes[i].data_dir().join("raft-journal");
+    std::fs::read_dir(dir)
+        .expect("raft-journal")
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".jnl")
+        })
+        .count()
+}
+
+#[test]
+fn every_node_compacts_its_journal_and_a_node_killed_after_starts_from_its_checkpoint() {
+    let mut cluster = Cluster::start(3, &["--journal-file-size", "64KiB"]);
+    let leader = cluster.wait_leader(ELECTION_LIMIT);
+    let mut c = client_of(&cluster, leader);
+    let topic_id = c
+        .declare("orders", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
+    // 150 records of 4 KiB: about ten 64 KiB journal files.
+    let value = "x".repeat(4096);
+    for seq in 1..=150 {
+        c.publish(&Pub {
+            topic_id,
+            producer_id: PRODUCER_ID,
+            producer_seq: seq,
+            value: value.as_bytes(),
+            ..Pub::default()
+        })
+        .unwrap();
+    }
+    wait_until("every node to compact its journal", CONVERGE_LIMIT, || {
+        (0..3).all(|i| {
+            cluster_figure(&cluster, i, "first_index") > 1 && journal_files(&cluster, i) <= 3
+        })
+    });
+    let f = (0..3).find(|&i| i != leader).unwrap();
+    cluster.kill9(f);
+    cluster.restart(f);
+    let checkpoint = cluster_figure(&cluster, f, "checkpoint_index");
+    assert!(checkpoint > 1, "started from checkpoint {checkpoint}");
+    let leader_applied = cluster_figure(&cluster, leader, "applied_index");
+    wait_until(
+        "the restarted node to apply the rest",
+        CONVERGE_LIMIT,
+        || cluster_figure(&cluster, f, "applied_index") >= leader_applied,
+    );
+    let held = cluster.records(f, "orders", 0);
+    assert_eq!(held.len(), 150);
+    assert!(held.iter().all(|(_, v)| *v == value));
+}

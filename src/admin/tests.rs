@@ -434,6 +434,8 @@ fn clustered() -> Snapshot {
             commit_index: 41,
             applied_index: 41,
             last_index: 42,
+            checkpoint_index: 30,
+            first_index: 25,
             peers: vec![up, never],
         }),
         ..busy()

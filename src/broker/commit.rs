@@ -159,10 +159,79 @@ impl GroupCommit {
         });
         self.pending_records += records;
         self.pending_bytes += bytes;
+        self.segment_written(key, part);
+    }
+
+    /// `part`'s segment holds data the next checkpoint must sync.
+    pub fn segment_written(&mut self, key: PartitionKey, part: &mut Partition) {
         if !part.segment_dirty {
             part.segment_dirty = true;
             self.segments_dirty.push(key);
         }
+    }
+
+    /// The syncs of every segment written since the last checkpoint took them.
+    pub fn take_segment_syncs(
+        &mut self,
+        map: &mut IdMap<PartitionKey, Partition>,
+    ) -> Vec<SegmentSync> {
+        let mut syncs = Vec::new();
+        for key in self.segments_dirty.drain(..) {
+            let Some(part) = map.get_mut(&key) else {
+                continue;
+            };
+            part.segment_dirty = false;
+            if let Some(sync) = part.log.take_sync_job() {
+                syncs.push(SegmentSync {
+                    key,
+                    sync,
+                    result: None,
+                });
+            }
+        }
+        syncs
+    }
+
+    /// Each segment sync's outcome goes to its partition: a failure poisons it, as any
+    /// failed fdatasync does, and blocks checkpoints until a restart (the journal alone
+    /// holds those records durably); one not run is taken again by the next
+    /// checkpoint. Returns the partitions synced.
+    pub fn segment_syncs_done(
+        &mut self,
+        syncs: Vec<SegmentSync>,
+        map: &mut IdMap<PartitionKey, Partition>,
+    ) -> Vec<PartitionKey> {
+        let mut synced = Vec::new();
+        for s in syncs {
+            let Some(part) = map.get_mut(&s.key) else {
+                continue;
+            };
+            match s.result {
+                Some(Ok(())) => {
+                    part.log.sync_done(s.sync.upto_sequence);
+                    synced.push(s.key);
+                }
+                Some(Err(e)) => {
+                    part.log.sync_failed(&e);
+                    log::error!(
+                        "no journal checkpoint until a restart: topic {} partition {} holds \
+                         records only the journal has made durable",
+                        s.key.0,
+                        s.key.1
+                    );
+                    self.checkpoints_blocked = true;
+                }
+                None => {
+                    part.log.sync_not_run(s.sync);
+                    self.segment_written(s.key, part);
+                }
+            }
+        }
+        synced
+    }
+
+    pub fn checkpoints_blocked(&self) -> bool {
+        self.checkpoints_blocked
     }
 
     /// `part`'s flush failed and was undone (its files cut back): the next journal sync
@@ -330,20 +399,7 @@ impl GroupCommit {
         if self.checkpoint_in_flight || self.checkpoints_blocked || small {
             return;
         }
-        let mut syncs = Vec::new();
-        for key in self.segments_dirty.drain(..) {
-            let Some(part) = map.get_mut(&key) else {
-                continue;
-            };
-            part.segment_dirty = false;
-            if let Some(sync) = part.log.take_sync_job() {
-                syncs.push(SegmentSync {
-                    key,
-                    sync,
-                    result: None,
-                });
-            }
-        }
+        let syncs = self.take_segment_syncs(map);
         self.checkpoint_in_flight = true;
         let write = self.journal.checkpoint_job(self.journal.written_lsn());
         out.push(DurableJob {
@@ -364,37 +420,7 @@ impl GroupCommit {
         (out, counters): (&mut Vec<DurableJob>, &mut BrokerCounters),
     ) -> Vec<PartitionKey> {
         self.checkpoint_in_flight = false;
-        let mut synced = Vec::new();
-        for s in syncs {
-            let Some(part) = map.get_mut(&s.key) else {
-                continue;
-            };
-            match s.result {
-                Some(Ok(())) => {
-                    part.log.sync_done(s.sync.upto_sequence);
-                    synced.push(s.key);
-                }
-                Some(Err(e)) => {
-                    part.log.sync_failed(&e);
-                    log::error!(
-                        "no journal checkpoint until a restart: topic {} partition {} holds \
-                         records only the journal has made durable",
-                        s.key.0,
-                        s.key.1
-                    );
-                    self.checkpoints_blocked = true;
-                }
-                // Not run: its data is still in the journal; the next checkpoint syncs
-                // the segment again.
-                None => {
-                    part.log.sync_not_run(s.sync);
-                    if !part.segment_dirty {
-                        part.segment_dirty = true;
-                        self.segments_dirty.push(s.key);
-                    }
-                }
-            }
-        }
+        let synced = self.segment_syncs_done(syncs, map);
         match result {
             Ok(()) => {
                 self.checkpoints_done += 1;

@@ -265,6 +265,11 @@ impl ConsumeDriver {
         });
     }
 
+    /// A positions write runs: a checkpoint waits for it rather than race it.
+    pub(super) fn positions_writing(&self) -> bool {
+        self.positions.in_flight()
+    }
+
     pub(super) fn positions_written(&mut self, result: &std::io::Result<()>) {
         self.positions.written(result);
     }

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::log::journal::{CheckpointWrite, JournalSync, SpareWrite};
+use crate::log::journal2::Checkpoint2Write;
 use crate::log::{meta, LogConfig, PartitionLog, PurgeFiles, Storage, SyncJob};
 
 use super::topics::{write_topic_files, TopicPair};
@@ -106,6 +107,16 @@ pub enum Work {
     Persist {
         job: super::replica::machine::PersistJob,
     },
+    /// Cluster mode (`docs/REPLICATION.md` §5.4): every segment written since the last
+    /// sync, then the group positions as applied (a [`Work::WritePositions`], if they
+    /// changed), then the raft journal's checkpoint, written only when both succeeded.
+    RaftCheckpoint {
+        syncs: Vec<SegmentSync>,
+        positions: Option<Box<DurableJob>>,
+        /// The positions write's own outcome, for the positions bookkeeping.
+        positions_result: Option<io::Result<()>>,
+        write: Checkpoint2Write,
+    },
 }
 
 impl crate::fsync::Job for DurableJob {
@@ -129,18 +140,11 @@ impl crate::fsync::Job for DurableJob {
             return Ok(());
         }
         if let Work::Checkpoint { syncs, write } = &mut self.work {
-            let mut failed = None;
-            for s in syncs.iter_mut() {
-                let result = s.sync.run();
-                if let Err(e) = &result {
-                    failed.get_or_insert_with(|| io::Error::new(e.kind(), e.to_string()));
-                }
-                s.result = Some(result);
-            }
-            return match failed {
-                Some(e) => Err(e),
-                None => write.run(),
-            };
+            run_syncs(syncs)?;
+            return write.run();
+        }
+        if let Work::RaftCheckpoint { .. } = &self.work {
+            return self.work.run_raft_checkpoint();
         }
         if let Work::SyncJournal { sync, undone, .. } = &mut self.work {
             for s in undone.iter_mut() {
@@ -150,7 +154,10 @@ impl crate::fsync::Job for DurableJob {
         }
         let storage = &*self.storage;
         match &self.work {
-            Work::CreateTopic { .. } | Work::Checkpoint { .. } | Work::SyncJournal { .. } => Ok(()),
+            Work::CreateTopic { .. }
+            | Work::Checkpoint { .. }
+            | Work::RaftCheckpoint { .. }
+            | Work::SyncJournal { .. } => Ok(()),
             Work::MakeSpare { write } => write.run(),
             Work::Persist { job } => job.run(),
             Work::Purge { files, .. } => files.iter().try_for_each(|(_, f)| f.run()),
@@ -177,6 +184,49 @@ impl crate::fsync::Job for DurableJob {
             }
         }
     }
+}
+
+impl Work {
+    /// Segment syncs, then the positions, then the checkpoint: each only if all before
+    /// it succeeded.
+    fn run_raft_checkpoint(&mut self) -> io::Result<()> {
+        let Work::RaftCheckpoint {
+            syncs,
+            positions,
+            positions_result,
+            write,
+        } = self
+        else {
+            unreachable!("called on a RaftCheckpoint")
+        };
+        run_syncs(syncs)?;
+        if let Some(job) = positions {
+            let result = crate::fsync::Job::run(&mut **job);
+            let failed = result.as_ref().err().map(clone_io);
+            *positions_result = Some(result);
+            if let Some(e) = failed {
+                return Err(e);
+            }
+        }
+        write.run()
+    }
+}
+
+/// Runs every segment sync, each outcome kept beside it; the first failure is the result.
+fn run_syncs(syncs: &mut [SegmentSync]) -> io::Result<()> {
+    let mut failed = None;
+    for s in syncs.iter_mut() {
+        let result = s.sync.run();
+        if let Err(e) = &result {
+            failed.get_or_insert_with(|| clone_io(e));
+        }
+        s.result = Some(result);
+    }
+    failed.map_or(Ok(()), Err)
+}
+
+fn clone_io(e: &io::Error) -> io::Error {
+    io::Error::new(e.kind(), e.to_string())
 }
 
 /// Where the broker sends durable I/O: the fsync worker pool, or a fake in tests that

@@ -581,6 +581,10 @@ impl Broker {
                 self.partitions.snapshot_written(key, &result)
             }
             Work::Persist { job } => self.persist_done(&job, result),
+            work @ Work::RaftCheckpoint { .. } => {
+                let done = replica::compaction::CheckpointDone::new(work, result);
+                self.cluster_checkpoint_done(done, now);
+            }
         }
     }
 
@@ -632,6 +636,9 @@ impl Broker {
             self.cluster.is_none() || !self.partitions.has_unflushed(),
             "a cluster node appended outside apply"
         );
+        if let Some(c) = self.cluster.as_deref() {
+            c.check_invariants();
+        }
         let proposed_end = |key| {
             self.cluster
                 .as_deref()

@@ -154,6 +154,10 @@ impl Positions {
         self.tombstones.retain_mut(keep);
     }
 
+    pub fn in_flight(&self) -> bool {
+        self.in_flight
+    }
+
     pub fn next_write_ms(&self) -> u64 {
         self.next_write_ms
     }

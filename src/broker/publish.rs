@@ -19,7 +19,7 @@ use crate::wire::{Durability, ErrorCode, Op, Response};
 use super::commit::GroupCommit;
 use super::counters::{bucket_of, BrokerCounters, FSYNC_BATCH_BUCKETS, FSYNC_LATENCY_BUCKETS_US};
 use super::idhash::IdMap;
-use super::jobs::{DurableJob, OpenedLogs, Work};
+use super::jobs::{DurableJob, OpenedLogs, SegmentSync, Work};
 use super::partition::{Partition, Waiter};
 use super::producers::{self, Idempotence, Producers};
 use super::topics::{partition_dir, TopicPair};
@@ -470,6 +470,9 @@ impl Partitions {
         let bytes = part.log.pending_bytes() as u64 - pending;
         part.log.flush()?;
         part.log.journal_durable(part.log.written_sequence());
+        if appended > 0 {
+            self.commit.segment_written(key, part);
+        }
         let (mut pos, mut sequence) = (0, first_sequence);
         while pos < records.len() {
             let (rec, len) =
@@ -499,6 +502,22 @@ impl Partitions {
     /// committed entries (`replica::cluster`), so it never has any.
     pub(super) fn has_unflushed(&self) -> bool {
         !self.flush_list.is_empty()
+    }
+
+    /// Cluster mode: the syncs of every segment apply wrote since the last checkpoint
+    /// took them (`replica::compaction`).
+    pub(super) fn take_applied_syncs(&mut self) -> Vec<SegmentSync> {
+        self.commit.take_segment_syncs(&mut self.map)
+    }
+
+    /// Their outcomes, as a single node's checkpoint takes them.
+    pub(super) fn applied_syncs_done(&mut self, syncs: Vec<SegmentSync>) {
+        self.commit.segment_syncs_done(syncs, &mut self.map);
+    }
+
+    /// A segment sync failed: no checkpoint may claim its records until a restart.
+    pub(super) fn checkpoints_blocked(&self) -> bool {
+        self.commit.checkpoints_blocked()
     }
 
     /// Group commit: a journal sync job for what this pass wrote (unless enough run),

@@ -200,6 +200,15 @@ impl TopicRegistry {
 
     /// The write of the whole registry, when a mutation is not yet on disk and no write
     /// runs.
+    /// Every registry change is durable and no topic's files are being made or removed:
+    /// what the registry file says is what was applied.
+    pub(super) fn settled(&self) -> bool {
+        !self.write_in_flight
+            && !self.removing
+            && self.creating.is_none()
+            && self.durable >= self.version
+    }
+
     pub(super) fn take_write_job(&mut self, now_ms: u64) -> Option<DurableJob> {
         // One at a time; none while directories are removed (a later write would answer
         // DELETEs before their directories are gone) nor while a topic's files are made

@@ -266,6 +266,8 @@ impl Reactor {
             commit_index: status.commit_index,
             applied_index: status.applied_index,
             last_index: status.last_index,
+            checkpoint_index: status.checkpoint_index,
+            first_index: status.first_index,
             peers: peers.collect(),
         })
     }

@@ -47,13 +47,16 @@ pub struct Cluster {
     pub nodes: Vec<Node>,
     peers_arg: String,
     mortard: PathBuf,
+    /// `--mortard-arg`s, given to every node after the cluster's own flags.
+    mortard_args: Vec<String>,
     pub links: Arc<Links>,
 }
 
 impl Cluster {
     /// Binds one proxy listener per node (its `--peers` address), picks the other ports,
     /// starts the proxies; the nodes are started by [`Cluster::start_all`].
-    pub fn new(n: u8, dir: &Path, mortard: &Path, seed: u64) -> Cluster {
+    pub fn new(n: u8, dir: &Path, mortard: (&Path, &[String]), seed: u64) -> Cluster {
+        let (mortard, mortard_args) = mortard;
         let links = Arc::new(Links::new(usize::from(n)));
         let mut peers = Vec::new();
         let mut nodes = Vec::new();
@@ -79,6 +82,7 @@ impl Cluster {
             nodes,
             peers_arg: peers.join(","),
             mortard: mortard.to_path_buf(),
+            mortard_args: mortard_args.to_vec(),
             links,
         }
     }
@@ -102,6 +106,7 @@ impl Cluster {
             .args(["--node-id", &node.id.to_string()])
             .args(["--peers", &self.peers_arg])
             .args(["--listen-peer", &node.peer_real.to_string()])
+            .args(&self.mortard_args)
             .env(
                 "RUST_LOG",
                 std::env::var("MORTARD_LOG").unwrap_or("info".into()),

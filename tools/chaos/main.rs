@@ -53,6 +53,7 @@ struct Opts {
     seed: u64,
     history: PathBuf,
     mortard: PathBuf,
+    mortard_args: Vec<String>,
     producers: u64,
     members: u64,
     partitions: u16,
@@ -107,6 +108,12 @@ fn options() -> Options {
         "the broker binary (default: beside this one)",
         "PATH",
     );
+    o.optmulti(
+        "",
+        "mortard-arg",
+        "a flag for every node, as --mortard-arg=--journal-file-size=64KiB (repeatable)",
+        "ARG",
+    );
     o.optopt("", "producers", "idempotent producers (default 3)", "N");
     o.optopt("", "members", "group members (default 2)", "N");
     o.optopt("", "partitions", "partitions of the topic (default 4)", "N");
@@ -150,6 +157,7 @@ fn parse_opts() -> Result<Opts, String> {
         mortard: m
             .opt_str("mortard")
             .map_or_else(default_mortard, PathBuf::from),
+        mortard_args: m.opt_strs("mortard-arg"),
         producers: number("producers", 3)?.max(1),
         members: number("members", 2)?.max(1),
         partitions: number("partitions", 4)?.clamp(1, 64) as u16,
@@ -211,7 +219,12 @@ fn run(opts: &Opts) -> Result<ExitCode, String> {
         dir.display(),
         opts.history.display()
     );
-    let mut cluster = Cluster::new(NODES, &dir, &opts.mortard, rng.next_u64());
+    let mut cluster = Cluster::new(
+        NODES,
+        &dir,
+        (&opts.mortard, &opts.mortard_args),
+        rng.next_u64(),
+    );
     cluster.start_all()?;
     history.add("note", json!({"text": format!("seed {}", opts.seed)}));
     let load = Arc::new(Load::new(
@@ -294,16 +307,34 @@ fn settle(
         cluster,
         Instant::now() + Duration::from_millis(SETTLE_TIMEOUT_MS),
     ) {
-        Ok(index) => h.add(
-            "note",
-            json!({"text": format!("every node applied {index}")}),
-        ),
+        Ok(index) => {
+            h.add(
+                "note",
+                json!({"text": format!("every node applied {index}")}),
+            );
+            report_compaction(cluster, h);
+        }
         Err(e) => extra.push(e),
     }
     for n in &cluster.nodes {
         load::observe_as(h, "final_position", n.id, n.life, n.admin);
     }
     Ok(())
+}
+
+/// Prints (and notes) the first raft index each node's journal still holds: above 1,
+/// it compacted during the run.
+fn report_compaction(cluster: &Cluster, h: &History) {
+    let firsts: Vec<String> = (cluster.nodes.iter())
+        .map(|n| {
+            let stats = get_json(n.admin, "/stats").unwrap_or_default();
+            let first = stats["cluster"]["first_index"].as_u64().unwrap_or(0);
+            format!("node{} {first}", n.id)
+        })
+        .collect();
+    let text = format!("journal first index: {}", firsts.join(", "));
+    println!("mortar-chaos: {text}");
+    h.add("note", json!({ "text": text }));
 }
 
 /// Waits until every node's applied and commit indexes are one and the same number for

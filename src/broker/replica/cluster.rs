@@ -39,15 +39,17 @@
 //!   once applied, if the record found at their sequence is theirs; every node counts
 //!   the dead letters it applies as settled for the day it leads, as start-up does.
 //!
-//! Not yet: `--producer-ttl` on the leader's wall clock, the broker's applied index kept
-//! across restarts (a start applies the whole raft log again; replay skips what the
-//! segments hold), journal compaction, a DECLARE's OK held by the lease (PUB answers
-//! are, in the replica).
+//! - **Compaction** (`replica::compaction`): FLOOR entries and checkpoints; a start
+//!   applies from the journal's checkpoint (replay skips what the segments hold).
+//!
+//! Not yet: `--producer-ttl` on the leader's wall clock, a DECLARE's OK held by the
+//! lease (PUB answers are, in the replica), INSTALL.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::sync::Arc;
 
+use super::compaction::Compaction;
 use super::entry::{Batch, BatchPart, EntryData, PositionChange, RegistryChange};
 use super::machine::{
     Effect as ReplicaEffect, PersistJob, Replica, ReplicaConfig, ReplicaOptions, Replicated, Waiter,
@@ -97,7 +99,7 @@ type PositionKey = (Vec<u8>, u16, u16);
 
 /// What a cluster node holds beside the broker's state.
 pub struct Cluster {
-    replica: Replica,
+    pub(super) replica: Replica,
     overlay: HashMap<PartitionKey, PendingPart>,
     /// The term the overlay belongs to; 0 while not leading.
     leading_term: u64,
@@ -110,7 +112,7 @@ pub struct Cluster {
     registry_in_flight: Option<u64>,
     /// Committed entries not applied yet (apply waits while a topic's files are made).
     applying: VecDeque<(u64, EntryData)>,
-    applied_index: u64,
+    pub(super) applied_index: u64,
     /// Leading, but requests wait until the log is applied up to this index.
     catching_up: Option<u64>,
     peer_out: Vec<PeerMessage>,
@@ -120,7 +122,8 @@ pub struct Cluster {
     /// Peers whose link is down: a leader among them is not "known" (§7.1).
     links_down: std::collections::BTreeSet<u64>,
     /// The raft journal failed or an entry could not be applied: the node refuses all.
-    failed: Option<String>,
+    pub(super) failed: Option<String>,
+    pub(super) compaction: Compaction,
 }
 
 /// A cluster node's place in the group, for /stats.
@@ -138,12 +141,18 @@ pub struct ClusterStatus {
     pub role: &'static str,
     /// The last entry in this node's log, committed or not.
     pub last_index: u64,
+    /// The journal's checkpoint and its first entry kept (`replica::compaction`).
+    pub checkpoint_index: u64,
+    pub first_index: u64,
     /// While leading: each peer's id and the last entry known in its log.
     pub match_indexes: Vec<(u64, u64)>,
 }
 
 impl Cluster {
     fn new(replica: Replica) -> Cluster {
+        // A start from a checkpoint: the broker's state holds everything up to it.
+        let applied_index = replica.applied();
+        let checkpoint = replica.checkpoint().index;
         Cluster {
             replica,
             overlay: HashMap::new(),
@@ -154,18 +163,28 @@ impl Cluster {
             declares: HashMap::new(),
             registry_in_flight: None,
             applying: VecDeque::new(),
-            applied_index: 0,
+            applied_index,
             catching_up: None,
             peer_out: Vec::new(),
             links_down: std::collections::BTreeSet::new(),
             positions_sent: HashMap::new(),
             next_positions_ms: 0,
             failed: None,
+            compaction: Compaction::from_checkpoint(checkpoint),
         }
     }
 
     pub fn term(&self) -> u64 {
         self.replica.term()
+    }
+
+    pub(in crate::broker) fn check_invariants(&self) {
+        self.check_compaction();
+    }
+
+    /// Leading, with its log applied: what it proposes now rests on everything before.
+    pub(super) fn serving(&self) -> bool {
+        self.replica.is_leader() && self.catching_up.is_none()
     }
 
     #[cfg(test)]
@@ -541,6 +560,8 @@ impl Broker {
             applied_index: c.applied_index,
             role: c.replica.role(),
             last_index: c.replica.last_index(),
+            checkpoint_index: c.replica.checkpoint().index,
+            first_index: c.replica.first_index(),
             match_indexes: c.replica.match_indexes(),
         })
     }
@@ -705,6 +726,7 @@ impl Broker {
     /// the consume plane and registry writes as on a single node.
     pub(in crate::broker) fn end_pass_cluster(&mut self, now: Now, room: &dyn OutputRoom) {
         self.propose_pass(now);
+        self.propose_floor(now);
         self.poll_replica(now);
         self.run_queued_declares(now);
         self.jobs.extend(self.topics.take_write_job(now.mono_ms));
@@ -713,6 +735,7 @@ impl Broker {
         self.consume
             .settle_replicated_dead_letters(&mut self.partitions, &proposed_end);
         self.pump_consume(now, room);
+        self.take_cluster_checkpoint(now);
         self.jobs.extend(self.consume.positions_job(now, false));
         self.submit_jobs();
     }
@@ -766,7 +789,7 @@ impl Broker {
     /// groups' partitions (`--max-groups`), and only on that timer.
     fn moved_positions(&mut self, now: Now) -> Vec<PositionChange> {
         let c = self.cluster.as_deref_mut().expect("cluster mode");
-        let serving = c.replica.is_leader() && c.catching_up.is_none();
+        let serving = c.serving();
         if !serving {
             c.positions_sent.clear();
             return Vec::new();
@@ -886,6 +909,7 @@ impl Broker {
             match entry {
                 EntryData::Batch(batch) => self.apply_batch(&batch, now),
                 EntryData::Registry(change) => self.apply_registry(index, change, now),
+                EntryData::Floor(floor) => self.apply_floor(floor),
                 EntryData::Noop => {}
             }
             self.cluster_mut().applied_index = index;

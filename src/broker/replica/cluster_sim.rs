@@ -20,6 +20,7 @@ use crate::log::simdisk::SimDisk;
 use crate::log::Storage;
 use crate::wire::limits::SUB_PARTITION_ANY;
 use crate::wire::ops::{ControlAck, Declare, DeliveryRef, Pub, PubResult, Sub};
+use crate::wire::AckFlags;
 use crate::wire::{
     ControlResult, DeclareFlags, Durability, ErrorCode, NackReason, Op, PubFlags, PubResultFlags,
     Response,
@@ -35,6 +36,8 @@ const ROUNDS_MAX: usize = 500;
 /// forever.
 const PASSES_PER_ROUND_MAX: usize = 10_000;
 const CONN: ConnRef = ConnRef { id: 1, serial: 1 };
+/// Small journal files, so that a few hundred KiB of records fill several.
+const JOURNAL_FILE_BYTES: u64 = 64 * 1024;
 
 /// Holds what a broker submits until the harness runs it.
 #[derive(Clone, Default)]
@@ -69,11 +72,15 @@ fn open_node_on(id: u64, disk: SimDisk) -> Node {
         data_dir: Path::new("/data").to_path_buf(),
         durability: Durability::Replicated,
         max_partitions: 8,
+        journal_file_bytes: JOURNAL_FILE_BYTES,
         producer_ttl_ms: 60_000,
+        // Only a checkpoint writes the positions file within a test.
+        commit_interval_ms: 3_600_000,
         ..BrokerConfig::default()
     };
     let replica = ReplicaConfig {
         election_ticks: ELECTION_TICKS,
+        journal_file_bytes: JOURNAL_FILE_BYTES,
         ..test_config(id, NODES)
     };
     let jobs = Jobs::default();
@@ -323,6 +330,37 @@ impl Net {
             value.to_vec(),
             origin.expect("a dead letter").origin_sequence,
         )
+    }
+
+    fn cluster(&self, i: usize) -> &super::cluster::Cluster {
+        self.nodes[i].broker.cluster.as_deref().unwrap()
+    }
+
+    /// Node `i`'s raft journal files.
+    fn journal_files(&self, i: usize) -> usize {
+        let dir = Path::new("/data").join(super::storage::RAFT_JOURNAL_DIR);
+        let names = self.nodes[i].disk.list_dir(&dir).unwrap();
+        names.iter().filter(|n| n.ends_with(".jnl")).count()
+    }
+
+    /// PUBs `count` records of 4,000 bytes on node `l` from producer 3, from `first`,
+    /// each answered OK before the next.
+    fn publish_many(&mut self, l: usize, topic: u16, first: u64, count: u64) {
+        let value = "v".repeat(4_000);
+        for seq in first..first + count {
+            self.publish(l, seq, topic, (3, seq), &value);
+            assert_eq!(pub_ok(&self.wait_answer(l, seq)).sequence, seq);
+        }
+    }
+
+    /// Node `i`'s committed position of group `g` on `topic` partition 0, live or
+    /// restored.
+    fn position(&self, i: usize, topic: u16) -> Option<u64> {
+        let positions = self.nodes[i].broker.coordinator().positions();
+        let p = positions
+            .iter()
+            .find(|p| p.group == b"g" && p.topic_id == topic)?;
+        Some(p.committed)
     }
 
     fn term(&self, i: usize) -> u64 {
@@ -652,4 +690,103 @@ fn declares_queued_behind_a_registry_proposal_all_run_and_are_answered() {
         .collect();
     assert_eq!(ids[0], ids[2], "the same topic declared twice");
     assert_ne!(ids[0], ids[1]);
+}
+
+#[test]
+fn journals_are_compacted_to_what_every_node_holds_and_a_restart_applies_from_the_checkpoint() {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    // 80 records of 4 KB: about five 64 KiB journal files.
+    net.publish_many(l, topic, 1, 80);
+    net.run_until("every node checkpointed and dropped journal files", |net| {
+        (0..3).all(|i| net.cluster(i).replica.first_index() > 1 && net.journal_files(i) <= 2)
+    });
+    // A follower loses power and starts from its checkpoint, not from entry 1.
+    let f = (0..3).find(|&i| i != l).unwrap();
+    let disk = net.nodes[f].disk.clone();
+    disk.power_cut();
+    net.nodes[f] = open_node_on(f as u64 + 1, disk);
+    let c = net.cluster(f);
+    let checkpoint = c.replica.checkpoint().index;
+    assert!(checkpoint > 0);
+    assert_eq!(
+        c.applied_index, checkpoint,
+        "applied from the checkpoint on"
+    );
+    assert_eq!(
+        net.next_sequence(f, topic),
+        81,
+        "the synced segment held them"
+    );
+    net.publish_many(l, topic, 81, 1);
+    net.run_until("the restarted follower has the new record", |net| {
+        net.next_sequence(f, topic) == 82
+    });
+    for seq in [1, 40, 81] {
+        let (producer, value) = net.record(f, topic, seq).unwrap();
+        assert_eq!((producer, value.len()), (3, 4_000), "record {seq}");
+    }
+}
+
+#[test]
+fn a_node_that_falls_behind_holds_every_journal_at_its_match_and_catches_up_after() {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    let f = (0..3).find(|&i| i != l).unwrap();
+    let held = net.nodes[f].broker.cluster_status().unwrap().last_index;
+    net.nodes[f].isolated = true;
+    net.publish_many(l, topic, 1, 80);
+    for _ in 0..3 * super::compaction::FLOOR_INTERVAL_MS / TICK_MS {
+        net.tick();
+        net.deliver();
+    }
+    for i in 0..3 {
+        let first = net.cluster(i).replica.first_index();
+        assert!(
+            first <= held + 1,
+            "node {i} dropped entry {} the laggard needs",
+            first - 1
+        );
+    }
+    net.nodes[f].isolated = false;
+    net.run_until("the laggard caught up from the journals", |net| {
+        net.next_sequence(f, topic) == 81
+    });
+    net.run_until("the floor moved on and every node compacted", |net| {
+        (0..3).all(|i| net.cluster(i).replica.first_index() > held + 1)
+    });
+}
+
+#[test]
+fn a_checkpoint_keeps_the_replicated_group_positions_whose_entries_it_compacts() {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    net.publish_many(l, topic, 1, 1);
+    let delivery = net.first_delivery(l, topic);
+    let _ = net.nodes[l]
+        .broker
+        .ack(CONN, &delivery.ack(AckFlags::empty()), net.now);
+    let committed = net.position(l, topic).unwrap();
+    assert!(committed > 0);
+    let f = (0..3).find(|&i| i != l).unwrap();
+    net.run_until("the follower has the position", |net| {
+        net.position(f, topic) == Some(committed)
+    });
+    let replicated_by = net.cluster(l).replica.last_index();
+    net.publish_many(l, topic, 2, 80);
+    net.run_until(
+        "the follower's checkpoint passed the position's entry",
+        |net| net.cluster(f).replica.checkpoint().index > replicated_by,
+    );
+    let disk = net.nodes[f].disk.clone();
+    disk.power_cut();
+    net.nodes[f] = open_node_on(f as u64 + 1, disk);
+    assert_eq!(
+        net.position(f, topic),
+        Some(committed),
+        "lost with the entries"
+    );
 }

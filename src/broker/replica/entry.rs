@@ -11,6 +11,8 @@
 //!                                group_len u16, group
 //! REGISTRY  kind u8 = 2, op u8 (1 DECLARE, 2 DELETE), pair u16, partition_count u16,
 //!           name_len u16, name
+//! FLOOR     kind u8 = 3, floor u64: every node held every entry up to `floor` when the
+//!           leader proposed it, so each may forget what lies below (§5.4)
 //! ```
 //!
 //! Pure code: no I/O, no raft types.
@@ -19,6 +21,7 @@ use std::fmt;
 
 const ENTRY_BATCH: u8 = 1;
 const ENTRY_REGISTRY: u8 = 2;
+const ENTRY_FLOOR: u8 = 3;
 const OP_DECLARE: u8 = 1;
 const OP_DELETE: u8 = 2;
 
@@ -29,6 +32,9 @@ pub enum EntryData {
     Noop,
     Batch(Batch),
     Registry(RegistryChange),
+    /// The lowest match index of every voter, as the leader knew it: no node will need
+    /// an entry at or below it again, so journals may be compacted up to it.
+    Floor(u64),
 }
 
 /// A reactor pass's records of every partition and the group positions it moved (§4).
@@ -99,6 +105,10 @@ impl EntryData {
             EntryData::Noop => {}
             EntryData::Batch(b) => encode_batch(b, &mut out),
             EntryData::Registry(r) => encode_registry(r, &mut out),
+            EntryData::Floor(floor) => {
+                out.push(ENTRY_FLOOR);
+                out.extend_from_slice(&floor.to_be_bytes());
+            }
         }
         out
     }
@@ -111,6 +121,7 @@ impl EntryData {
         let entry = match kind {
             ENTRY_BATCH => EntryData::Batch(decode_batch(&mut r)?),
             ENTRY_REGISTRY => EntryData::Registry(decode_registry(&mut r)?),
+            ENTRY_FLOOR => EntryData::Floor(r.u64()?),
             _ => return Err(EntryError("unknown kind")),
         };
         if !r.data.is_empty() {
@@ -287,7 +298,14 @@ mod tests {
     #[test]
     fn every_kind_round_trips_and_the_empty_entry_is_the_noop() {
         let [declare, delete] = registry();
-        for e in [batch(), declare, delete, EntryData::Batch(Batch::default())] {
+        let floor = EntryData::Floor(1 << 40);
+        for e in [
+            batch(),
+            declare,
+            delete,
+            EntryData::Batch(Batch::default()),
+            floor,
+        ] {
             let bytes = e.encode();
             assert_eq!(EntryData::decode(&bytes), Ok(e));
         }
@@ -305,12 +323,14 @@ mod tests {
         assert_eq!(b[0], ENTRY_BATCH);
         assert_eq!(&b[9..13], &2u32.to_be_bytes(), "parts after the wall clock");
         assert_eq!(&b[13..15], &2u16.to_be_bytes(), "topic id first");
+        let floor = EntryData::Floor(0x0102).encode();
+        assert_eq!(floor, [ENTRY_FLOOR, 0, 0, 0, 0, 0, 0, 1, 2]);
     }
 
     #[test]
     fn every_cut_short_or_padded_entry_is_refused() {
         let [declare, _] = registry();
-        for e in [batch(), declare] {
+        for e in [batch(), declare, EntryData::Floor(7)] {
             let bytes = e.encode();
             for len in 1..bytes.len() {
                 assert!(EntryData::decode(&bytes[..len]).is_err(), "cut at {len}");

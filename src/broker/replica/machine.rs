@@ -29,7 +29,7 @@ use super::entry::{EntryData, EntryError};
 use super::logger::raft_logger;
 use super::storage::{HardStateWrite, JournalStorage};
 use crate::broker::ConnRef;
-use crate::log::journal2::{RaftJournalReport, RaftJournalSync};
+use crate::log::journal2::{Checkpoint2, Checkpoint2Write, RaftJournalReport, RaftJournalSync};
 use crate::log::simdisk::SimRng;
 use crate::log::{Storage, StorageError};
 use crate::wire::ErrorCode;
@@ -279,11 +279,13 @@ impl Replica {
         let voters = config.nodes.keys().copied().collect();
         let (store, report) =
             JournalStorage::open(storage, dir, config.journal_file_bytes, voters)?;
+        // What the checkpoint covers is in the broker's synced state: apply goes on after.
+        let applied = config.applied.max(report.checkpoint.index);
         let raft_config = raft::Config {
             id: config.id,
             election_tick: config.election_ticks,
             heartbeat_tick: config.heartbeat_ticks,
-            applied: config.applied,
+            applied,
             pre_vote: true,
             check_quorum: true,
             max_size_per_msg: MSG_BYTES_MAX,
@@ -313,7 +315,7 @@ impl Replica {
             persisting: VecDeque::new(),
             waiters: BTreeMap::new(),
             committed_seqs: HashMap::new(),
-            applied: config.applied,
+            applied,
             was_leader: false,
             leaderless_since_ms: Some(now_ms),
             effects: Vec::new(),
@@ -360,6 +362,45 @@ impl Replica {
             .collect();
         out.sort_unstable();
         out
+    }
+
+    /// While this node leads: the lowest match index over every voter, itself included
+    /// (its own is what it persisted). No node needs an entry at or below it again, so a
+    /// FLOOR entry carrying it lets every node compact up to it (§5.4).
+    pub fn compaction_floor(&self) -> Option<u64> {
+        if !self.is_leader() {
+            return None;
+        }
+        self.raw.raft.prs().iter().map(|(_, pr)| pr.matched).min()
+    }
+
+    /// The journal's checkpoint: the entries up to its index are applied and in synced
+    /// segments, and no longer replayed at start-up.
+    pub fn checkpoint(&self) -> Checkpoint2 {
+        self.raw.store().journal().checkpoint()
+    }
+
+    /// Journal bytes written after the checkpoint: what the next one could release.
+    pub fn journal_bytes_since_checkpoint(&self) -> u64 {
+        let journal = self.raw.store().journal();
+        journal.written_lsn() - journal.checkpoint().lsn
+    }
+
+    /// The first entry still in the journal.
+    pub fn first_index(&self) -> u64 {
+        self.raw.store().journal().first_index()
+    }
+
+    /// The checkpoint write at applied entry `index` (blocking: the fsync pool runs it).
+    pub fn checkpoint_job(&self, index: u64) -> Checkpoint2Write {
+        self.raw.store().journal().checkpoint_job(index)
+    }
+
+    /// A checkpoint is durable: the journal files wholly below it, for the pool to
+    /// remove. Raft asks the storage for entries below it no more: the FLOOR said
+    /// nobody needs them.
+    pub fn checkpoint_done(&mut self, point: Checkpoint2) -> Vec<std::path::PathBuf> {
+        self.raw.mut_store().checkpoint_done(point)
     }
 
     /// The leader this node knows of, if any.

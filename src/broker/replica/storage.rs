@@ -20,7 +20,7 @@ use std::sync::Arc;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
 use raft::{GetEntriesContext, RaftState};
 
-use crate::log::journal2::{RaftJournal, RaftJournalReport, RaftJournalSync};
+use crate::log::journal2::{Checkpoint2, RaftJournal, RaftJournalReport, RaftJournalSync};
 use crate::log::{meta, Storage, StorageError};
 
 /// The hard state's file in the data directory; its presence makes a data directory a
@@ -93,7 +93,12 @@ impl JournalStorage {
             |_| {},
         )?;
         // Entries replayed may carry a newer commit than the last raft-state write.
-        let commit = hard_state.commit.max(report.commit);
+        // A checkpoint's index was applied, hence committed, even where no later entry's
+        // `commit` field says so.
+        let commit = hard_state
+            .commit
+            .max(report.commit)
+            .max(report.checkpoint.index);
         hard_state.commit = commit.min(journal.last_index());
         let conf_state = ConfState {
             voters,
@@ -171,6 +176,12 @@ impl JournalStorage {
 
     pub fn journal(&self) -> &RaftJournal {
         &self.journal
+    }
+
+    /// A checkpoint is durable: the journal forgets what lies below it and returns the
+    /// files to remove.
+    pub fn checkpoint_done(&mut self, point: Checkpoint2) -> Vec<PathBuf> {
+        self.journal.checkpoint_done(point)
     }
 
     pub fn take_sync_job(&mut self) -> Option<RaftJournalSync> {
@@ -256,7 +267,9 @@ impl raft::Storage for JournalStorage {
         Ok(self.journal.last_index())
     }
 
-    /// INSTALL is increment 7: until then a laggard below the first entry waits.
+    /// Journals are compacted only up to a FLOOR every voter had reached (§5.4), so no
+    /// peer asks for what is gone; INSTALL, for one that does (a wiped disk), is not
+    /// built: it waits.
     fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {
         Err(raft::Error::Store(
             raft::StorageError::SnapshotTemporarilyUnavailable,
