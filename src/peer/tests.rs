@@ -479,3 +479,85 @@ fn frames_round_trip_and_the_cluster_id_depends_on_the_peers_only() {
     assert!(frame::split(&[0, 0, 0, 0, 2]).is_err());
     assert!(frame::split(&[0, 0, 0, 1, 9]).is_err());
 }
+
+/// A field number no `eraftpb` message has: what a peer sends there is an unknown field.
+const UNKNOWN_FIELD: u64 = 100;
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// `inner` as the length-delimited field `field`: how a nested message is encoded.
+fn nested(field: u64, inner: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_varint(&mut out, field << 3 | 2);
+    put_varint(&mut out, inner.len() as u64);
+    out.extend_from_slice(inner);
+    out
+}
+
+/// `depth` unknown groups, each inside the one before (start-group tags, then as many
+/// end-group tags): 4 bytes a level, so one frame under the cap nests 400,000 deep.
+fn nested_groups(depth: usize) -> Vec<u8> {
+    let (mut start, mut end) = (Vec::new(), Vec::new());
+    put_varint(&mut start, UNKNOWN_FIELD << 3 | 3);
+    put_varint(&mut end, UNKNOWN_FIELD << 3 | 4);
+    let mut out = start.repeat(depth);
+    out.extend(end.repeat(depth));
+    out
+}
+
+/// RUSTSEC-2024-0437 (docs/REPLICATION.md §11): protobuf 3.x before 3.7.2 skips an
+/// unknown group by recursing into each group inside it, a stack frame a level, so
+/// 400,000 levels overflow the stack and abort the process. protobuf 2.28 (raft 0.7 pins 2.x) skips
+/// one level of group and refuses a group inside it: these frames keep that true, so an
+/// upgrade that brings the recursion back crashes this test rather than a node.
+#[test]
+fn deeply_nested_unknown_groups_are_refused_without_recursing() {
+    let deep = nested_groups(400_000);
+    let mut valid = Vec::new();
+    frame::put_raft(&mut valid, &message(2, 1, b"x")).unwrap();
+    let valid = &valid[LENGTH_BYTES + 1..];
+    // At the top of the message, in an entry, and in the deepest message the schema has
+    // (Message.snapshot.metadata.conf_state): wherever unknown fields are skipped.
+    let in_entry = [valid, &nested(7, &deep)].concat();
+    let in_conf_state = [valid, &nested(9, &nested(2, &nested(1, &deep)))].concat();
+    for (place, body) in [
+        ("top", &deep),
+        ("entry", &in_entry),
+        ("conf_state", &in_conf_state),
+    ] {
+        assert!(
+            body.len() < FRAME_BYTES_MAX,
+            "{place}: {} bytes",
+            body.len()
+        );
+        let err = frame::parse_raft(body).expect_err(place);
+        assert_eq!(
+            err.to_string(),
+            "bad RAFT frame: unexpected wire type",
+            "{place}"
+        );
+    }
+    // One level of unknown group is legal protobuf and is skipped, not refused.
+    let mut one = valid.to_vec();
+    one.extend(nested_groups(1));
+    assert_eq!(frame::parse_raft(&one).unwrap(), message(2, 1, b"x"));
+
+    // Over a link: refused, closed, nothing handed to raft.
+    let (mut net, nodes, mut raw) = lone_node_and_raw_peer();
+    let mut bytes = frame_bytes(|o| frame::put_hello(o, &hello_from(&nodes, 2, 1)));
+    bytes.extend(((deep.len() + 1) as u32).to_be_bytes());
+    bytes.push(FrameKind::Raft as u8);
+    bytes.extend(&deep);
+    raw.write_all(&bytes).unwrap();
+    net.run_until("frame refused", |n| {
+        n.node(1).counters(2).is_some_and(|c| c.refused == 1)
+    });
+    assert_closed(&mut raw);
+    assert!(net.messages(1).is_empty());
+}
