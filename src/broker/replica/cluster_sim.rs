@@ -9,7 +9,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::machine::{test_address, test_config, ReplicaConfig};
+use super::machine::{test_address, test_config, ReplicaConfig, ReplicaOptions};
 use super::PeerMessage;
 use crate::broker::dlq::split_origin;
 use crate::broker::{
@@ -29,6 +29,7 @@ use crate::wire::{
 const NODES: u64 = 3;
 const ELECTION_TICKS: usize = 10;
 const TICK_MS: u64 = 50;
+const HOUSEKEEPING_INTERVAL_MS: u64 = 1_000;
 /// Rounds (a tick, then messages and jobs until quiet) a test may take to reach its
 /// condition.
 const ROUNDS_MAX: usize = 500;
@@ -67,6 +68,10 @@ fn open_node(id: u64) -> Node {
 }
 
 fn open_node_on(id: u64, disk: SimDisk) -> Node {
+    open_node_with(id, disk, ReplicaOptions::default())
+}
+
+fn open_node_with(id: u64, disk: SimDisk, options: ReplicaOptions) -> Node {
     let storage: Arc<dyn Storage> = Arc::new(disk.clone());
     let config = BrokerConfig {
         data_dir: Path::new("/data").to_path_buf(),
@@ -85,14 +90,8 @@ fn open_node_on(id: u64, disk: SimDisk) -> Node {
     };
     let jobs = Jobs::default();
     let sink = Box::new(jobs.clone());
-    let (broker, _) = Broker::open_cluster(
-        config,
-        (replica, Default::default()),
-        storage,
-        sink,
-        Now::default(),
-    )
-    .unwrap();
+    let (broker, _) =
+        Broker::open_cluster(config, (replica, options), storage, sink, Now::default()).unwrap();
     Node {
         disk,
         broker,
@@ -111,7 +110,12 @@ struct Net {
 
 impl Net {
     fn new() -> Net {
-        let nodes = (1..=NODES).map(open_node).collect();
+        Net::with_options(ReplicaOptions::default())
+    }
+
+    fn with_options(options: ReplicaOptions) -> Net {
+        let open = |id| open_node_with(id, SimDisk::seeded(id), options.clone());
+        let nodes = (1..=NODES).map(open).collect();
         Net {
             nodes,
             now: Now::default(),
@@ -182,11 +186,17 @@ impl Net {
         panic!("the network never quietens");
     }
 
+    /// One raft tick; every [`HOUSEKEEPING_INTERVAL_MS`], housekeeping too, as the
+    /// reactor runs it (dead letters proposed again, expiry).
     fn tick(&mut self) {
         self.now.mono_ms += TICK_MS;
         self.now.wall_ms += TICK_MS;
+        let housekeeping = self.now.mono_ms.is_multiple_of(HOUSEKEEPING_INTERVAL_MS);
         for n in &mut self.nodes {
             n.broker.raft_tick();
+            if housekeeping {
+                n.broker.housekeeping(self.now);
+            }
         }
     }
 
@@ -256,10 +266,14 @@ impl Net {
         self.nodes[i].answers[&slot].clone()
     }
 
-    /// Node `i`'s record at `sequence` of partition 0: `(producer_id, value)`.
     /// The next sequence node `i`'s partition 0 of `topic` appends at.
     fn next_sequence(&self, i: usize, topic: u16) -> u64 {
-        let part = self.nodes[i].broker.partition(topic, 0).unwrap();
+        self.next_sequence_of(i, topic)
+    }
+
+    /// The same for any topic id, a twin's included.
+    fn next_sequence_of(&self, i: usize, topic_id: u16) -> u64 {
+        let part = self.nodes[i].broker.partition(topic_id, 0).unwrap();
         part.log.next_sequence()
     }
 
@@ -268,6 +282,7 @@ impl Net {
         (0..self.nodes.len()).all(|i| self.next_sequence(i, topic) == next)
     }
 
+    /// Node `i`'s record at `sequence` of partition 0: `(producer_id, value)`.
     fn record(&mut self, i: usize, topic: u16, sequence: u64) -> Option<(u64, String)> {
         let r = self.nodes[i]
             .broker
@@ -789,4 +804,56 @@ fn a_checkpoint_keeps_the_replicated_group_positions_whose_entries_it_compacts()
         Some(committed),
         "lost with the entries"
     );
+}
+
+#[test]
+fn a_dead_letter_whose_proposal_raft_refused_is_proposed_again_and_written_once() {
+    // Raft wants it above one message's bytes; 15 records of 128 KB stay below it.
+    const BUDGET_BYTES: u64 = 2 * super::machine::MSG_BYTES_MAX;
+    const VALUE_BYTES: usize = 128_000;
+    let options = ReplicaOptions {
+        uncommitted_bytes_max: BUDGET_BYTES,
+        ..ReplicaOptions::default()
+    };
+    let mut net = Net::with_options(options);
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    let twin = crate::wire::dlq_twin_id(topic);
+    net.publish(l, 1, topic, (7, 1), "poison");
+    assert_eq!(pub_ok(&net.wait_answer(l, 1)).sequence, 1);
+    let delivery = net.first_delivery(l, topic);
+    // Cut off (and not ticked, so it still leads), the leader fills raft's budget for
+    // uncommitted entries, one pass each.
+    for i in (0..3).filter(|&i| i != l) {
+        net.nodes[i].isolated = true;
+    }
+    for seq in 2..=16 {
+        net.publish(l, seq, topic, (8, seq), &"x".repeat(VALUE_BYTES));
+        net.deliver();
+        assert!(!net.nodes[l].answers.contains_key(&seq), "{seq} answered");
+    }
+    // One pass: a PUB past the budget and the NACK whose dead letter rides with it.
+    net.publish(l, 17, topic, (8, 17), &"x".repeat(2 * VALUE_BYTES));
+    let nack = delivery.nack(NackReason::Reject);
+    let _ = net.nodes[l].broker.nack(CONN, &nack, net.now);
+    net.deliver();
+    assert_eq!(
+        error_code(&net.nodes[l].answers[&17]),
+        Some(ErrorCode::Backpressure),
+        "the pass's BATCH was refused"
+    );
+    for i in (0..3).filter(|&i| i != l) {
+        net.nodes[i].isolated = false;
+    }
+    net.run_until("every node holds the dead letter", |net| {
+        (0..3).all(|i| net.next_sequence_of(i, twin) == 2)
+    });
+    for _ in 0..ELECTION_TICKS {
+        net.tick();
+        net.deliver();
+    }
+    for i in 0..3 {
+        assert_eq!(net.next_sequence_of(i, twin), 2, "node {i}: written twice");
+        assert_eq!(net.dead_letter(i, twin, 1), (b"poison".to_vec(), 1));
+    }
 }

@@ -64,6 +64,10 @@ pub struct ReplicaOptions {
     /// Draws election timeouts from this seed instead of raft's `thread_rng`, so that a
     /// simulation replays one history per seed. `None`: raft draws them.
     pub election_seed: Option<u64>,
+    /// Raft drops proposals past this many bytes of uncommitted entries (0x4001): the
+    /// broker's own cap on unsynced bytes, [`UNCOMMITTED_BYTES_MAX`]; tests lower it to
+    /// reach a refusal with a few records.
+    pub uncommitted_bytes_max: u64,
 }
 
 impl Default for ReplicaOptions {
@@ -71,6 +75,7 @@ impl Default for ReplicaOptions {
         ReplicaOptions {
             tick_ms: TICK_MS_DEFAULT,
             election_seed: None,
+            uncommitted_bytes_max: UNCOMMITTED_BYTES_MAX,
         }
     }
 }
@@ -291,7 +296,7 @@ impl Replica {
             max_size_per_msg: MSG_BYTES_MAX,
             max_inflight_msgs: INFLIGHT_MSGS_MAX,
             max_committed_size_per_ready: COMMITTED_BYTES_PER_READY_MAX,
-            max_uncommitted_size: UNCOMMITTED_BYTES_MAX,
+            max_uncommitted_size: options.uncommitted_bytes_max,
             ..raft::Config::default()
         };
         let raw = RawNode::new(&raft_config, store, &raft_logger()).map_err(ReplicaError::Raft)?;

@@ -160,6 +160,7 @@ fn open(seed: u64, i: usize, incarnation: u64, disk: &SimDisk, now: u64) -> Repl
     let options = ReplicaOptions {
         tick_ms: TICK_MS,
         election_seed: Some(seed.rotate_left(20) ^ (incarnation << 8) ^ i as u64),
+        ..ReplicaOptions::default()
     };
     let config = config(i as u64 + 1);
     Replica::open_with(&storage, Path::new(DATA_DIR), config, options, now)
