@@ -63,9 +63,6 @@ struct Node {
     pushes: Vec<Effect>,
 }
 
-fn open_node(id: u64) -> Node {
-    open_node_on(id, SimDisk::seeded(id))
-}
 
 fn open_node_on(id: u64, disk: SimDisk) -> Node {
     open_node_with(id, disk, ReplicaOptions::default())
