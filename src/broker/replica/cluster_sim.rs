@@ -63,7 +63,6 @@ struct Node {
     pushes: Vec<Effect>,
 }
 
-
 fn open_node_on(id: u64, disk: SimDisk) -> Node {
     open_node_with(id, disk, ReplicaOptions::default())
 }
