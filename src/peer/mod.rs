@@ -67,6 +67,11 @@ const READS_PER_EVENT_MAX: usize = 16;
 const ACCEPTS_PER_EVENT_MAX: usize = 16;
 /// An emptied output or input buffer keeps at most this much capacity.
 const IDLE_CAPACITY_MAX_BYTES: usize = 64 * 1024;
+/// An emptied output (or input) buffer keeps what it grew to until it has held no more
+/// than [`IDLE_CAPACITY_MAX_BYTES`] for this long: appends refill it every pass, and
+/// growing it again each time cost the leader a tenth of its time in page faults
+/// (`docs/BENCHMARKS.md`).
+const OUTPUT_SHRINK_AFTER_MS: u64 = 1_000;
 /// Written output is cut from the front of the buffer once it is this large.
 const COMPACT_BYTES_MIN: usize = 1024 * 1024;
 
@@ -162,6 +167,8 @@ struct Remote {
     /// Queued frames; `buf[sent..]` is not written yet.
     buf: Vec<u8>,
     sent: usize,
+    /// `buf` keeps its capacity until then ([`OUTPUT_SHRINK_AFTER_MS`]).
+    busy_until_ms: u64,
     /// The accepted connection whose HELLO named this peer.
     inbound: Option<usize>,
     hello: Option<Hello>,
@@ -175,6 +182,9 @@ struct Remote {
 struct Inbound {
     stream: TcpStream,
     input: Vec<u8>,
+    /// `input` keeps its capacity until then ([`OUTPUT_SHRINK_AFTER_MS`], which holds
+    /// for input too: a follower's appends arrive every pass).
+    busy_until_ms: u64,
     /// Index into `Peers::remotes` once its HELLO was accepted.
     remote: Option<usize>,
     accepted_ms: u64,
@@ -496,6 +506,7 @@ impl Remote {
             connected_since_ms: None,
             buf: Vec::new(),
             sent: 0,
+            busy_until_ms: 0,
             inbound: None,
             hello: None,
             last_heard_ms: None,
@@ -651,6 +662,9 @@ impl Peers {
             return;
         };
         let mut failure = None;
+        if remote.buf.len() - remote.sent > IDLE_CAPACITY_MAX_BYTES {
+            remote.busy_until_ms = now_ms + OUTPUT_SHRINK_AFTER_MS;
+        }
         while remote.sent < remote.buf.len() {
             match stream.write(&remote.buf[remote.sent..]) {
                 Ok(0) => {
@@ -675,7 +689,9 @@ impl Peers {
         }
         if remote.sent == remote.buf.len() {
             remote.buf.clear();
-            remote.buf.shrink_to(IDLE_CAPACITY_MAX_BYTES);
+            if now_ms >= remote.busy_until_ms {
+                remote.buf.shrink_to(IDLE_CAPACITY_MAX_BYTES);
+            }
             remote.sent = 0;
         } else if remote.sent >= COMPACT_BYTES_MIN {
             remote.buf.drain(..remote.sent);
@@ -747,6 +763,7 @@ impl Peers {
             self.inbound[s] = Some(Inbound {
                 stream,
                 input: Vec::new(),
+                busy_until_ms: 0,
                 remote: None,
                 accepted_ms: now_ms,
                 bytes_in: 0,
@@ -816,6 +833,9 @@ impl Peers {
         let Some(link) = self.inbound[s].as_mut() else {
             return Ok(());
         };
+        if link.input.len() > IDLE_CAPACITY_MAX_BYTES {
+            link.busy_until_ms = now_ms + OUTPUT_SHRINK_AFTER_MS;
+        }
         let input = std::mem::take(&mut link.input);
         let mut at = 0;
         let mut result = Ok(());
@@ -830,7 +850,7 @@ impl Peers {
         if let Some(link) = self.inbound[s].as_mut() {
             link.input = input;
             link.input.drain(..at);
-            if link.input.is_empty() {
+            if link.input.is_empty() && now_ms >= link.busy_until_ms {
                 link.input.shrink_to(IDLE_CAPACITY_MAX_BYTES);
             }
         }

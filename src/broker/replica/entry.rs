@@ -131,7 +131,22 @@ impl EntryData {
     }
 }
 
+/// Bytes of a BATCH part's and a position's fixed fields.
+const BATCH_HEADER_BYTES: usize = 1 + 8 + 4 + 4;
+const PART_FIXED_BYTES: usize = 2 + 2 + 8 + 4 + 4;
+const POSITION_FIXED_BYTES: usize = 2 + 2 + 8 + 2;
+
 fn encode_batch(b: &Batch, out: &mut Vec<u8>) {
+    // One allocation: a pass's records may be megabytes, grown by doubling otherwise.
+    let parts: usize = b
+        .parts
+        .iter()
+        .map(|p| PART_FIXED_BYTES + p.records.len())
+        .sum();
+    let positions: usize = (b.positions.iter())
+        .map(|p| POSITION_FIXED_BYTES + p.group.len())
+        .sum();
+    out.reserve(BATCH_HEADER_BYTES + parts + positions);
     out.push(ENTRY_BATCH);
     out.extend_from_slice(&b.leader_wall_ms.to_be_bytes());
     out.extend_from_slice(&(b.parts.len() as u32).to_be_bytes());
@@ -309,6 +324,12 @@ mod tests {
             let bytes = e.encode();
             assert_eq!(EntryData::decode(&bytes), Ok(e));
         }
+        let b = batch().encode();
+        assert_eq!(
+            b.capacity(),
+            b.len(),
+            "a BATCH is encoded in one allocation"
+        );
         assert!(EntryData::Noop.encode().is_empty());
         assert_eq!(EntryData::decode(&[]), Ok(EntryData::Noop));
     }
