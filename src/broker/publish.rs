@@ -68,6 +68,10 @@ pub struct Partitions {
     max_producers: usize,
     /// `--max-data-size` (0 = none).
     max_data_bytes: u64,
+    /// Cluster mode: producers' activity is the leader's wall clock when it took their
+    /// records (the records' timestamps), so every node, whenever it applies them,
+    /// ages, evicts and expires the same producers (`--producer-ttl`).
+    producers_on_wall_clock: bool,
     leader_epoch: u64,
     next_producer_snapshot_ms: u64,
     /// Reused between passes: waiters answered in one go.
@@ -94,6 +98,7 @@ impl Partitions {
             producer_ttl_ms: config.producer_ttl_ms,
             max_producers: config.max_producers_per_partition,
             max_data_bytes: config.max_data_bytes,
+            producers_on_wall_clock: false,
             leader_epoch: epoch,
             next_producer_snapshot_ms: producers::PRODUCER_SNAPSHOT_INTERVAL_MS,
             ready: Vec::new(),
@@ -167,6 +172,23 @@ impl Partitions {
     }
 
     /// Every partition's producers, from its snapshot and the records after it.
+    /// Cluster mode, before the producers are rebuilt: see `producers_on_wall_clock`.
+    pub(super) fn age_producers_on_wall_clock(&mut self) {
+        self.producers_on_wall_clock = true;
+    }
+
+    /// The clock producers' activity is measured on, as a `Now` whose monotonic reading
+    /// is the wall clock in cluster mode.
+    fn producer_now(&self, now: Now) -> Now {
+        match self.producers_on_wall_clock {
+            true => Now {
+                mono_ms: now.wall_ms,
+                ..now
+            },
+            false => now,
+        }
+    }
+
     pub(super) fn rebuild_all_producers(&mut self, now: Now, counters: &mut BrokerCounters) {
         let keys: Vec<PartitionKey> = self.map.keys().copied().collect();
         for key in keys {
@@ -192,6 +214,8 @@ impl Partitions {
         counters: &mut BrokerCounters,
     ) -> (Producers, u64) {
         let (ttl_ms, max_producers) = (self.producer_ttl_ms, self.max_producers);
+        let on_wall_clock = self.producers_on_wall_clock;
+        let now = self.producer_now(now);
         let written = log.written_sequence();
         let snapshot = meta::read_checked(&*self.storage, &dir.join(producers::PRODUCERS_FILE))
             .ok()
@@ -212,9 +236,15 @@ impl Partitions {
         let first = first.max(log.first_sequence());
         let scanned = log.scan_headers(first, |sequence, timestamp_ms, producer_id, seq| {
             if producer_id != 0 && now.wall_ms.saturating_sub(timestamp_ms) <= ttl_ms {
-                // Idleness is measured on the monotonic clock from start-up on.
+                // Idleness is measured on the monotonic clock from start-up on; in a
+                // cluster from the record's timestamp, as apply does.
+                let active_ms = if on_wall_clock {
+                    timestamp_ms
+                } else {
+                    now.mono_ms
+                };
                 let evicted =
-                    producers.record(producer_id, seq, sequence, now.mono_ms, max_producers);
+                    producers.record(producer_id, seq, sequence, active_ms, max_producers);
                 counters.producers_evicted += evicted as u64;
             }
         });
@@ -456,7 +486,6 @@ impl Partitions {
         key: PartitionKey,
         first_sequence: u64,
         records: &[u8],
-        now_mono_ms: u64,
         counters: &mut BrokerCounters,
     ) -> Result<u64, StorageError> {
         let max_producers = self.max_producers;
@@ -485,9 +514,9 @@ impl Partitions {
                 })?;
             if sequence >= next && rec.producer_id != 0 {
                 let (id, seq) = (rec.producer_id, rec.producer_seq);
-                let evicted = part
-                    .producers
-                    .record(id, seq, sequence, now_mono_ms, max_producers);
+                let evicted =
+                    part.producers
+                        .record(id, seq, sequence, rec.timestamp_ms, max_producers);
                 counters.producers_evicted += evicted as u64;
             }
             pos += len;
@@ -623,6 +652,7 @@ impl Partitions {
         counters: &mut BrokerCounters,
         jobs: &mut Vec<DurableJob>,
     ) {
+        let producer_now = self.producer_now(now);
         // `data_bytes` follows every flush; this exact count (segment headers, retention)
         // visits every partition, so it runs here and not on every pass.
         self.data_bytes = self.map.values().map(|p| p.log.stats().bytes).sum();
@@ -642,12 +672,13 @@ impl Partitions {
                 ),
             }
             counters.producers_expired +=
-                part.producers.expire(now.mono_ms, self.producer_ttl_ms) as u64;
+                part.producers
+                    .expire(producer_now.mono_ms, self.producer_ttl_ms) as u64;
         }
         if now.mono_ms >= self.next_producer_snapshot_ms {
             self.next_producer_snapshot_ms = now.mono_ms + producers::PRODUCER_SNAPSHOT_INTERVAL_MS;
             for part in self.map.values_mut() {
-                let work = snapshot_job(part, now);
+                let work = snapshot_job(part, producer_now);
                 jobs.extend(work.map(|work| DurableJob {
                     storage: Arc::clone(&self.storage),
                     work,
@@ -687,6 +718,7 @@ impl Partitions {
         if let Err(e) = self.commit.shutdown(&mut self.map, counters) {
             failed.push(e);
         }
+        let now = self.producer_now(now);
         for part in self.map.values_mut() {
             let covered = part.log.written_sequence();
             let bytes = part.producers.encode(covered, now.mono_ms, now.wall_ms);

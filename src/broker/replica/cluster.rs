@@ -42,8 +42,10 @@
 //! - **Compaction** (`replica::compaction`): FLOOR entries and checkpoints; a start
 //!   applies from the journal's checkpoint (replay skips what the segments hold).
 //!
-//! Not yet: `--producer-ttl` on the leader's wall clock, a DECLARE's OK held by the
-//! lease (PUB answers are, in the replica), INSTALL.
+//! - **Producers** age on the records' timestamps, the leader's wall clock when it took
+//!   them, so every node evicts and expires the same ones (`--producer-ttl`).
+//!
+//! Not yet: INSTALL.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
@@ -453,6 +455,7 @@ impl Broker {
         let (replica, _) = Replica::open_with(&storage, &dir, replica, options, now.mono_ms)
             .map_err(|e| format!("raft journal: {e}"))?;
         let mut broker = Broker::assemble(config, storage, topics, sink, 0);
+        broker.partitions.age_producers_on_wall_clock();
         broker.cluster = Some(Box::new(Cluster::new(replica)));
         let mut report = StartupReport {
             topics: broker.topics.registry().len(),
@@ -931,13 +934,9 @@ impl Broker {
         }
         for p in &batch.parts {
             let key = (p.topic_id, p.partition);
-            let applied = self.partitions.apply_part(
-                key,
-                p.first_sequence,
-                &p.records,
-                now.mono_ms,
-                &mut self.counters,
-            );
+            let applied =
+                self.partitions
+                    .apply_part(key, p.first_sequence, &p.records, &mut self.counters);
             if pair_of(key.0).is_some_and(|(_, twin)| twin) {
                 self.consume
                     .replicated_dead_letters(p.first_sequence, &p.records, now);

@@ -853,3 +853,36 @@ fn a_dead_letter_whose_proposal_raft_refused_is_proposed_again_and_written_once(
         assert_eq!(net.dead_letter(i, twin, 1), (b"poison".to_vec(), 1));
     }
 }
+
+#[test]
+fn a_follower_that_applied_a_producers_record_late_forgets_it_when_the_leader_does() {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    let f = (0..3).find(|&i| i != l).unwrap();
+    net.nodes[f].isolated = true;
+    net.publish(l, 1, topic, (9, 1), "a");
+    assert_eq!(pub_ok(&net.wait_answer(l, 1)).sequence, 1);
+    // Most of --producer-ttl (60 s here) later the follower gets the record.
+    net.now.mono_ms += 50_000;
+    net.now.wall_ms += 50_000;
+    net.nodes[f].isolated = false;
+    net.run_until("the late follower applied it", |net| {
+        net.next_sequence(f, topic) == 2
+    });
+    // Past the TTL from the leader's PUB: every node forgets producer 9 alike.
+    net.now.mono_ms += 20_000;
+    net.now.wall_ms += 20_000;
+    for i in 0..3 {
+        net.nodes[i].broker.housekeeping(net.now);
+    }
+    for i in 0..3 {
+        let known = net.nodes[i]
+            .broker
+            .partition(topic, 0)
+            .unwrap()
+            .producers
+            .len();
+        assert_eq!(known, 0, "node {i} still knows the producer");
+    }
+}
