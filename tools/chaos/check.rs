@@ -2,7 +2,8 @@
 //! (`docs/REPLICATION.md` §9.3, §9.4):
 //!
 //! 1. every REPLICATED-acknowledged record is, on every node's log after healing, at the
-//!    sequence its OK named, with its value (otherwise *lost* on that node);
+//!    sequence its OK named, with its value (otherwise *lost* on that node); every node
+//!    the `run` event names (3 or 5) has a log of every partition in the history;
 //! 2. no value is twice in a node's log (an idempotent producer never makes a copy);
 //! 3. no two nodes disagree on a (partition, sequence): every node holds the same value
 //!    there, or (a gap on one node) the same set of sequences;
@@ -86,6 +87,8 @@ pub fn check(events: &[Value]) -> Report {
     let mut acks = Vec::new();
     let mut delivered = HashSet::new();
     let mut logs = Logs::new();
+    let mut run = None;
+    let mut logs_read = HashSet::new();
     for e in events {
         match e["ev"].as_str().unwrap_or_default() {
             "send" => report.sent += 1,
@@ -108,7 +111,9 @@ pub fn check(events: &[Value]) -> Report {
             "fault" if e["phase"] == "begin" => {
                 *report.faults.entry(text(e, "kind")).or_default() += 1;
             }
+            "run" => run = Some((num(e, "nodes"), num(e, "partitions"))),
             "log" => {
+                logs_read.insert((num(e, "node"), num(e, "partition")));
                 let log = logs.entry(num(e, "node")).or_default();
                 for r in e["records"].as_array().into_iter().flatten() {
                     let seq = r[0].as_u64().unwrap_or(0);
@@ -121,6 +126,9 @@ pub fn check(events: &[Value]) -> Report {
     }
     report.acknowledged = acks.len() as u64;
     report.nodes_checked = logs.len() as u64;
+    if let Some(run) = run {
+        check_every_log_read(run, &logs_read, &mut report);
+    }
     check_acks_present(&acks, &logs, &mut report);
     check_no_copies(&logs, &mut report);
     check_nodes_agree(&logs, &mut report);
@@ -153,6 +161,24 @@ fn check_acks_present(acks: &[Ack], logs: &Logs, report: &mut Report) {
         }
     }
     report.lost = lost.len() as u64;
+}
+
+/// Rule 1's premise: a node whose log is not in the history would pass unseen.
+fn check_every_log_read(
+    (nodes, partitions): (u64, u64),
+    read: &HashSet<(u64, u64)>,
+    report: &mut Report,
+) {
+    for node in 1..=nodes {
+        let missing: Vec<u64> = (0..partitions)
+            .filter(|p| !read.contains(&(node, *p)))
+            .collect();
+        if !missing.is_empty() {
+            report.violations.push(format!(
+                "unread: node {node} of {nodes} has no log of partitions {missing:?}"
+            ));
+        }
+    }
 }
 
 /// Rule 2.

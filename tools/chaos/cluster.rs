@@ -1,4 +1,4 @@
-//! The three `mortard` processes: ports, data directories, start, kill -9, SIGSTOP and
+//! The `mortard` processes (3 or 5): ports, data directories, start, kill -9, SIGSTOP and
 //! SIGCONT, SIGTERM, and their admin HTTP (`/stats`, `/topics/…`).
 
 use std::io::{BufRead, BufReader, Read, Write};

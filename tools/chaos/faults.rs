@@ -1,6 +1,8 @@
 //! The fault schedule: from one seed, one fault at a time, each held for a drawn time,
 //! then undone, then a drawn quiet gap. What a fault hits (the leader, a follower, a
-//! link) is read from the nodes' `/stats` when it begins.
+//! link) is read from the nodes' `/stats` when it begins. The choices that depend on
+//! the number of nodes (3 or 5) are the pure [`split_sides`] and [`follower_of`], so
+//! that their unit tests (`tests.rs`) need no cluster.
 
 use std::time::{Duration, Instant};
 
@@ -29,7 +31,9 @@ enum Kind {
     PauseLeader,
     /// Every link to and from the leader cut (closed) or silent (all frames dropped).
     IsolateLeader,
-    /// One node, any role, cut off from the other two: a 2/1 split.
+    /// A majority/minority split, cut or silent both ways between the sides: with 3
+    /// nodes the leader alone against the other two (2/1), with 5 a side of 2 against a
+    /// side of 3, the leader on either (see [`split_sides`]).
     Split,
     /// The leader's outbound links (or its inbound ones) silent, the other way working.
     OneWay,
@@ -163,17 +167,22 @@ fn begin(cluster: &mut Cluster, kind: Kind, t: usize, rng: &mut SimRng) -> Strin
             cluster.pause(t);
             "SIGSTOP".into()
         }
-        Kind::IsolateLeader | Kind::Split => {
-            let fault = if rng.below(2) == 0 {
-                Fault::Cut
-            } else {
-                Fault::Drop(100)
-            };
+        Kind::IsolateLeader => {
+            let fault = cut_or_silent(rng);
             for o in others {
                 links.set(id, o, fault);
                 links.set(o, id, fault);
             }
             format!("{fault:?} both ways")
+        }
+        Kind::Split => {
+            // The fault before the sides: the order of draws a 3-node seed always had.
+            let fault = cut_or_silent(rng);
+            let (minority, majority) = split_sides(n, id, rng);
+            for (from, to) in between_sides(&minority, &majority) {
+                links.set(from, to, fault);
+            }
+            format!("{fault:?} both ways between {minority:?} and {majority:?}")
         }
         Kind::OneWay => {
             let outbound = rng.below(2) == 0;
@@ -193,6 +202,58 @@ fn begin(cluster: &mut Cluster, kind: Kind, t: usize, rng: &mut SimRng) -> Strin
     }
 }
 
+fn cut_or_silent(rng: &mut SimRng) -> Fault {
+    if rng.below(2) == 0 {
+        Fault::Cut
+    } else {
+        Fault::Drop(100)
+    }
+}
+
+/// The two sides of a split of nodes `1..=n` around `leader` (an id): (minority,
+/// majority), each sorted, together every node. A minority has `(n - 1) / 2` nodes, so
+/// the majority can still elect. With 3 nodes the leader is the minority and nothing is
+/// drawn, as before 5 nodes were possible, so that a seed keeps its 3-node schedule
+/// (`tests/chaos.rs` relies on seed 27's). With more, the seed puts the leader on either
+/// side (on the minority side it must step down and the majority elect; on the majority
+/// side it keeps leading and the minority must not disturb it) and draws the rest of its
+/// side.
+pub fn split_sides(n: u8, leader: u8, rng: &mut SimRng) -> (Vec<u8>, Vec<u8>) {
+    let mut others: Vec<u8> = (1..=n).filter(|&o| o != leader).collect();
+    if n <= 3 {
+        return (vec![leader], others);
+    }
+    let minority_size = usize::from((n - 1) / 2);
+    let leader_in_minority = rng.below(2) == 0;
+    for i in (1..others.len()).rev() {
+        others.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let with_leader = usize::from(leader_in_minority);
+    let (mut minority, mut majority) = (
+        others[..minority_size - with_leader].to_vec(),
+        others[minority_size - with_leader..].to_vec(),
+    );
+    if leader_in_minority {
+        minority.push(leader);
+    } else {
+        majority.push(leader);
+    }
+    minority.sort_unstable();
+    majority.sort_unstable();
+    (minority, majority)
+}
+
+/// Every directed link from one side to the other, both ways.
+pub fn between_sides(a: &[u8], b: &[u8]) -> Vec<(u8, u8)> {
+    let pairs = a.iter().flat_map(|&x| b.iter().map(move |&y| (x, y)));
+    pairs.flat_map(|(x, y)| [(x, y), (y, x)]).collect()
+}
+
+/// The node (index) a follower restart hits: any of the `n` but the leader `t`.
+pub fn follower_of(n: usize, t: usize, rng: &mut SimRng) -> usize {
+    (t + 1 + rng.below(n as u64 - 1) as usize) % n
+}
+
 fn all_links(cluster: &Cluster, kind: Kind, rng: &mut SimRng) -> String {
     let n = cluster.nodes.len() as u8;
     let fault = match kind {
@@ -210,8 +271,7 @@ fn all_links(cluster: &Cluster, kind: Kind, rng: &mut SimRng) -> String {
 /// Restarts a node other than the leader `t` (kill -9 or SIGTERM); the fault's hold is
 /// then a quiet time.
 fn restart_follower(cluster: &mut Cluster, t: usize, rng: &mut SimRng) -> String {
-    let n = cluster.nodes.len();
-    let f = (t + 1 + rng.below(n as u64 - 1) as usize) % n;
+    let f = follower_of(cluster.nodes.len(), t, rng);
     if cluster.nodes[f].state != State::Running {
         return format!("node {} not running; nothing done", cluster.nodes[f].id);
     }

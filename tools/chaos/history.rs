@@ -3,6 +3,7 @@
 //! tool still leaves what came before. The events and their fields:
 //!
 //! ```text
+//! run       nodes seed partitions                         what was started (first)
 //! send      producer value partition                      a PUB queued
 //! ack       producer value partition sequence leader_epoch commit_seq durability
 //!           dedup scan                                    its REPLICATED OK

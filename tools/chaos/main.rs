@@ -1,5 +1,5 @@
 //! `mortar-chaos`: the fault tool of issue 15 (`docs/REPLICATION.md` §9.4), Jepsen-style
-//! on loopback. It starts a 3-node cluster of real `mortard` processes with a
+//! on loopback. It starts a cluster of 3 or 5 (`--nodes`) real `mortard` processes with a
 //! fault-injecting proxy on every directed peer link ([`proxy`]), runs idempotent
 //! REPLICATED producers and a consumer group against it ([`load`]) while a seeded
 //! schedule ([`faults`]) kills, pauses, partitions, slows and restarts nodes, writes
@@ -9,7 +9,7 @@
 //! exits 1 on any violation.
 //!
 //! ```text
-//! mortar-chaos --duration 45s --seed 7 --history chaos.jsonl [--mortard PATH]
+//! mortar-chaos --duration 45s --seed 7 --history chaos.jsonl [--nodes 5] [--mortard PATH]
 //! mortar-chaos --check chaos.jsonl      # check a history again (or a doctored one)
 //! ```
 
@@ -35,8 +35,9 @@ use cluster::{get_json, Cluster};
 use history::History;
 use load::{Load, TOPIC};
 
-/// Nodes in the cluster.
-const NODES: u8 = 3;
+/// Cluster sizes `--nodes` takes: odd, so a split always leaves a majority, and small
+/// enough for loopback on a small machine.
+const NODE_COUNTS: [u8; 2] = [3, 5];
 /// Each of two waits after healing: for the acknowledged records to be delivered, then for every
 /// node to apply the same index.
 const SETTLE_TIMEOUT_MS: u64 = 60_000;
@@ -49,6 +50,7 @@ const PAGE_RECORDS: u64 = 1_000;
 const EXIT_VIOLATIONS: u8 = 1;
 
 struct Opts {
+    nodes: u8,
     duration: Duration,
     seed: u64,
     history: PathBuf,
@@ -62,7 +64,7 @@ struct Opts {
 }
 
 fn main() -> ExitCode {
-    let opts = match parse_opts() {
+    let opts = match parse_opts(std::env::args().skip(1)) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("mortar-chaos: {e}");
@@ -89,6 +91,7 @@ fn main() -> ExitCode {
 
 fn options() -> Options {
     let mut o = Options::new();
+    o.optopt("", "nodes", "nodes in the cluster: 3 or 5 (default 3)", "N");
     o.optopt("", "duration", "time under faults (default 60s)", "DUR");
     o.optopt(
         "",
@@ -133,11 +136,9 @@ fn options() -> Options {
     o
 }
 
-fn parse_opts() -> Result<Opts, String> {
+fn parse_opts(args: impl IntoIterator<Item = String>) -> Result<Opts, String> {
     let o = options();
-    let m = o
-        .parse(std::env::args().skip(1))
-        .map_err(|e| e.to_string())?;
+    let m = o.parse(args).map_err(|e| e.to_string())?;
     if m.opt_present("help") {
         print!("{}", o.usage("Usage: mortar-chaos [options]"));
         std::process::exit(0);
@@ -150,7 +151,12 @@ fn parse_opts() -> Result<Opts, String> {
     };
     let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
     let duration = m.opt_str("duration").unwrap_or_else(|| "60s".into());
+    let nodes = number("nodes", 3)?;
+    let Some(&nodes) = NODE_COUNTS.iter().find(|&&c| u64::from(c) == nodes) else {
+        return Err(format!("--nodes: the tool runs 3 or 5 nodes, not {nodes}"));
+    };
     Ok(Opts {
+        nodes,
         duration: parse_duration(&duration).map_err(|e| format!("--duration: {e}"))?,
         seed: number("seed", clock.map_or(1, |d| d.as_nanos() as u64))?,
         history: PathBuf::from(m.opt_str("history").unwrap_or("chaos-history.jsonl".into())),
@@ -213,20 +219,24 @@ fn run(opts: &Opts) -> Result<ExitCode, String> {
     let history = Arc::new(History::create(&opts.history)?);
     let mut rng = SimRng::new(opts.seed);
     println!(
-        "mortar-chaos: seed {} duration {:?}, nodes in {}, history {}",
+        "mortar-chaos: seed {} duration {:?}, {} nodes in {}, history {}",
         opts.seed,
         opts.duration,
+        opts.nodes,
         dir.display(),
         opts.history.display()
     );
     let mut cluster = Cluster::new(
-        NODES,
+        opts.nodes,
         &dir,
         (&opts.mortard, &opts.mortard_args),
         rng.next_u64(),
     );
     cluster.start_all()?;
-    history.add("note", json!({"text": format!("seed {}", opts.seed)}));
+    history.add(
+        "run",
+        json!({"nodes": opts.nodes, "seed": opts.seed, "partitions": opts.partitions}),
+    );
     let load = Arc::new(Load::new(
         Arc::clone(&history),
         cluster.client_addrs(),

@@ -1,9 +1,14 @@
 //! The checker against small hand-made histories: a clean one passes, and each kind of
-//! bug the tool exists to find is flagged on its own.
+//! bug the tool exists to find is flagged on its own, for 3 nodes and for 5. Then the
+//! fault choices that depend on the number of nodes.
 
+use std::collections::BTreeSet;
+
+use mortarmq::log::simdisk::SimRng;
 use serde_json::{json, Value};
 
 use crate::check;
+use crate::faults::{between_sides, follower_of, split_sides};
 
 fn ack(producer: u64, value: &str, partition: u64, sequence: u64, epoch: u64, scan: u64) -> Value {
     json!({"ev": "ack", "t": scan, "producer": producer, "value": value,
@@ -27,7 +32,13 @@ fn position(node: u64, life: u64, t: u64, committed: u64) -> Value {
 
 /// Two producers, two records each, held by three nodes, delivered, positions forward.
 fn clean() -> Vec<Value> {
+    clean_of(3)
+}
+
+/// [`clean`] on `nodes` nodes.
+fn clean_of(nodes: u64) -> Vec<Value> {
     let mut h = vec![
+        json!({"ev": "run", "t": 0, "nodes": nodes, "seed": 1, "partitions": 2}),
         json!({"ev": "fault", "t": 0, "kind": "KillLeader", "phase": "begin", "node": 1}),
         ack(0, "a", 0, 1, 1, 1),
         ack(1, "b", 0, 2, 1, 1),
@@ -40,8 +51,8 @@ fn clean() -> Vec<Value> {
         position(1, 1, 20, 3),
         position(1, 2, 30, 2),
     ]);
-    h.extend((1..=3).flat_map(|node| [final_position(node, 0, 3), final_position(node, 1, 1)]));
-    for node in 1..=3 {
+    h.extend((1..=nodes).flat_map(|node| [final_position(node, 0, 3), final_position(node, 1, 1)]));
+    for node in 1..=nodes {
         h.push(log(node, 0, &[(1, "a"), (2, "b"), (3, "c")]));
         h.push(log(node, 1, &[(1, "d")]));
     }
@@ -194,5 +205,128 @@ fn a_node_showing_another_group_position_after_healing_diverges() {
     assert!(
         v[0].starts_with("positions diverge after healing: partition 0"),
         "{v:?}"
+    );
+}
+
+#[test]
+fn a_clean_five_node_history_has_no_violation() {
+    let report = check(&clean_of(5));
+    assert_eq!(report.violations, Vec::<String>::new());
+    assert!(report
+        .summary()
+        .ends_with("nodes checked 5, lost: 0, violations: 0"));
+}
+
+#[test]
+fn an_acknowledged_record_missing_on_the_fifth_node_is_lost() {
+    let mut h = clean_of(5);
+    let node5 = h
+        .iter_mut()
+        .find(|e| e["ev"] == "log" && e["node"] == 5 && e["partition"] == 1)
+        .unwrap();
+    *node5 = log(5, 1, &[]);
+    let report = check(&h);
+    assert_eq!(report.lost, 1);
+    assert!(
+        (report.violations.iter()).any(|v| v.starts_with("lost: d") && v.contains("node 5")),
+        "{:?}",
+        report.violations
+    );
+}
+
+#[test]
+fn a_node_of_the_run_without_a_log_is_flagged() {
+    let h: Vec<Value> = (clean_of(5).into_iter())
+        .filter(|e| !(e["ev"] == "log" && e["node"] == 4 && e["partition"] == 0))
+        .collect();
+    let v = violations(&h);
+    assert!(
+        v.iter()
+            .any(|v| v.starts_with("unread: node 4 of 5 has no log of partitions [0]")),
+        "{v:?}"
+    );
+}
+
+/// Every (nodes, leader, seed) a split test looks at.
+fn splits(n: u8) -> impl Iterator<Item = (u8, u64, Vec<u8>, Vec<u8>)> {
+    (1..=n).flat_map(move |leader| {
+        (0..500).map(move |seed| {
+            let (minority, majority) = split_sides(n, leader, &mut SimRng::new(seed));
+            (leader, seed, minority, majority)
+        })
+    })
+}
+
+#[test]
+fn a_five_node_split_leaves_three_together_and_partitions_every_node() {
+    let all: BTreeSet<u8> = (1..=5).collect();
+    for (leader, seed, minority, majority) in splits(5) {
+        let at = format!("leader {leader} seed {seed}: {minority:?} / {majority:?}");
+        assert_eq!((minority.len(), majority.len()), (2, 3), "{at}");
+        let sides: BTreeSet<u8> = minority.iter().chain(&majority).copied().collect();
+        assert_eq!(sides, all, "{at}");
+        assert!(minority.is_sorted() && majority.is_sorted(), "{at}");
+        let cut = between_sides(&minority, &majority);
+        assert_eq!(cut.len(), 2 * 2 * 3, "{at}");
+        for (from, to) in &cut {
+            assert_ne!(minority.contains(from), minority.contains(to), "{at}");
+            assert!(cut.contains(&(*to, *from)), "{at}: one way only");
+        }
+    }
+}
+
+#[test]
+fn a_five_node_split_puts_the_leader_on_either_side_with_any_company() {
+    for leader in 1..=5 {
+        let minorities: BTreeSet<Vec<u8>> =
+            splits(5).filter(|s| s.0 == leader).map(|s| s.2).collect();
+        // The leader with one of the 4 others, or 2 of the 4 others without it.
+        assert_eq!(minorities.len(), 4 + 6, "leader {leader}: {minorities:?}");
+        let with = minorities.iter().filter(|m| m.contains(&leader)).count();
+        assert_eq!(with, 4, "leader {leader}: {minorities:?}");
+    }
+}
+
+#[test]
+fn a_three_node_split_isolates_the_leader_and_draws_nothing() {
+    for (leader, seed, minority, majority) in splits(3) {
+        assert_eq!(minority, vec![leader]);
+        assert_eq!(majority.len(), 2);
+        assert!(!majority.contains(&leader));
+        // No draw: a seed's 3-node schedule is the one it had before `--nodes`.
+        let mut used = SimRng::new(seed);
+        split_sides(3, leader, &mut used);
+        assert_eq!(used.next_u64(), SimRng::new(seed).next_u64());
+    }
+}
+
+#[test]
+fn a_follower_restart_hits_every_node_but_the_leader() {
+    for n in [3, 5] {
+        for t in 0..n {
+            let mut rng = SimRng::new(9);
+            let hit: BTreeSet<usize> = (0..200).map(|_| follower_of(n, t, &mut rng)).collect();
+            let others: BTreeSet<usize> = (0..n).filter(|&i| i != t).collect();
+            assert_eq!(hit, others, "{n} nodes, leader {t}");
+        }
+    }
+}
+
+#[test]
+fn nodes_other_than_3_or_5_are_refused() {
+    let args = |n: &str| ["--nodes".to_string(), n.to_string()];
+    for n in ["3", "5"] {
+        assert_eq!(
+            crate::parse_opts(args(n)).map(|o| o.nodes.to_string()),
+            Ok(n.into())
+        );
+    }
+    for n in ["1", "2", "4", "7", "x"] {
+        let e = crate::parse_opts(args(n)).err().unwrap_or_default();
+        assert!(e.starts_with("--nodes: "), "{n}: {e}");
+    }
+    assert_eq!(
+        crate::parse_opts(Vec::<String>::new()).map(|o| o.nodes),
+        Ok(3)
     );
 }
