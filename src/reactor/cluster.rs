@@ -216,7 +216,8 @@ impl Reactor {
             ClusterInput::Peer(PeerEvent::Up { id }) => {
                 let hello = self.cluster.as_ref().and_then(|c| c.peers.hello(id));
                 let addr = hello.map(|h| h.client_addr.to_string());
-                self.broker.peer_up(u64::from(id), addr);
+                let last_index = hello.map(|h| h.last_index);
+                self.broker.peer_up(u64::from(id), addr, last_index);
             }
             ClusterInput::Peer(PeerEvent::Down { id }) => self.broker.peer_down(u64::from(id)),
         }

@@ -508,10 +508,15 @@ impl Broker {
         }
     }
 
-    /// Peer `id`'s links came up; `client_addr` from its HELLO names it in NOT_LEADER.
-    pub fn peer_up(&mut self, id: u64, client_addr: Option<String>) {
+    /// Peer `id`'s links came up; `client_addr` from its HELLO names it in NOT_LEADER,
+    /// `last_index` (its log's end then) tells a node that started empty whether it
+    /// lost a log it may have voted with (`Replica::peer_log`).
+    pub fn peer_up(&mut self, id: u64, client_addr: Option<String>, last_index: Option<u64>) {
         if let Some(c) = self.cluster.as_deref_mut() {
             c.links_down.remove(&id);
+            if let Some(last_index) = last_index {
+                c.replica.peer_log(id, last_index);
+            }
             if let Some(addr) = client_addr {
                 c.replica.set_node_addr(id, addr);
             }

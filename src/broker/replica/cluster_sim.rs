@@ -886,3 +886,51 @@ fn a_follower_that_applied_a_producers_record_late_forgets_it_when_the_leader_do
         assert_eq!(known, 0, "node {i} still knows the producer");
     }
 }
+
+/// A vote request from node `from` for `term`, its log ending at `(index, log_term)`.
+fn vote_request(from: u64, to: u64, term: u64, index: u64, log_term: u64) -> PeerMessage {
+    let mut m = PeerMessage::default();
+    m.set_msg_type(raft::eraftpb::MessageType::MsgRequestVote);
+    (m.from, m.to, m.term, m.index, m.log_term) = (from, to, term, index, log_term);
+    m
+}
+
+/// Whether node `i`, stepping `request`, grants its vote (the answer goes out once the
+/// vote is on disk): after its first election timeout, within which a restarted node
+/// grants none anyway (§7.3).
+fn grants(net: &mut Net, i: usize, request: PeerMessage) -> bool {
+    let candidate = request.from as usize - 1;
+    for _ in 0..ELECTION_TICKS {
+        net.nodes[i].broker.raft_tick();
+    }
+    net.nodes[candidate].inbox.clear();
+    net.nodes[i].broker.peer_message(request);
+    net.pass(i);
+    let vote = raft::eraftpb::MessageType::MsgRequestVoteResponse;
+    let inbox = &net.nodes[candidate].inbox;
+    inbox
+        .iter()
+        .any(|m| m.get_msg_type() == vote && m.from == i as u64 + 1 && !m.reject)
+}
+
+#[test]
+fn a_node_that_lost_its_data_directory_votes_in_no_election_until_it_caught_up() {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    net.publish(l, 1, topic, (3, 1), "a");
+    assert_eq!(pub_ok(&net.wait_answer(l, 1)).sequence, 1);
+    let status = net.nodes[l].broker.cluster_status().unwrap();
+    let (last, term) = (status.last_index, status.term);
+    let f = (0..3).find(|&i| i != l).unwrap();
+    let candidate = (0..3).find(|&i| i != l && i != f).unwrap() as u64 + 1;
+    let request = || vote_request(candidate, f as u64 + 1, term + 1, last, term);
+    // Its disk replaced: the HELLO of a peer with a log tells it so.
+    net.nodes[f] = open_node_on(f as u64 + 1, SimDisk::seeded(99));
+    net.nodes[f].broker.peer_up(l as u64 + 1, None, Some(last));
+    assert!(!grants(&mut net, f, request()), "voted with a lost past");
+    // A node of a new cluster (no peer holds a log) votes.
+    net.nodes[f] = open_node_on(f as u64 + 1, SimDisk::seeded(98));
+    net.nodes[f].broker.peer_up(l as u64 + 1, None, Some(0));
+    assert!(grants(&mut net, f, request()), "a new node must vote");
+}

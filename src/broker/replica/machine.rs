@@ -250,6 +250,12 @@ pub struct Replica {
     /// The term in which this node, as leader, last pinged its followers.
     pinged_term: u64,
     elections: Option<SeededElections>,
+    /// Opened on an empty log with no term: a new cluster's node, or one whose data
+    /// directory was lost (§11).
+    started_empty: bool,
+    /// A peer's HELLO reported a log this long while this node started empty: no vote
+    /// until its own log reaches it (§11).
+    abstain_below: u64,
 }
 
 /// Election timeouts drawn from a seed: redrawn whenever raft may have reset its own
@@ -286,6 +292,7 @@ impl Replica {
             JournalStorage::open(storage, dir, config.journal_file_bytes, voters)?;
         // What the checkpoint covers is in the broker's synced state: apply goes on after.
         let applied = config.applied.max(report.checkpoint.index);
+        let started_empty = store.journal().last_index() == 0 && store.hard_state().term == 0;
         let raft_config = raft::Config {
             id: config.id,
             election_tick: config.election_ticks,
@@ -331,6 +338,8 @@ impl Replica {
             now_ms,
             pinged_term: 0,
             elections,
+            started_empty,
+            abstain_below: 0,
         };
         replica.seed_election_timeout();
         Ok((replica, report))
@@ -533,7 +542,7 @@ impl Replica {
             self.last_heard.insert(msg.from, self.ticks);
             self.note_lease_ack(&msg);
         }
-        if self.keeps_promise_of_a_past_life(&msg) {
+        if self.keeps_promise_of_a_past_life(&msg) || self.abstains(&msg) {
             return Ok(());
         }
         let stepped = self.raw.step(msg).map_err(ReplicaError::Raft);
@@ -551,6 +560,32 @@ impl Replica {
             MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
         );
         vote && msg.term > self.term() && self.ticks < self.election_ticks as u64
+    }
+
+    /// Peer `id`'s HELLO says its log ends at `last_index`. A node that started empty
+    /// while a peer holds entries lost its data directory (or joins a cluster that has
+    /// a log): before, it may have voted in a term it no longer knows, so it votes in no
+    /// election until its log has caught up with what that peer held (§11).
+    pub fn peer_log(&mut self, id: u64, last_index: u64) {
+        if !self.started_empty || last_index <= self.raw.raft.raft_log.last_index() {
+            return;
+        }
+        if self.abstain_below == 0 {
+            log::warn!(
+                "started with an empty raft log while node {id} holds entries up to \
+                 {last_index}: this node votes in no election until its log reaches that \
+                 index (a lost data directory must not vote twice in a term)"
+            );
+        }
+        self.abstain_below = self.abstain_below.max(last_index);
+    }
+
+    fn abstains(&self, msg: &Message) -> bool {
+        let vote = matches!(
+            msg.get_msg_type(),
+            MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
+        );
+        vote && self.raw.raft.raft_log.last_index() < self.abstain_below
     }
 
     /// The role gate of §7.1 for requests that change or read broker state.
