@@ -206,8 +206,8 @@ fn healthz_and_cluster_status_name_the_leader_until_a_quorum_is_lost() {
         .collect();
     assert_eq!(rows.len(), 4, "header and three nodes:\n{text}");
     assert_eq!(
-        rows[0][..5],
-        ["NODE", "ADMIN", "ROLE", "TERM", "LEADER"],
+        rows[0][..9],
+        ["NODE", "ADMIN", "ROLE", "TERM", "LEADER", "COMMIT", "APPLIED", "FIRST", "PEERS"],
         "{text}"
     );
     for (i, row) in rows[1..].iter().enumerate() {
@@ -219,6 +219,7 @@ fn healthz_and_cluster_status_name_the_leader_until_a_quorum_is_lost() {
             "{text}"
         );
         assert_eq!(row[4], lid.to_string(), "{text}");
+        assert_eq!(row[7], "1", "nothing compacted yet: {text}");
     }
     let leader_row = rows[1 + leader].join(" ");
     assert!(

@@ -55,7 +55,7 @@ pub(crate) fn cmd_cluster_status(ctx: &Ctx) -> Outcome {
         );
     } else {
         let header = [
-            "NODE", "ADMIN", "ROLE", "TERM", "LEADER", "COMMIT", "APPLIED", "PEERS",
+            "NODE", "ADMIN", "ROLE", "TERM", "LEADER", "COMMIT", "APPLIED", "FIRST", "PEERS",
         ];
         let rows: Vec<Vec<String>> = nodes.iter().map(row).collect();
         print!("{}", table(&header, &rows));
@@ -81,7 +81,7 @@ fn row(n: &Node) -> Vec<String> {
         Ok(c) => c,
         Err(why) => {
             let mut row = vec![n.id.to_string(), n.admin.clone(), "unreachable".into()];
-            row.extend(["-", "-", "-", "-"].map(String::from));
+            row.extend(["-", "-", "-", "-", "-"].map(String::from));
             row.push(why.clone());
             return row;
         }
@@ -98,6 +98,7 @@ fn row(n: &Node) -> Vec<String> {
         leader,
         u64_of(c, "commit_index").to_string(),
         u64_of(c, "applied_index").to_string(),
+        u64_of(c, "first_index").to_string(),
         links(c),
     ]
 }
