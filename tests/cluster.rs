@@ -55,17 +55,24 @@ fn subscribe(c: &mut Client, topic_id: u16) {
     .expect("SUB");
 }
 
-/// A 3-node cluster whose leader (returned, with a client on it) holds topic `orders`
-/// (one partition, returned id) and `records` REPLICATED records `v1`…, each acknowledged:
-/// their (sequence, value) in order.
-fn cluster_with_orders(records: u64) -> (Cluster, usize, Client, u16, Vec<(u64, String)>) {
-    let cluster = Cluster::start(3, &[]);
+/// A 3-node cluster started with `args`, its leader, a client on it and the id of the
+/// one-partition topic `orders` it declared.
+fn cluster_with_topic(args: &[&str]) -> (Cluster, usize, Client, u16) {
+    let cluster = Cluster::start(3, args);
     let leader = cluster.wait_leader(ELECTION_LIMIT);
     let mut c = client_of(&cluster, leader);
     let topic_id = c
         .declare("orders", 1, DeclareFlags::empty())
         .unwrap()
         .topic_id;
+    (cluster, leader, c, topic_id)
+}
+
+/// A 3-node cluster whose leader (returned, with a client on it) holds topic `orders`
+/// (one partition, returned id) and `records` REPLICATED records `v1`…, each acknowledged:
+/// their (sequence, value) in order.
+fn cluster_with_orders(records: u64) -> (Cluster, usize, Client, u16, Vec<(u64, String)>) {
+    let (cluster, leader, mut c, topic_id) = cluster_with_topic(&[]);
     let acked = (1..=records)
         .map(|seq| {
             (
@@ -338,13 +345,8 @@ fn journal_files(cluster: &Cluster, i: usize) -> usize {
 
 #[test]
 fn every_node_compacts_its_journal_and_a_node_killed_after_starts_from_its_checkpoint() {
-    let mut cluster = Cluster::start(3, &["--journal-file-size", "64KiB"]);
-    let leader = cluster.wait_leader(ELECTION_LIMIT);
-    let mut c = client_of(&cluster, leader);
-    let topic_id = c
-        .declare("orders", 1, DeclareFlags::empty())
-        .unwrap()
-        .topic_id;
+    let (mut cluster, leader, mut c, topic_id) =
+        cluster_with_topic(&["--journal-file-size", "64KiB"]);
     // 150 records of 4 KiB: about ten 64 KiB journal files.
     let value = "x".repeat(4096);
     for seq in 1..=150 {
