@@ -171,7 +171,6 @@ impl Partitions {
         Ok(())
     }
 
-    /// Every partition's producers, from its snapshot and the records after it.
     /// Cluster mode, before the producers are rebuilt: see `producers_on_wall_clock`.
     pub(super) fn age_producers_on_wall_clock(&mut self) {
         self.producers_on_wall_clock = true;
@@ -189,6 +188,7 @@ impl Partitions {
         }
     }
 
+    /// Every partition's producers, from its snapshot and the records after it.
     pub(super) fn rebuild_all_producers(&mut self, now: Now, counters: &mut BrokerCounters) {
         let keys: Vec<PartitionKey> = self.map.keys().copied().collect();
         for key in keys {
