@@ -181,7 +181,8 @@ impl Cluster {
     }
 
     pub(in crate::broker) fn check_invariants(&self) {
-        self.check_compaction();
+        let (checkpoint, first) = (self.replica.checkpoint().index, self.replica.first_index());
+        self.compaction.check(checkpoint, first, self.applied_index);
     }
 
     /// Leading, with its log applied: what it proposes now rests on everything before.

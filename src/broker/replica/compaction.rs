@@ -72,23 +72,20 @@ impl Compaction {
             ..Compaction::default()
         }
     }
-}
 
-impl super::cluster::Cluster {
-    /// Compaction never passes what every voter held nor what this node applied.
-    pub(super) fn check_compaction(&self) {
-        let checkpoint = self.replica.checkpoint().index;
+    /// Compaction never passes what every voter held nor what this node applied: the
+    /// journal's `checkpoint` and `first_index` against the node's `applied` index.
+    pub fn check(&self, checkpoint: u64, first_index: u64, applied: u64) {
         assert!(
-            checkpoint <= self.applied_index,
-            "checkpoint {checkpoint} past applied {}",
-            self.applied_index
+            checkpoint <= applied,
+            "checkpoint {checkpoint} past applied {applied}"
         );
-        let floor = self.compaction.floor;
+        let floor = self.floor;
         assert!(
             checkpoint <= floor,
             "checkpoint {checkpoint} past the floor {floor}"
         );
-        assert!(self.replica.first_index() <= checkpoint + 1, "entries lost");
+        assert!(first_index <= checkpoint + 1, "entries lost");
     }
 }
 
