@@ -433,6 +433,18 @@ impl Peers {
         self.remote(id).map(|r| r.buf.len() - r.sent)
     }
 
+    /// The capacity held by peer `id`'s output buffer and by the input buffer of its
+    /// accepted connection: what an idle link keeps in memory.
+    #[cfg(test)]
+    pub(crate) fn buffer_capacities(&self, id: u8) -> (usize, usize) {
+        let r = self.remote_index(id).expect("a peer");
+        let inbound = (self.inbound.iter().flatten()).find(|l| l.remote == Some(r));
+        (
+            self.remotes[r].buf.capacity(),
+            inbound.map_or(0, |l| l.input.capacity()),
+        )
+    }
+
     /// The other nodes' ids, in `--peers` order.
     pub fn peer_ids(&self) -> impl Iterator<Item = u8> + '_ {
         self.remotes.iter().map(|r| r.id)

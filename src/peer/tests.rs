@@ -561,3 +561,41 @@ fn deeply_nested_unknown_groups_are_refused_without_recursing() {
     assert_closed(&mut raw);
     assert!(net.messages(1).is_empty());
 }
+
+#[test]
+fn busy_links_keep_their_buffers_and_idle_ones_give_them_back() {
+    let listeners: Vec<StdListener> = (0..2).map(|_| loopback()).collect();
+    let nodes: Vec<(u8, SocketAddr)> = (listeners.iter().enumerate())
+        .map(|(i, l)| (i as u8 + 1, l.local_addr().unwrap()))
+        .collect();
+    let mut net = Net::new(2);
+    net.fake_now_ms = Some(0);
+    for (i, l) in listeners.into_iter().enumerate() {
+        net.start(i as u8 + 1, l, &nodes);
+    }
+    net.run_until("both up", |n| all_up(n, &[1, 2]));
+    let big = vec![7u8; 4 * IDLE_CAPACITY_MAX_BYTES];
+    net.node(1).send(&message(1, 2, &big)).unwrap();
+    net.run_until("the big one arrived", |n| n.messages(2).len() == 1);
+    // Still busy: an append a pass later must not grow the buffers from nothing again.
+    net.node(1).send(&message(1, 2, b"small")).unwrap();
+    net.run_until("the small one arrived", |n| n.messages(2).len() == 2);
+    let (out, _) = net.node(1).buffer_capacities(2);
+    let (_, input) = net.node(2).buffer_capacities(1);
+    assert!(
+        out > IDLE_CAPACITY_MAX_BYTES,
+        "output cut back while busy: {out}"
+    );
+    assert!(
+        input > IDLE_CAPACITY_MAX_BYTES,
+        "input cut back while busy: {input}"
+    );
+    // A second later, small traffic gives the room back.
+    net.fake_now_ms = Some(OUTPUT_SHRINK_AFTER_MS + 1);
+    net.node(1).send(&message(1, 2, b"later")).unwrap();
+    net.run_until("the later one arrived", |n| n.messages(2).len() == 3);
+    let (out, _) = net.node(1).buffer_capacities(2);
+    let (_, input) = net.node(2).buffer_capacities(1);
+    assert!(out <= IDLE_CAPACITY_MAX_BYTES, "output kept idle: {out}");
+    assert!(input <= IDLE_CAPACITY_MAX_BYTES, "input kept idle: {input}");
+}
