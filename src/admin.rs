@@ -145,6 +145,8 @@ pub struct ClusterFigures {
     /// still holds: compaction's progress.
     pub checkpoint_index: u64,
     pub first_index: u64,
+    /// Entry bytes the journal still holds: a laggard keeps it growing (no INSTALL).
+    pub journal_bytes: u64,
     pub peers: Vec<PeerFigures>,
 }
 

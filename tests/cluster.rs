@@ -364,6 +364,10 @@ fn every_node_compacts_its_journal_and_a_node_killed_after_starts_from_its_check
             cluster_figure(&cluster, i, "first_index") > 1 && journal_files(&cluster, i) <= 3
         })
     });
+    for i in 0..3 {
+        let held = cluster_figure(&cluster, i, "journal_bytes");
+        assert!(held <= 4 * 64 * 1024, "node {i} holds {held} journal bytes");
+    }
     let f = (0..3).find(|&i| i != leader).unwrap();
     cluster.kill9(f);
     cluster.restart(f);

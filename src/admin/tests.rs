@@ -436,6 +436,7 @@ fn clustered() -> Snapshot {
             last_index: 42,
             checkpoint_index: 30,
             first_index: 25,
+            journal_bytes: 65_536,
             peers: vec![up, never],
         }),
         ..busy()

@@ -612,6 +612,17 @@ impl RaftJournal {
         self.synced_lsn
     }
 
+    /// Bytes of entries the journal's files hold, from the first kept file on: what
+    /// compaction has not released yet.
+    pub fn held_bytes(&self) -> u64 {
+        let first = self
+            .files
+            .open
+            .front()
+            .map_or(self.written_lsn, |f| f.first_lsn);
+        self.written_lsn.saturating_sub(first)
+    }
+
     pub fn checkpoint(&self) -> Checkpoint2 {
         self.checkpoint
     }

@@ -269,6 +269,7 @@ impl Reactor {
             last_index: status.last_index,
             checkpoint_index: status.checkpoint_index,
             first_index: status.first_index,
+            journal_bytes: status.journal_bytes,
             peers: peers.collect(),
         })
     }

@@ -146,6 +146,8 @@ pub struct ClusterStatus {
     /// The journal's checkpoint and its first entry kept (`replica::compaction`).
     pub checkpoint_index: u64,
     pub first_index: u64,
+    /// Entry bytes the journal still holds on disk.
+    pub journal_bytes: u64,
     /// While leading: each peer's id and the last entry known in its log.
     pub match_indexes: Vec<(u64, u64)>,
 }
@@ -571,6 +573,7 @@ impl Broker {
             last_index: c.replica.last_index(),
             checkpoint_index: c.replica.checkpoint().index,
             first_index: c.replica.first_index(),
+            journal_bytes: c.replica.journal_bytes(),
             match_indexes: c.replica.match_indexes(),
         })
     }

@@ -400,6 +400,11 @@ impl Replica {
         journal.written_lsn() - journal.checkpoint().lsn
     }
 
+    /// Entry bytes the journal's files still hold.
+    pub fn journal_bytes(&self) -> u64 {
+        self.raw.store().journal().held_bytes()
+    }
+
     /// The first entry still in the journal.
     pub fn first_index(&self) -> u64 {
         self.raw.store().journal().first_index()
