@@ -43,6 +43,17 @@ pub struct Node {
     pub life: u32,
 }
 
+impl Node {
+    pub fn data(&self) -> &Path {
+        &self.data
+    }
+
+    /// Where its stderr (its log) goes, across restarts.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+}
+
 pub struct Cluster {
     pub nodes: Vec<Node>,
     peers_arg: String,
@@ -238,6 +249,11 @@ impl Cluster {
             }
         }
         Ok(())
+    }
+
+    /// Node `i`'s process id, while it has one.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.nodes[i].child.as_ref().map(Child::id)
     }
 
     pub fn client_addrs(&self) -> Vec<SocketAddr> {
