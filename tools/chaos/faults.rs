@@ -179,7 +179,7 @@ pub fn reap(cluster: &mut Cluster, load: &Load) {
 /// Tells the observer which nodes it may ask (a paused one would only time out).
 pub fn publish_observable(cluster: &Cluster, load: &Load) {
     let running = cluster.nodes.iter().filter(|n| n.state == State::Running);
-    let list = running.map(|n| (n.id, n.life, n.admin)).collect();
+    let list = running.map(|n| n.observable()).collect();
     *load.observable.lock().unwrap_or_else(|e| e.into_inner()) = list;
 }
 

@@ -343,7 +343,7 @@ fn settle(
         Err(e) => extra.push(e),
     }
     for n in &cluster.nodes {
-        load::observe_as(h, "final_position", n.id, n.life, n.admin);
+        load::observe_as(h, "final_position", &n.observable());
     }
     Ok(())
 }

@@ -472,3 +472,20 @@ fn the_calls_strace_failed_are_counted_from_its_trace() {
     assert_eq!(disk::count_injected(trace), (2, 4));
     assert_eq!(disk::count_injected(""), (0, 0));
 }
+
+#[test]
+fn an_answer_read_across_a_restart_is_not_the_old_life_s() {
+    let dir = std::env::temp_dir().join(format!("chaos-unit-{}", std::process::id()));
+    let mortard = (Path::new("/nonexistent/mortard"), &[][..]);
+    let mut cluster = crate::cluster::Cluster::new(3, &dir, mortard, 1);
+    let (first, other) = (cluster.nodes[0].observable(), cluster.nodes[1].observable());
+    assert!(first.same_process() && other.same_process());
+    // A disk fault's end: kill -9 and start again, while the observer holds `first`.
+    cluster.kill9(0);
+    assert!(
+        !first.same_process(),
+        "an answer now may come from the next process"
+    );
+    assert!(other.same_process());
+    assert!(cluster.nodes[0].observable().same_process());
+}
