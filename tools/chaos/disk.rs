@@ -31,6 +31,8 @@ use crate::faults::follower_of;
 
 /// How long strace may take to attach every thread of the node.
 const ATTACH_TIMEOUT_MS: u64 = 5_000;
+/// How long strace may take to detach after SIGTERM.
+const DETACH_TIMEOUT_MS: u64 = 5_000;
 /// The first failed call (per thread) is drawn in `1..=FIRST_MAX`.
 const FIRST_MAX: u64 = 8;
 /// Calls failed in a row (per thread), drawn in `1..=FAILED_MAX`.
@@ -252,6 +254,14 @@ impl Injection {
             .arg("-TERM")
             .arg(self.strace.id().to_string())
             .status();
+        let deadline = Instant::now() + Duration::from_millis(DETACH_TIMEOUT_MS);
+        while matches!(self.strace.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Stuck (it should not be): SIGKILL; the node is killed and started next anyway.
+        if matches!(self.strace.try_wait(), Ok(None)) {
+            let _ = self.strace.kill();
+        }
         let status = self.strace.wait().map(|s| s.to_string());
         let trace = std::fs::read_to_string(&self.out).unwrap_or_default();
         let (injected, calls) = count_injected(&trace);

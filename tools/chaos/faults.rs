@@ -349,7 +349,8 @@ fn disk_fault(
     let out = n.log().with_extension(format!("disk{count}.strace"));
     match disk::attach(pid, id, (n.data(), n.log()), choice, &out) {
         Ok(injection) => {
-            let detail = format!("node {id}: {}", injection.what["strace"]);
+            let strace = injection.what["strace"].as_str().unwrap_or_default();
+            let detail = format!("node {id}: {strace}");
             *held = Some(injection);
             detail
         }
