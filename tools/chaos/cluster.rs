@@ -5,6 +5,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,6 +42,55 @@ pub struct Node {
     pub state: State,
     /// Starts so far: positions are compared within one life of a node.
     pub life: u32,
+    /// Bumped before the tool stops a process of the node and when it finds one exited:
+    /// see [`Observable`].
+    ends: Arc<AtomicU32>,
+}
+
+/// A node as the observer may ask it, naming the life whose process answers. The
+/// observer's list can be a restart old (a disk fault restarts a node it was asking),
+/// so an answer counts only if [`Observable::same_process`] still holds after it came:
+/// no process of the node ended since the list was made, so the one that answered is
+/// the one `life` names, not a newer one on the same port.
+#[derive(Clone)]
+pub struct Observable {
+    pub node: u8,
+    pub life: u32,
+    pub admin: SocketAddr,
+    ends: Arc<AtomicU32>,
+    ends_then: u32,
+}
+
+impl Observable {
+    pub fn same_process(&self) -> bool {
+        self.ends.load(Ordering::SeqCst) == self.ends_then
+    }
+}
+
+impl Node {
+    pub fn observable(&self) -> Observable {
+        Observable {
+            node: self.id,
+            life: self.life,
+            admin: self.admin,
+            ends: Arc::clone(&self.ends),
+            ends_then: self.ends.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Before a process of the node is stopped, or once it is found exited.
+    fn ending(&self) {
+        self.ends.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub fn data(&self) -> &Path {
+        &self.data
+    }
+
+    /// Where its stderr (its log) goes, across restarts.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
 }
 
 pub struct Cluster {
@@ -76,6 +126,7 @@ impl Cluster {
                 child: None,
                 state: State::Killed,
                 life: 0,
+                ends: Arc::new(AtomicU32::new(0)),
             });
         }
         Cluster {
@@ -156,6 +207,7 @@ impl Cluster {
                 continue;
             };
             if let Ok(Some(status)) = child.try_wait() {
+                node.ending();
                 exited.push((node.id, status.to_string()));
                 node.child = None;
                 node.state = State::Killed;
@@ -166,6 +218,7 @@ impl Cluster {
 
     pub fn kill9(&mut self, i: usize) {
         let node = &mut self.nodes[i];
+        node.ending();
         if let Some(mut child) = node.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -176,6 +229,7 @@ impl Cluster {
     /// SIGTERM and wait: a clean stop.
     pub fn terminate(&mut self, i: usize) {
         self.resume(i);
+        self.nodes[i].ending();
         self.signal(i, "TERM");
         if let Some(mut child) = self.nodes[i].child.take() {
             let _ = child.wait();
@@ -211,6 +265,7 @@ impl Cluster {
         let mut bad = Vec::new();
         for i in 0..self.nodes.len() {
             self.resume(i);
+            self.nodes[i].ending();
             self.signal(i, "TERM");
             if let Some(mut child) = self.nodes[i].child.take() {
                 match child.wait() {
@@ -238,6 +293,11 @@ impl Cluster {
             }
         }
         Ok(())
+    }
+
+    /// Node `i`'s process id, while it has one.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.nodes[i].child.as_ref().map(Child::id)
     }
 
     pub fn client_addrs(&self) -> Vec<SocketAddr> {

@@ -4,12 +4,14 @@
 //! the number of nodes (3 or 5) are the pure [`split_sides`] and [`follower_of`], so
 //! that their unit tests (`tests.rs`) need no cluster.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use mortarmq::log::simdisk::SimRng;
 use serde_json::json;
 
 use crate::cluster::{get_json, Cluster, State};
+use crate::disk;
 use crate::load::Load;
 use crate::proxy::Fault;
 
@@ -23,8 +25,8 @@ const GAP_MS: (u64, u64) = (300, 2_500);
 const FIRST_LEADER_MS: u64 = 10_000;
 
 /// The kinds, drawn uniformly.
-#[derive(Debug, Clone, Copy)]
-enum Kind {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
     /// kill -9 of the leader, restarted when the hold ends.
     KillLeader,
     /// SIGSTOP of the leader, SIGCONT when the hold ends.
@@ -43,6 +45,10 @@ enum Kind {
     Delay,
     /// A follower killed and restarted at once (or SIGTERMed: a clean restart).
     RestartFollower,
+    /// Some data-file syscalls of the leader or a follower failed (EIO, ENOSPC) through
+    /// strace, the node restarted when the hold ends (`disk.rs`). Only with
+    /// `--disk-faults`.
+    DiskFault,
 }
 
 const KINDS: [Kind; 8] = [
@@ -55,6 +61,26 @@ const KINDS: [Kind; 8] = [
     Kind::Delay,
     Kind::RestartFollower,
 ];
+
+/// The kinds of a run: [`KINDS`], and the disk fault last if asked for. Without it the
+/// list, hence every draw of a seed's schedule, is what it was before disk faults
+/// (`tests/chaos.rs` relies on seed 27's).
+pub fn kinds(disk_faults: bool) -> Vec<Kind> {
+    let mut kinds = KINDS.to_vec();
+    if disk_faults {
+        kinds.push(Kind::DiskFault);
+    }
+    kinds
+}
+
+/// One round: every kind of `kinds` once, in a drawn order (taken from the end).
+pub fn shuffled(kinds: &[Kind], rng: &mut SimRng) -> Vec<Kind> {
+    let mut round = kinds.to_vec();
+    for i in (1..round.len()).rev() {
+        round.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    round
+}
 
 fn between(rng: &mut SimRng, (lo, hi): (u64, u64)) -> u64 {
     lo + rng.below(hi - lo + 1)
@@ -87,9 +113,9 @@ pub fn leader(cluster: &Cluster, rng: &mut SimRng) -> usize {
     best.map_or_else(|| rng.below(cluster.nodes.len() as u64) as usize, |b| b.1)
 }
 
-/// Runs faults until `until`, leaving the cluster as the last one left it (the caller
-/// heals).
-pub fn run(cluster: &mut Cluster, load: &Load, rng: &mut SimRng, until: Instant) {
+/// Runs faults of `kinds` until `until`, leaving the cluster as the last one left it
+/// (the caller heals).
+pub fn run(cluster: &mut Cluster, load: &Load, rng: &mut SimRng, until: Instant, kinds: &[Kind]) {
     let first_leader = Instant::now() + Duration::from_millis(FIRST_LEADER_MS);
     while !has_leader(cluster) && Instant::now() < first_leader {
         std::thread::sleep(Duration::from_millis(50));
@@ -100,29 +126,34 @@ pub fn run(cluster: &mut Cluster, load: &Load, rng: &mut SimRng, until: Instant)
         publish_observable(cluster, load);
         if round.is_empty() {
             // Every kind once per round, in a drawn order: a short run sees them all.
-            round = KINDS.to_vec();
-            for i in (1..round.len()).rev() {
-                round.swap(i, rng.below(i as u64 + 1) as usize);
-            }
+            round = shuffled(kinds, rng);
         }
         let kind = round.pop().expect("refilled");
         let hold = Duration::from_millis(between(rng, HOLD_MS));
         let target = leader(cluster, rng);
-        let detail = begin(cluster, kind, target, rng);
+        let mut held = None;
+        let detail = begin(cluster, kind, target, rng, &mut held);
         let h = &load.history;
-        let node = cluster.nodes[target].id;
+        // A disk fault names the node it hit; the others the leader they aimed at.
+        let node = cluster.nodes[held.as_ref().map_or(target, |i| i.choice.node)].id;
         let name = format!("{kind:?}");
-        h.add(
-            "fault",
-            json!({"kind": name, "phase": "begin", "node": node, "detail": detail}),
-        );
+        let mut event = json!({"kind": name, "phase": "begin", "node": node, "detail": detail});
+        if let Some(injection) = &held {
+            event["disk"] = injection.what.clone();
+        }
+        h.add("fault", event);
         publish_observable(cluster, load);
         std::thread::sleep(hold.min(until.saturating_duration_since(Instant::now())));
+        let mut event = json!({"kind": name, "phase": "end", "node": node});
+        if let Some(injection) = held {
+            // Detached before the reap: a node that exited under the fault is a crash.
+            event["disk"] = injection.detach();
+        }
         reap(cluster, load);
-        if let Err(e) = end(cluster, kind, target) {
+        if let Err(e) = end(cluster, kind, target, node) {
             h.add("note", json!({"text": format!("ending {name}: {e}")}));
         }
-        h.add("fault", json!({"kind": name, "phase": "end", "node": node}));
+        h.add("fault", event);
         publish_observable(cluster, load);
         std::thread::sleep(Duration::from_millis(between(rng, GAP_MS)));
     }
@@ -148,12 +179,19 @@ pub fn reap(cluster: &mut Cluster, load: &Load) {
 /// Tells the observer which nodes it may ask (a paused one would only time out).
 pub fn publish_observable(cluster: &Cluster, load: &Load) {
     let running = cluster.nodes.iter().filter(|n| n.state == State::Running);
-    let list = running.map(|n| (n.id, n.life, n.admin)).collect();
+    let list = running.map(|n| n.observable()).collect();
     *load.observable.lock().unwrap_or_else(|e| e.into_inner()) = list;
 }
 
-/// Starts `kind` on node `t` (an index); returns what was done, for the history.
-fn begin(cluster: &mut Cluster, kind: Kind, t: usize, rng: &mut SimRng) -> String {
+/// Starts `kind` on node `t` (an index); returns what was done, for the history. A
+/// disk fault leaves its attached strace in `held`.
+fn begin(
+    cluster: &mut Cluster,
+    kind: Kind,
+    t: usize,
+    rng: &mut SimRng,
+    held: &mut Option<disk::Injection>,
+) -> String {
     let n = cluster.nodes.len() as u8;
     let id = cluster.nodes[t].id;
     let others = (1..=n).filter(move |&o| o != id);
@@ -199,6 +237,7 @@ fn begin(cluster: &mut Cluster, kind: Kind, t: usize, rng: &mut SimRng) -> Strin
         }
         Kind::Loss | Kind::Delay => all_links(cluster, kind, rng),
         Kind::RestartFollower => restart_follower(cluster, t, rng),
+        Kind::DiskFault => disk_fault(cluster, t, rng, held),
     }
 }
 
@@ -291,9 +330,46 @@ fn restart_follower(cluster: &mut Cluster, t: usize, rng: &mut SimRng) -> String
     }
 }
 
-fn end(cluster: &mut Cluster, kind: Kind, t: usize) -> Result<(), String> {
+/// Attaches strace to the leader or a follower (drawn, with what fails: `disk.rs`).
+fn disk_fault(
+    cluster: &mut Cluster,
+    t: usize,
+    rng: &mut SimRng,
+    held: &mut Option<disk::Injection>,
+) -> String {
+    let choice = disk::choose(cluster.nodes.len(), t, rng);
+    let n = &cluster.nodes[choice.node];
+    let (id, pid) = (n.id, cluster.pid(choice.node));
+    let Some(pid) = pid.filter(|_| n.state == State::Running) else {
+        return format!("node {id} not running; nothing injected");
+    };
+    // No draw for the name: what a seed draws must not depend on the file system.
+    static FAULTS: AtomicU64 = AtomicU64::new(0);
+    let count = FAULTS.fetch_add(1, Ordering::Relaxed);
+    let out = n.log().with_extension(format!("disk{count}.strace"));
+    match disk::attach(pid, id, (n.data(), n.log()), choice, &out) {
+        Ok(injection) => {
+            let strace = injection.what["strace"].as_str().unwrap_or_default();
+            let detail = format!("node {id}: {strace}");
+            *held = Some(injection);
+            detail
+        }
+        Err(e) => format!("node {id}: nothing injected: {e}"),
+    }
+}
+
+fn end(cluster: &mut Cluster, kind: Kind, t: usize, node: u8) -> Result<(), String> {
     match kind {
         Kind::KillLeader => cluster.start(t),
+        Kind::DiskFault => {
+            // Whatever the fault left (a poisoned journal, a node that stopped serving,
+            // or nothing), it comes back from its data directory, as after a kill -9.
+            let i = (cluster.nodes.iter())
+                .position(|n| n.id == node)
+                .expect("a node of ours");
+            cluster.kill9(i);
+            cluster.start(i)
+        }
         Kind::PauseLeader => {
             cluster.resume(t);
             Ok(())

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use mortarmq::client::{Consumer, Durability, Producer, Record, SendHandle, StartPolicy};
 use serde_json::json;
 
-use crate::cluster::get_json;
+use crate::cluster::{get_json, Observable};
 use crate::history::History;
 
 pub const TOPIC: &str = "chaos";
@@ -42,8 +42,8 @@ pub struct Load {
     /// values delivered before their ack was seen (one lock: an ack and a delivery of
     /// the same value may race).
     pending: Mutex<(HashSet<String>, HashSet<String>)>,
-    /// Admin addresses of the nodes the observer may ask (running ones).
-    pub observable: Mutex<Vec<(u8, u32, SocketAddr)>>,
+    /// The nodes the observer may ask (running ones).
+    pub observable: Mutex<Vec<Observable>>,
 }
 
 impl Load {
@@ -242,25 +242,26 @@ pub fn run_member(load: &Load, id: u64) {
 pub fn run_observer(load: &Load) {
     while !load.stop_consuming.load(Ordering::Relaxed) {
         let nodes = lock(&load.observable).clone();
-        for (node, life, admin) in nodes {
-            observe(load, node, life, admin);
+        for node in &nodes {
+            observe_as(&load.history, "position", node);
         }
         std::thread::sleep(Duration::from_millis(OBSERVE_EVERY_MS));
     }
 }
 
-fn observe(load: &Load, node: u8, life: u32, admin: SocketAddr) {
-    observe_as(&load.history, "position", node, life, admin);
-}
-
-/// Writes one `ev` event per partition of the group that node `node` shows.
-pub fn observe_as(h: &History, ev: &str, node: u8, life: u32, admin: SocketAddr) {
-    let Ok(stats) = get_json(admin, "/stats") else {
+/// Writes one `ev` event per partition of the group that node `o` shows, unless a
+/// process of it ended meanwhile (the answers may then be a later life's).
+pub fn observe_as(h: &History, ev: &str, o: &Observable) {
+    let (node, life) = (o.node, o.life);
+    let Ok(stats) = get_json(o.admin, "/stats") else {
         return;
     };
-    let Ok(topic) = get_json(admin, &format!("/topics/{TOPIC}")) else {
+    let Ok(topic) = get_json(o.admin, &format!("/topics/{TOPIC}")) else {
         return;
     };
+    if !o.same_process() {
+        return;
+    }
     let cluster = &stats["cluster"];
     let groups = topic["groups"].as_array().into_iter().flatten();
     for g in groups.filter(|g| g["name"] == GROUP) {

@@ -10,18 +10,20 @@
 //!
 //! ```text
 //! mortar-chaos --duration 45s --seed 7 --history chaos.jsonl [--nodes 5] [--mortard PATH]
+//! mortar-chaos --disk-faults ...        # a ninth kind: EIO/ENOSPC through strace
 //! mortar-chaos --check chaos.jsonl      # check a history again (or a doctored one)
 //! ```
 
 mod check;
 mod cluster;
+mod disk;
 mod faults;
 mod history;
 mod load;
 mod proxy;
 
 use std::path::PathBuf;
-use std::process::ExitCode;
+use std::process::{Command, ExitCode};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,6 +62,9 @@ struct Opts {
     members: u64,
     partitions: u16,
     rate: u64,
+    /// The ninth kind, [`faults::Kind::DiskFault`]: off unless asked for, so that a
+    /// seed's schedule stays what it was.
+    disk_faults: bool,
     check_only: Option<PathBuf>,
 }
 
@@ -126,6 +131,11 @@ fn options() -> Options {
         "records per second per producer (default 200)",
         "N",
     );
+    o.optflag(
+        "",
+        "disk-faults",
+        "also fail a node's fdatasync/pwrite64/write with EIO or ENOSPC (needs strace)",
+    );
     o.optopt(
         "",
         "check",
@@ -168,6 +178,7 @@ fn parse_opts(args: impl IntoIterator<Item = String>) -> Result<Opts, String> {
         members: number("members", 2)?.max(1),
         partitions: number("partitions", 4)?.clamp(1, 64) as u16,
         rate: number("rate", 200)?.max(1),
+        disk_faults: m.opt_present("disk-faults"),
         check_only: m.opt_str("check").map(PathBuf::from),
     })
 }
@@ -215,6 +226,9 @@ fn work_dir() -> Result<PathBuf, String> {
 }
 
 fn run(opts: &Opts) -> Result<ExitCode, String> {
+    if opts.disk_faults && Command::new("strace").arg("-V").output().is_err() {
+        return Err("--disk-faults needs strace (tools/test.sh installs it)".into());
+    }
     let dir = work_dir()?;
     let history = Arc::new(History::create(&opts.history)?);
     let mut rng = SimRng::new(opts.seed);
@@ -235,7 +249,8 @@ fn run(opts: &Opts) -> Result<ExitCode, String> {
     cluster.start_all()?;
     history.add(
         "run",
-        json!({"nodes": opts.nodes, "seed": opts.seed, "partitions": opts.partitions}),
+        json!({"nodes": opts.nodes, "seed": opts.seed, "partitions": opts.partitions,
+            "disk_faults": opts.disk_faults}),
     );
     let load = Arc::new(Load::new(
         Arc::clone(&history),
@@ -250,6 +265,7 @@ fn run(opts: &Opts) -> Result<ExitCode, String> {
         &load,
         &mut rng,
         Instant::now() + opts.duration,
+        &faults::kinds(opts.disk_faults),
     );
     let mut extra = Vec::new();
     settle(&mut cluster, &load, threads, &mut extra)?;
@@ -327,7 +343,7 @@ fn settle(
         Err(e) => extra.push(e),
     }
     for n in &cluster.nodes {
-        load::observe_as(h, "final_position", n.id, n.life, n.admin);
+        load::observe_as(h, "final_position", &n.observable());
     }
     Ok(())
 }

@@ -1,14 +1,17 @@
 //! The checker against small hand-made histories: a clean one passes, and each kind of
 //! bug the tool exists to find is flagged on its own, for 3 nodes and for 5. Then the
-//! fault choices that depend on the number of nodes.
+//! fault choices that depend on the number of nodes, the rounds of kinds with and
+//! without `--disk-faults`, and the disk faults' draws and strace command lines.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 
 use mortarmq::log::simdisk::SimRng;
 use serde_json::{json, Value};
 
 use crate::check;
-use crate::faults::{between_sides, follower_of, split_sides};
+use crate::disk::{self, Choice, Errno, Syscall};
+use crate::faults::{self, between_sides, follower_of, split_sides, Kind};
 
 fn ack(producer: u64, value: &str, partition: u64, sequence: u64, epoch: u64, scan: u64) -> Value {
     json!({"ev": "ack", "t": scan, "producer": producer, "value": value,
@@ -329,4 +332,160 @@ fn nodes_other_than_3_or_5_are_refused() {
         crate::parse_opts(Vec::<String>::new()).map(|o| o.nodes),
         Ok(3)
     );
+}
+
+#[test]
+fn disk_faults_are_off_unless_asked_for() {
+    let parse = |args: &[&str]| crate::parse_opts(args.iter().map(|a| a.to_string()));
+    assert_eq!(parse(&[]).map(|o| o.disk_faults), Ok(false));
+    assert_eq!(parse(&["--disk-faults"]).map(|o| o.disk_faults), Ok(true));
+}
+
+/// The kinds of the first round of `seed`, in the order they run, drawn as `run` and
+/// `faults::run` draw them (the cluster's proxy seed first).
+fn first_round(seed: u64, disk_faults: bool) -> Vec<Kind> {
+    let mut rng = SimRng::new(seed);
+    rng.next_u64();
+    let mut round = faults::shuffled(&faults::kinds(disk_faults), &mut rng);
+    round.reverse();
+    round
+}
+
+#[test]
+fn without_disk_faults_a_seed_keeps_its_schedule() {
+    assert_eq!(
+        faults::kinds(false),
+        [
+            Kind::KillLeader,
+            Kind::PauseLeader,
+            Kind::IsolateLeader,
+            Kind::Split,
+            Kind::OneWay,
+            Kind::Loss,
+            Kind::Delay,
+            Kind::RestartFollower,
+        ]
+    );
+    // Seed 27's first round as `tests/chaos.rs` knows it (the leader isolated, kill -9,
+    // one-way, split, SIGSTOP, ...), drawn before disk faults existed.
+    assert_eq!(
+        first_round(27, false),
+        [
+            Kind::IsolateLeader,
+            Kind::KillLeader,
+            Kind::OneWay,
+            Kind::Split,
+            Kind::PauseLeader,
+            Kind::Loss,
+            Kind::Delay,
+            Kind::RestartFollower,
+        ]
+    );
+}
+
+#[test]
+fn with_disk_faults_every_round_has_one_of_nine_kinds_each() {
+    let mut all = faults::kinds(false);
+    all.push(Kind::DiskFault);
+    assert_eq!(faults::kinds(true), all);
+    let mut rng = SimRng::new(27);
+    let mut places = BTreeSet::new();
+    for _ in 0..200 {
+        let round = faults::shuffled(&faults::kinds(true), &mut rng);
+        assert_eq!(round.len(), 9);
+        for kind in &all {
+            assert_eq!(round.iter().filter(|k| *k == kind).count(), 1, "{round:?}");
+        }
+        places.insert(round.iter().position(|k| *k == Kind::DiskFault));
+    }
+    assert_eq!(places.len(), 9, "the disk fault comes anywhere in a round");
+}
+
+#[test]
+fn a_disk_fault_hits_the_leader_or_any_follower_with_every_syscall_and_errno() {
+    for n in [3, 5] {
+        for leader in 0..n {
+            let mut rng = SimRng::new(20261207);
+            let drawn: Vec<Choice> = (0..300)
+                .map(|_| disk::choose(n, leader, &mut rng))
+                .collect();
+            let nodes: BTreeSet<usize> = drawn.iter().map(|c| c.node).collect();
+            assert_eq!(nodes, (0..n).collect(), "{n} nodes, leader {leader}");
+            for c in &drawn {
+                assert_eq!(c.on_leader, c.node == leader, "{c:?}");
+                assert!((1..=8).contains(&c.first) && (c.first..c.first + 32).contains(&c.last));
+            }
+            let kinds: BTreeSet<String> = (drawn.iter())
+                .map(|c| format!("{:?} {:?}", c.syscall, c.errno))
+                .collect();
+            assert_eq!(kinds.len(), 3 * 2, "{kinds:?}");
+        }
+    }
+    // One seed, one fault.
+    let draw = || disk::choose(3, 1, &mut SimRng::new(5));
+    assert_eq!(draw(), draw());
+}
+
+fn choice(syscall: Syscall, errno: Errno, (first, last): (u64, u64)) -> Choice {
+    Choice {
+        node: 1,
+        on_leader: false,
+        syscall,
+        errno,
+        first,
+        last,
+    }
+}
+
+#[test]
+fn each_disk_fault_is_one_bounded_strace_injection() {
+    let args = |c: &Choice| {
+        disk::strace_args(4321, Path::new("/d/node2"), c, Path::new("/d/x.strace")).join(" ")
+    };
+    assert_eq!(
+        args(&choice(Syscall::Fdatasync, Errno::Eio, (3, 9))),
+        "strace -qq -f -p 4321 -e trace=fdatasync -e signal=none \
+         -e inject=fdatasync:error=EIO:when=3..9 -o /d/x.strace"
+    );
+    assert_eq!(
+        args(&choice(Syscall::Pwrite64, Errno::Enospc, (1, 1))),
+        "strace -qq -f -p 4321 -e trace=pwrite64 -e signal=none \
+         -e inject=pwrite64:error=ENOSPC:when=1..1 -o /d/x.strace"
+    );
+    // write(2) only on the hard state's temporary file: never stderr or a waker.
+    assert_eq!(
+        args(&choice(Syscall::WriteRaftState, Errno::Eio, (8, 39))),
+        "strace -qq -f -p 4321 -e trace=write -e signal=none \
+         -e inject=write:error=EIO:when=8..39 -P /d/node2/raft-state.tmp -o /d/x.strace"
+    );
+}
+
+#[test]
+fn the_calls_strace_failed_are_counted_from_its_trace() {
+    let trace = "\
+19445 fdatasync(15)                     = 0
+19444 fdatasync(18 <unfinished ...>
+19445 fdatasync(15)                     = -1 EIO (Input/output error) (INJECTED)
+19444 <... fdatasync resumed>)          = -1 EIO (Input/output error) (INJECTED)
+19446 fdatasync(20)                     = 0
+";
+    assert_eq!(disk::count_injected(trace), (2, 4));
+    assert_eq!(disk::count_injected(""), (0, 0));
+}
+
+#[test]
+fn an_answer_read_across_a_restart_is_not_the_old_life_s() {
+    let dir = std::env::temp_dir().join(format!("chaos-unit-{}", std::process::id()));
+    let mortard = (Path::new("/nonexistent/mortard"), &[][..]);
+    let mut cluster = crate::cluster::Cluster::new(3, &dir, mortard, 1);
+    let (first, other) = (cluster.nodes[0].observable(), cluster.nodes[1].observable());
+    assert!(first.same_process() && other.same_process());
+    // A disk fault's end: kill -9 and start again, while the observer holds `first`.
+    cluster.kill9(0);
+    assert!(
+        !first.same_process(),
+        "an answer now may come from the next process"
+    );
+    assert!(other.same_process());
+    assert!(cluster.nodes[0].observable().same_process());
 }
