@@ -189,7 +189,7 @@ impl Cluster {
 
     /// Leading, with its log applied: what it proposes now rests on everything before.
     pub(super) fn serving(&self) -> bool {
-        self.replica.is_leader() && self.catching_up.is_none()
+        self.replica.is_leader() && self.catching_up.is_none() && self.failed.is_none()
     }
 
     #[cfg(test)]
@@ -400,8 +400,8 @@ impl Cluster {
     /// applied all it proposed before; `None` otherwise, while an entry it proposed may
     /// still commit or be truncated.
     pub(in crate::broker) fn proposed_end(&self, key: PartitionKey) -> Option<u64> {
-        let decided = self.replica.is_leader() && self.catching_up.is_none();
-        decided.then(|| self.overlay.get(&key).map_or(0, |o| o.next_sequence))
+        self.serving()
+            .then(|| self.overlay.get(&key).map_or(0, |o| o.next_sequence))
     }
 
     fn take_declare(&mut self, index: u64) -> Option<(ConnRef, u64)> {
@@ -830,6 +830,9 @@ impl Broker {
     /// The replica's Ready loop: messages out, persist jobs to the pool, committed
     /// entries applied in order, waiters answered.
     fn poll_replica(&mut self, now: Now) {
+        if self.cluster_mut().failed.is_some() {
+            return; // it takes no further part: raft's own error is sticky
+        }
         let effects = match self.cluster_mut().replica.poll(now.mono_ms) {
             Ok(effects) => effects,
             Err(e) => return self.cluster_failed(format!("raft: {e}")),
@@ -870,9 +873,23 @@ impl Broker {
         }
     }
 
+    /// The raft journal failed or an entry could not be applied: said once, and the
+    /// node's waiters, whose outcome it can no longer learn, get 0x6005 at once (the
+    /// entries may still commit under another leader; an idempotent resend finds out)
+    /// rather than waiting for a restart.
     fn cluster_failed(&mut self, why: String) {
-        log::error!("cluster node stops serving: {why}");
-        self.cluster_mut().failed.get_or_insert(why);
+        let c = self.cluster_mut();
+        if c.failed.is_some() {
+            return;
+        }
+        log::error!("cluster node stops serving until restarted: {why}");
+        c.failed = Some(why);
+        let mut waiters = c.replica.take_waiters();
+        waiters.append(&mut c.pass_waiters);
+        c.pass.clear();
+        for waiter in waiters {
+            self.answer_waiter(waiter, Err(ErrorCode::NotEnoughReplicasAfterAppend));
+        }
     }
 
     fn answer_waiter(&mut self, waiter: Waiter, result: Result<Replicated, ErrorCode>) {

@@ -934,3 +934,28 @@ fn a_node_that_lost_its_data_directory_votes_in_no_election_until_it_caught_up()
     net.nodes[f].broker.peer_up(l as u64 + 1, None, Some(0));
     assert!(grants(&mut net, f, request()), "a new node must vote");
 }
+
+#[test]
+fn a_leader_whose_journal_sync_fails_answers_its_waiters_at_once_and_another_node_leads() {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    let every_sync = crate::log::simdisk::FaultRates {
+        sync_eio: 1_000_000,
+        ..Default::default()
+    };
+    net.nodes[l].disk.set_faults(every_sync);
+    net.publish(l, 1, topic, (3, 1), "a");
+    net.deliver();
+    // Answered in the pass that learnt of the failure, not at a restart: the outcome is
+    // unknown to this node (the followers may have the entry), so 0x6005.
+    assert_eq!(
+        error_code(&net.nodes[l].answers[&1]),
+        Some(ErrorCode::NotEnoughReplicasAfterAppend)
+    );
+    let gate = net.nodes[l].broker.admit(Op::Pub, net.now);
+    assert_eq!(gate.unwrap_err().0, ErrorCode::InternalError);
+    net.run_until("another node serves", |net| {
+        net.serving_leader(Some(l)).is_some()
+    });
+}

@@ -916,17 +916,22 @@ impl Replica {
         }
     }
 
+    /// Every waiter, held OKs too: their entries may have committed, but this node can
+    /// no longer tell that no later leader answered first (§7.3). For a node that
+    /// stopped leading, and for one whose journal failed (it stops taking part).
+    pub fn take_waiters(&mut self) -> Vec<Waiter> {
+        let held = std::mem::take(&mut self.held).into_iter().map(|(p, _)| p);
+        let waiting = std::mem::take(&mut self.waiters).into_values().flatten();
+        held.chain(waiting).map(|p| p.waiter).collect()
+    }
+
     /// After the pass's Readies: a node that stopped leading fails the waiters whose
     /// entries it still holds (0x6005: they may yet commit), and the gate's leaderless
     /// clock starts or stops.
     fn note_role(&mut self, now_ms: u64) {
         let leader = self.is_leader();
         if self.was_leader && !leader {
-            // Held OKs too: their entries committed, but this node can no longer tell
-            // that no later leader answered first (§7.3).
-            let held = std::mem::take(&mut self.held).into_iter().map(|(p, _)| p);
-            let waiting = std::mem::take(&mut self.waiters).into_values().flatten();
-            for Pending { waiter, .. } in held.chain(waiting) {
+            for waiter in self.take_waiters() {
                 let result = Err(ErrorCode::NotEnoughReplicasAfterAppend);
                 self.effects.push(Effect::Answer { waiter, result });
             }
