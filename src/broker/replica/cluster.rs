@@ -200,6 +200,9 @@ impl Cluster {
     /// Raft's leader, unless it is a peer whose links are down: the leader "known" of
     /// §7.1, for the gate, `/stats` and `/healthz` alike.
     fn reachable_leader(&self) -> Option<u64> {
+        if self.failed.is_some() {
+            return None; // it no longer hears from any leader
+        }
         let leader = self.replica.leader_id()?;
         let reachable = leader == self.replica.id() || !self.links_down.contains(&leader);
         reachable.then_some(leader)
@@ -208,7 +211,10 @@ impl Cluster {
     /// The role gate: leader, applied up to its term's start, log healthy.
     fn gate(&self, now_ms: u64) -> Result<(), (ErrorCode, String)> {
         if let Some(why) = &self.failed {
-            return Err((ErrorCode::InternalError, why.clone()));
+            // It takes no part in raft any more, so it does not lead; NOT_LEADER naming
+            // no leader sends a client with other addresses to them (man/mortarmq.7).
+            let text = format!("this node stopped serving until it is restarted: {why}");
+            return Err((ErrorCode::NotLeader, text));
         }
         if let Err(r) = self.replica.admit(now_ms) {
             // A leader whose link is down may be gone: sending the client there would

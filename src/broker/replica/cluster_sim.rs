@@ -953,8 +953,10 @@ fn a_leader_whose_journal_sync_fails_answers_its_waiters_at_once_and_another_nod
         error_code(&net.nodes[l].answers[&1]),
         Some(ErrorCode::NotEnoughReplicasAfterAppend)
     );
-    let gate = net.nodes[l].broker.admit(Op::Pub, net.now);
-    assert_eq!(gate.unwrap_err().0, ErrorCode::InternalError);
+    // It does not lead any more and names no leader: clients move on to other nodes.
+    let gate = net.nodes[l].broker.admit(Op::Pub, net.now).unwrap_err();
+    assert_eq!(gate.0, ErrorCode::NotLeader);
+    assert!(!gate.1.starts_with("leader "), "{}", gate.1);
     net.run_until("another node serves", |net| {
         net.serving_leader(Some(l)).is_some()
     });
