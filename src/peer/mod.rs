@@ -71,7 +71,7 @@ const IDLE_CAPACITY_MAX_BYTES: usize = 64 * 1024;
 /// than [`IDLE_CAPACITY_MAX_BYTES`] for this long: appends refill it every pass, and
 /// growing it again each time cost the leader a tenth of its time in page faults
 /// (`docs/BENCHMARKS.md`).
-const OUTPUT_SHRINK_AFTER_MS: u64 = 1_000;
+const BUFFER_SHRINK_AFTER_MS: u64 = 1_000;
 /// Written output is cut from the front of the buffer once it is this large.
 const COMPACT_BYTES_MIN: usize = 1024 * 1024;
 
@@ -167,7 +167,7 @@ struct Remote {
     /// Queued frames; `buf[sent..]` is not written yet.
     buf: Vec<u8>,
     sent: usize,
-    /// `buf` keeps its capacity until then ([`OUTPUT_SHRINK_AFTER_MS`]).
+    /// `buf` keeps its capacity until then ([`BUFFER_SHRINK_AFTER_MS`]).
     busy_until_ms: u64,
     /// The accepted connection whose HELLO named this peer.
     inbound: Option<usize>,
@@ -182,8 +182,8 @@ struct Remote {
 struct Inbound {
     stream: TcpStream,
     input: Vec<u8>,
-    /// `input` keeps its capacity until then ([`OUTPUT_SHRINK_AFTER_MS`], which holds
-    /// for input too: a follower's appends arrive every pass).
+    /// `input` keeps its capacity until then ([`BUFFER_SHRINK_AFTER_MS`]: a follower's
+    /// appends arrive every pass).
     busy_until_ms: u64,
     /// Index into `Peers::remotes` once its HELLO was accepted.
     remote: Option<usize>,
@@ -675,7 +675,7 @@ impl Peers {
         };
         let mut failure = None;
         if remote.buf.len() - remote.sent > IDLE_CAPACITY_MAX_BYTES {
-            remote.busy_until_ms = now_ms + OUTPUT_SHRINK_AFTER_MS;
+            remote.busy_until_ms = now_ms + BUFFER_SHRINK_AFTER_MS;
         }
         while remote.sent < remote.buf.len() {
             match stream.write(&remote.buf[remote.sent..]) {
@@ -846,7 +846,7 @@ impl Peers {
             return Ok(());
         };
         if link.input.len() > IDLE_CAPACITY_MAX_BYTES {
-            link.busy_until_ms = now_ms + OUTPUT_SHRINK_AFTER_MS;
+            link.busy_until_ms = now_ms + BUFFER_SHRINK_AFTER_MS;
         }
         let input = std::mem::take(&mut link.input);
         let mut at = 0;

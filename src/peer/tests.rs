@@ -591,7 +591,7 @@ fn busy_links_keep_their_buffers_and_idle_ones_give_them_back() {
         "input cut back while busy: {input}"
     );
     // A second later, small traffic gives the room back.
-    net.fake_now_ms = Some(OUTPUT_SHRINK_AFTER_MS + 1);
+    net.fake_now_ms = Some(BUFFER_SHRINK_AFTER_MS + 1);
     net.node(1).send(&message(1, 2, b"later")).unwrap();
     net.run_until("the later one arrived", |n| n.messages(2).len() == 3);
     let (out, _) = net.node(1).buffer_capacities(2);

@@ -560,11 +560,7 @@ impl Replica {
     /// promise is not on disk, so for its first election timeout a node ignores vote
     /// requests of a newer term, as raft's check-quorum does while it hears a leader.
     fn keeps_promise_of_a_past_life(&self, msg: &Message) -> bool {
-        let vote = matches!(
-            msg.get_msg_type(),
-            MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
-        );
-        vote && msg.term > self.term() && self.ticks < self.election_ticks as u64
+        is_vote_request(msg) && msg.term > self.term() && self.ticks < self.election_ticks as u64
     }
 
     /// Peer `id`'s HELLO says its log ends at `last_index`. A node that started empty
@@ -586,11 +582,7 @@ impl Replica {
     }
 
     fn abstains(&self, msg: &Message) -> bool {
-        let vote = matches!(
-            msg.get_msg_type(),
-            MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
-        );
-        vote && self.raw.raft.raft_log.last_index() < self.abstain_below
+        is_vote_request(msg) && self.raw.raft.raft_log.last_index() < self.abstain_below
     }
 
     /// The role gate of §7.1 for requests that change or read broker state.
@@ -944,6 +936,14 @@ impl Replica {
             }
         }
     }
+}
+
+/// A vote or pre-vote request: what the two vote holds of `Replica::step` drop.
+fn is_vote_request(msg: &Message) -> bool {
+    matches!(
+        msg.get_msg_type(),
+        MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
+    )
 }
 
 fn lease_stamp(term: u64, now_ms: u64) -> Vec<u8> {
