@@ -17,7 +17,7 @@ use mortarmq::broker::replica::machine::{ReplicaConfig, ReplicaOptions};
 use mortarmq::broker::{Broker, BrokerConfig, Now};
 use mortarmq::config::{self, ClusterConfig, Command, Config};
 use mortarmq::peer::PeersConfig;
-use mortarmq::reactor::{Reactor, ReactorConfig};
+use mortarmq::reactor::{Reactor, ReactorConfig, Stopped};
 use mortarmq::session::parse_token_file;
 
 /// Exit status for a usage error (bad flag or value).
@@ -53,13 +53,35 @@ fn main() -> ExitCode {
         );
     }
     match run(config) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Stopped::Shutdown) => ExitCode::SUCCESS,
+        Ok(Stopped::Restart) => {
+            let e = restart();
+            log::error!("cannot restart: {e}");
+            eprintln!("mortard: cannot restart: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        }
         Err(e) => {
             log::error!("{e}");
             eprintln!("mortard: {e}");
             ExitCode::from(EXIT_FAILURE)
         }
     }
+}
+
+/// Executes this binary again with the same arguments and environment, in this process
+/// (a supervisor sees no exit): a cluster node goes into or out of an INSTALL this way
+/// (`docs/REPLICATION.md` §5.5). Every descriptor but the standard three is close-on-exec.
+/// Returns only on failure.
+fn restart() -> std::io::Error {
+    use std::os::unix::process::CommandExt;
+    log::info!("restarting");
+    let mut args = std::env::args_os();
+    let argv0 = args.next().unwrap_or_default();
+    // Not `current_exe()`: it names the file, which an upgrade may have replaced.
+    std::process::Command::new("/proc/self/exe")
+        .arg0(argv0)
+        .args(args)
+        .exec()
 }
 
 fn load_tokens(path: Option<&Path>) -> Result<Option<Vec<Vec<u8>>>, String> {
@@ -252,7 +274,7 @@ fn attach_peers(
     Ok(())
 }
 
-fn run(config: Config) -> Result<(), String> {
+fn run(config: Config) -> Result<Stopped, String> {
     for warning in config.warnings() {
         log::warn!("{warning}");
     }

@@ -383,3 +383,67 @@ fn every_node_compacts_its_journal_and_a_node_killed_after_starts_from_its_check
     assert_eq!(held.len(), 150);
     assert!(held.iter().all(|(_, v)| *v == value));
 }
+
+#[test]
+fn a_node_whose_data_directory_was_lost_after_compaction_installs_a_snapshot_and_serves() {
+    let (mut cluster, leader, mut c, topic_id) =
+        cluster_with_topic(&["--journal-file-size", "64KiB"]);
+    // 150 records of 4 KiB: about ten 64 KiB journal files, compacted on every node.
+    let value = "x".repeat(4096);
+    for seq in 1..=150 {
+        c.publish(&Pub {
+            topic_id,
+            producer_id: PRODUCER_ID,
+            producer_seq: seq,
+            value: value.as_bytes(),
+            ..Pub::default()
+        })
+        .unwrap();
+    }
+    wait_until("every node to compact its journal", CONVERGE_LIMIT, || {
+        (0..3).all(|i| cluster_figure(&cluster, i, "first_index") > 1)
+    });
+    let f = (0..3).find(|&i| i != leader).unwrap();
+    cluster.kill9(f);
+    let data_dir = cluster.nodes[f].data_dir();
+    std::fs::remove_dir_all(&data_dir).unwrap();
+    cluster.restart(f);
+    let leader_applied = cluster_figure(&cluster, leader, "applied_index");
+    let applied = |cluster: &Cluster| -> Option<u64> {
+        let (_, body) = cluster.nodes[f].try_http("GET", "/stats")?;
+        let stats: serde_json::Value = serde_json::from_str(&body).ok()?;
+        stats["cluster"]["applied_index"].as_u64()
+    };
+    wait_until(
+        "the wiped node to install and apply the rest",
+        CONVERGE_LIMIT,
+        || applied(&cluster).is_some_and(|a| a >= leader_applied),
+    );
+    let checkpoint = cluster_figure(&cluster, f, "checkpoint_index");
+    assert!(
+        checkpoint > 1,
+        "its log starts after the snapshot, at {checkpoint}"
+    );
+    assert!(
+        !data_dir.join("install").exists(),
+        "the install marker is gone"
+    );
+    let held = cluster.records(f, "orders", 0);
+    assert_eq!(held.len(), 150);
+    assert!(held.iter().all(|(_, v)| *v == value));
+    // It counts towards a majority: with the third node down, REPLICATED still commits.
+    let third = (0..3).find(|&i| i != leader && i != f).unwrap();
+    cluster.kill9(third);
+    let r = c
+        .publish(&Pub {
+            topic_id,
+            producer_id: PRODUCER_ID,
+            producer_seq: 151,
+            value: b"after",
+            ..Pub::default()
+        })
+        .unwrap();
+    assert_eq!(r.sequence, 151);
+    let log = cluster.nodes[f].log_text();
+    assert!(log.contains("installing node"), "{log}");
+}

@@ -281,6 +281,11 @@ impl ConsumeDriver {
             .write_job(now.mono_ms, force, || coordinator.positions())
     }
 
+    /// The positions file's bytes as the coordinator holds them now (a snapshot's).
+    pub(super) fn positions_bytes(&self) -> Vec<u8> {
+        self.positions.encode(&self.coordinator.positions())
+    }
+
     /// This cluster node leads in `term`: groups' epochs continue above the term's base.
     pub(super) fn leading_in(&mut self, term: u64) {
         self.coordinator.raise_epochs(term << 32);

@@ -117,6 +117,11 @@ pub enum Work {
         positions_result: Option<io::Result<()>>,
         write: Checkpoint2Write,
     },
+    /// Cluster mode: an INSTALL's reads, writes, marker and end
+    /// (`broker::replica::install`).
+    Install {
+        job: super::replica::install::InstallJob,
+    },
 }
 
 impl crate::fsync::Job for DurableJob {
@@ -143,6 +148,9 @@ impl crate::fsync::Job for DurableJob {
             run_syncs(syncs)?;
             return write.run();
         }
+        if let Work::Install { job } = &mut self.work {
+            return job.run(&*self.storage);
+        }
         if let Work::RaftCheckpoint { .. } = &self.work {
             return self.work.run_raft_checkpoint();
         }
@@ -157,6 +165,7 @@ impl crate::fsync::Job for DurableJob {
             Work::CreateTopic { .. }
             | Work::Checkpoint { .. }
             | Work::RaftCheckpoint { .. }
+            | Work::Install { .. }
             | Work::SyncJournal { .. } => Ok(()),
             Work::MakeSpare { write } => write.run(),
             Work::Persist { job } => job.run(),

@@ -581,6 +581,7 @@ impl Broker {
                 self.partitions.snapshot_written(key, &result)
             }
             Work::Persist { job } => self.persist_done(&job, result),
+            Work::Install { job } => self.install_job_done(job, result, now),
             work @ Work::RaftCheckpoint { .. } => {
                 let done = replica::compaction::CheckpointDone::new(work, result);
                 self.cluster_checkpoint_done(done, now);

@@ -230,6 +230,11 @@ impl Positions {
         }
     }
 
+    /// What the file holds with `positions` and the tombstones kept.
+    pub fn encode(&self, positions: &[GroupPosition]) -> Vec<u8> {
+        encode_positions(positions, &self.tombstones)
+    }
+
     /// Writes `positions` on the calling thread (shutdown).
     pub fn write_now(&mut self, positions: &[GroupPosition]) -> std::io::Result<()> {
         let bytes = encode_positions(positions, &self.tombstones);

@@ -176,6 +176,30 @@ impl Checkpoint2Write {
     }
 }
 
+/// Makes `dir` a journal that starts after entry `index` of `term`: the checkpoint
+/// `(0, index, term)` written, every other file removed (an INSTALL's end: the segments
+/// hold everything up to `index`, `broker::replica::install`). Blocking: fsync worker or
+/// start-up.
+pub fn reset_to(storage: &dyn Storage, dir: &Path, index: u64, term: u64) -> io::Result<()> {
+    storage.create_dir_all(dir)?;
+    let point = Checkpoint2 {
+        lsn: 0,
+        index,
+        term,
+    };
+    let mut bytes = Vec::with_capacity(CHECKPOINT2_BYTES);
+    for v in [point.lsn, point.index, point.term] {
+        bytes.extend_from_slice(&v.to_be_bytes());
+    }
+    meta::write_atomic(storage, &dir.join(CHECKPOINT_FILE), &bytes)?;
+    for name in storage.list_dir(dir)? {
+        if name != CHECKPOINT_FILE {
+            storage.remove_file(&dir.join(name))?;
+        }
+    }
+    storage.sync_dir(dir)
+}
+
 /// What [`RaftJournal::open`] found.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct RaftJournalReport {

@@ -63,15 +63,20 @@ pub fn write_atomic(storage: &dyn Storage, path: &Path, bytes: &[u8]) -> io::Res
         ));
     }
     let tmp = tmp_path(path);
-    let mut whole = Vec::with_capacity(bytes.len() + META_FOOTER_BYTES);
-    whole.extend_from_slice(bytes);
-    whole.extend_from_slice(&footer(bytes));
-    storage.write(&tmp, &whole)?;
+    storage.write(&tmp, &with_footer(bytes))?;
     // Without this the rename can reach the disk before the data: after a crash the
     // name would point to an empty or partial file.
     storage.open(&tmp, Open::ReadWrite)?.sync_data()?;
     storage.rename(&tmp, path)?;
     storage.sync_dir(parent_dir(path))
+}
+
+/// The whole file [`write_atomic`] writes for `bytes`: them and the footer.
+pub fn with_footer(bytes: &[u8]) -> Vec<u8> {
+    let mut whole = Vec::with_capacity(bytes.len() + META_FOOTER_BYTES);
+    whole.extend_from_slice(bytes);
+    whole.extend_from_slice(&footer(bytes));
+    whole
 }
 
 /// Reads a file written by [`write_atomic`]. `Ok(None)` if it does not exist;

@@ -761,6 +761,14 @@ impl PartitionLog {
     }
 
     /// The sequence the next append gets.
+    /// Each segment's file and the bytes flushed to it, oldest first: what a copy of the
+    /// partition must hold (a cluster's INSTALL). Bytes below these lengths are never
+    /// rewritten.
+    pub fn segment_files(&self) -> Vec<(PathBuf, u64)> {
+        let files = self.segments.iter();
+        files.map(|s| (s.log_path.clone(), s.len_bytes)).collect()
+    }
+
     pub fn next_sequence(&self) -> u64 {
         self.written_sequence + 1 + self.pending.len() as u64
     }

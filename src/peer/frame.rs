@@ -14,6 +14,9 @@
 //! ..  2  admin_len     then the admin address, text; 0 bytes = no admin listener
 //!
 //! RAFT body (kind 2): raft's protobuf encoding of `eraftpb::Message`, nothing else.
+//!
+//! INSTALL body (kind 3): a snapshot's chunk request, chunk or refusal, opaque here
+//! (laid out in `broker::replica::install`).
 //! ```
 
 use std::fmt;
@@ -40,6 +43,7 @@ const HELLO_FIXED_BYTES: usize = 32;
 pub enum FrameKind {
     Hello = 1,
     Raft = 2,
+    Install = 3,
 }
 
 impl FrameKind {
@@ -47,6 +51,7 @@ impl FrameKind {
         match b {
             1 => Some(FrameKind::Hello),
             2 => Some(FrameKind::Raft),
+            3 => Some(FrameKind::Install),
             _ => None,
         }
     }
@@ -148,6 +153,12 @@ pub fn put_raft(out: &mut Vec<u8>, msg: &Message) -> Result<(), FrameError> {
     let length = (out.len() - start - LENGTH_BYTES) as u32;
     out[start..start + LENGTH_BYTES].copy_from_slice(&length.to_be_bytes());
     Ok(())
+}
+
+/// Appends an INSTALL frame (`body.len() + 1` must fit [`FRAME_BYTES_MAX`]).
+pub fn put_install(out: &mut Vec<u8>, body: &[u8]) {
+    put_header(out, FrameKind::Install, body.len());
+    out.extend_from_slice(body);
 }
 
 /// A frame split off a buffer: its kind, its body, and the bytes it took.

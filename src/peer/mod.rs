@@ -96,6 +96,8 @@ pub enum PeerEvent {
     /// A raft message from a peer, addressed to this node (`from` checked against the
     /// link's HELLO).
     Message(Message),
+    /// An INSTALL frame's body from peer `from` (a snapshot's chunks).
+    Install { from: u8, body: Vec<u8> },
     /// Both links with `id` are open and its HELLO was accepted.
     Up { id: u8 },
     /// One of them closed.
@@ -303,11 +305,49 @@ impl Peers {
     /// Queues `msg` for `msg.to`; written by [`Peers::flush`] (or a writable event).
     pub fn send(&mut self, msg: &Message) -> Result<(), Dropped> {
         let to = u8::try_from(msg.to).ok();
+        let bytes = frame::raft_frame_bytes(msg);
+        self.queue(to, bytes, |buf| {
+            frame::put_raft(buf, msg).map_err(|e| {
+                log::warn!("peer {}: raft message not encoded: {e}", msg.to);
+                Dropped::TooLarge
+            })
+        })
+    }
+
+    /// Queues an INSTALL frame carrying `body` for peer `to`.
+    pub fn send_install(&mut self, to: u64, body: &[u8]) -> Result<(), Dropped> {
+        let to = u8::try_from(to).ok();
+        let bytes = LENGTH_BYTES + 1 + body.len();
+        self.queue(to, bytes, |buf| {
+            frame::put_install(buf, body);
+            Ok(())
+        })
+    }
+
+    /// Queues a frame of `bytes` (length prefix included) that `put` appends.
+    fn queue(
+        &mut self,
+        to: Option<u8>,
+        bytes: usize,
+        put: impl FnOnce(&mut Vec<u8>) -> Result<(), Dropped>,
+    ) -> Result<(), Dropped> {
         let Some(r) = to.and_then(|id| self.remote_index(id)) else {
             return Err(Dropped::UnknownPeer);
         };
-        let result = self.queue(r, msg);
         let remote = &mut self.remotes[r];
+        let result = if matches!(remote.out, Outbound::Idle) {
+            Err(Dropped::LinkDown)
+        } else if bytes - LENGTH_BYTES > FRAME_BYTES_MAX {
+            log::warn!(
+                "peer {}: a {bytes}-byte frame is past the {FRAME_BYTES_MAX}-byte cap; dropped",
+                remote.id
+            );
+            Err(Dropped::TooLarge)
+        } else if remote.buf.len() - remote.sent + bytes > OUTPUT_BYTES_MAX {
+            Err(Dropped::OutputFull)
+        } else {
+            put(&mut remote.buf)
+        };
         match result {
             Ok(()) => {
                 remote.counters.frames_out += 1;
@@ -318,29 +358,6 @@ impl Peers {
             Err(_) => remote.counters.drops += 1,
         }
         result
-    }
-
-    fn queue(&mut self, r: usize, msg: &Message) -> Result<(), Dropped> {
-        let remote = &mut self.remotes[r];
-        if matches!(remote.out, Outbound::Idle) {
-            return Err(Dropped::LinkDown);
-        }
-        let bytes = frame::raft_frame_bytes(msg);
-        if bytes - LENGTH_BYTES > FRAME_BYTES_MAX {
-            log::warn!(
-                "peer {}: a {bytes}-byte raft message is past the {FRAME_BYTES_MAX}-byte \
-                 frame cap; dropped",
-                remote.id
-            );
-            return Err(Dropped::TooLarge);
-        }
-        if remote.buf.len() - remote.sent + bytes > OUTPUT_BYTES_MAX {
-            return Err(Dropped::OutputFull);
-        }
-        frame::put_raft(&mut remote.buf, msg).map_err(|e| {
-            log::warn!("peer {}: raft message not encoded: {e}", remote.id);
-            Dropped::TooLarge
-        })
     }
 
     /// Writes queued output of every peer that has some. Call at the end of a pass.
@@ -887,7 +904,17 @@ impl Peers {
                 self.accept_hello(registry, s, hello, now_ms, out)
             }
             (FrameKind::Hello, Some(_)) => Err("a second HELLO".to_string()),
-            (FrameKind::Raft, None) => Err("a RAFT frame before HELLO".to_string()),
+            (FrameKind::Raft | FrameKind::Install, None) => {
+                Err(format!("a {kind:?} frame before HELLO"))
+            }
+            (FrameKind::Install, Some(r)) => {
+                let remote = &mut self.remotes[r];
+                remote.last_heard_ms = Some(now_ms);
+                remote.counters.frames_in += 1;
+                let (from, body) = (remote.id, body.to_vec());
+                out.push(PeerEvent::Install { from, body });
+                Ok(())
+            }
             (FrameKind::Raft, Some(r)) => {
                 let msg = frame::parse_raft(body).map_err(|e| e.to_string())?;
                 let remote = &mut self.remotes[r];

@@ -122,6 +122,11 @@ impl Cluster {
         self.peers.send(msg)
     }
 
+    /// Queues an INSTALL frame for peer `to`; `Err` = dropped (the follower asks again).
+    pub fn send_install(&mut self, to: u64, body: &[u8]) -> Result<(), Dropped> {
+        self.peers.send_install(to, body)
+    }
+
     /// Writes queued messages; what that reports (a link lost) waits for the next step.
     pub fn flush(&mut self, registry: &Registry, now_ms: u64) {
         self.peers.flush(registry, now_ms, &mut self.events);
@@ -182,7 +187,7 @@ impl Reactor {
         let mut inputs = std::mem::take(&mut self.cluster_inputs);
         cluster.step(self.poll.registry(), now.mono_ms, &mut inputs);
         for input in inputs.drain(..) {
-            self.replica_input(input);
+            self.replica_input(input, now);
         }
         self.cluster_inputs = inputs;
     }
@@ -203,15 +208,26 @@ impl Reactor {
             }
         }
         self.peer_out = out;
+        let mut frames = std::mem::take(&mut self.install_out);
+        self.broker.drain_install_frames(&mut frames);
+        for (to, body) in frames.drain(..) {
+            if let Err(why) = cluster.send_install(to, &body) {
+                log::debug!("INSTALL frame to {to} dropped: {why:?}");
+            }
+        }
+        self.install_out = frames;
         cluster.flush(self.poll.registry(), now.mono_ms);
     }
 
-    fn replica_input(&mut self, input: ClusterInput) {
+    fn replica_input(&mut self, input: ClusterInput, now: Now) {
         match input {
             ClusterInput::Tick => self.broker.raft_tick(),
             ClusterInput::Peer(PeerEvent::Message(m)) => {
                 self.counters.peer_messages_in += 1;
                 self.broker.peer_message(m);
+            }
+            ClusterInput::Peer(PeerEvent::Install { from, body }) => {
+                self.broker.peer_install(u64::from(from), &body, now);
             }
             ClusterInput::Peer(PeerEvent::Up { id }) => {
                 let hello = self.cluster.as_ref().and_then(|c| c.peers.hello(id));

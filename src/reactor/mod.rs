@@ -172,6 +172,17 @@ pub struct Reactor {
     cluster_inputs: Vec<ClusterInput>,
     /// The replica's messages of this pass, on their way to the links (reused).
     peer_out: Vec<crate::peer::Message>,
+    /// INSTALL frames of this pass, each with its peer (reused).
+    install_out: Vec<(u64, Vec<u8>)>,
+}
+
+/// Why [`Reactor::run`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// A signal asked, and everything was drained and synced.
+    Shutdown,
+    /// The process must start again on its data directory (`mortard` re-executes).
+    Restart,
 }
 
 /// The fsync pool, whose workers wake the reactor when a job is done.
@@ -260,6 +271,7 @@ impl Reactor {
             cluster: None,
             cluster_inputs: Vec::new(),
             peer_out: Vec::new(),
+            install_out: Vec::new(),
         })
     }
 
@@ -288,11 +300,18 @@ impl Reactor {
         }
     }
 
-    /// Runs until SIGTERM/SIGINT, then drains and returns.
-    pub fn run(&mut self) -> io::Result<()> {
+    /// Runs until SIGTERM/SIGINT, then drains and returns; or until the broker needs
+    /// the process restarted (a cluster node's INSTALL), then returns at once: nothing
+    /// of this process's state is to be kept.
+    pub fn run(&mut self) -> io::Result<Stopped> {
         let mut events = Events::with_capacity(EVENTS_CAPACITY);
-        while !self.turn(&mut events, self.poll_timeout())? {}
-        self.shutdown()
+        while !self.turn(&mut events, self.poll_timeout())? {
+            if self.broker.restart_requested() {
+                return Ok(Stopped::Restart);
+            }
+        }
+        self.shutdown()?;
+        Ok(Stopped::Shutdown)
     }
 
     /// One pass: wait for events (at most `timeout`), handle them, end the pass.

@@ -1,6 +1,6 @@
 //! Starts a cluster of real `mortard` processes on loopback (`--node-id`, `--peers`), each
-//! with its own temporary data directory and a client port that stays the same across
-//! restarts, so that NOT_LEADER's `leader <id> <host:port>` stays true.
+//! with its own temporary data directory and client and admin ports that stay the same
+//! across restarts, so that NOT_LEADER's `leader <id> <host:port>` stays true.
 #![allow(dead_code)]
 
 use std::collections::BTreeSet;
@@ -47,8 +47,13 @@ impl Cluster {
         let nodes = (1..=n)
             .map(|id| {
                 let listen = format!("127.0.0.1:{}", fresh_port());
+                // Fixed too: a node that re-executes itself (INSTALL) keeps it.
+                let admin = format!("127.0.0.1:{}", fresh_port());
                 let id = id.to_string();
                 let mut all = vec!["--listen", &listen, "--node-id", &id, "--peers", &peers];
+                if !args.iter().any(|a| a.starts_with("--admin-listen")) {
+                    all.extend_from_slice(&["--admin-listen", &admin]);
+                }
                 all.extend_from_slice(args);
                 Mortard::start_in(&format!("node{id}"), &all)
             })

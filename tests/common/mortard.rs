@@ -89,27 +89,29 @@ impl Mortard {
 
     /// `GET`/other method on the admin listener: (status, body).
     pub fn http(&self, method: &str, path: &str) -> (u16, String) {
+        self.try_http(method, path).expect("admin request")
+    }
+
+    /// [`Mortard::http`], `None` when the listener does not answer (the process is
+    /// restarting itself).
+    pub fn try_http(&self, method: &str, path: &str) -> Option<(u16, String)> {
         use std::io::{Read, Write};
         let addr = self.admin.expect("admin listener");
-        let mut s = TcpStream::connect(addr).expect("admin connect");
+        let mut s = TcpStream::connect(addr).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         write!(
             s,
             "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
         )
-        .unwrap();
+        .ok()?;
         let mut text = String::new();
-        s.read_to_string(&mut text).expect("admin response");
-        let status = text
-            .split(' ')
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .expect("status");
+        s.read_to_string(&mut text).ok()?;
+        let status = text.split(' ').nth(1).and_then(|c| c.parse().ok())?;
         let body = text
             .split_once("\r\n\r\n")
             .map_or("", |(_, b)| b)
             .to_string();
-        (status, body)
+        Some((status, body))
     }
 
     /// The broker's count of damaged records met so far (`/stats` storage.corrupt_records).

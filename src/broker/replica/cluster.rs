@@ -45,7 +45,7 @@
 //! - **Producers** age on the records' timestamps, the leader's wall clock when it took
 //!   them, so every node evicts and expires the same ones (`--producer-ttl`).
 //!
-//! Not yet: INSTALL.
+//! - **INSTALL** (`replica::install`): snapshots for a node whose log is gone.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
@@ -53,6 +53,7 @@ use std::sync::Arc;
 
 use super::compaction::Compaction;
 use super::entry::{Batch, BatchPart, EntryData, PositionChange, RegistryChange};
+use super::install::Installs;
 use super::machine::{
     Effect as ReplicaEffect, PersistJob, Replica, ReplicaConfig, ReplicaOptions, Replicated, Waiter,
 };
@@ -126,6 +127,7 @@ pub struct Cluster {
     /// The raft journal failed or an entry could not be applied: the node refuses all.
     pub(super) failed: Option<String>,
     pub(super) compaction: Compaction,
+    pub(super) installs: Installs,
 }
 
 /// A cluster node's place in the group, for /stats.
@@ -175,6 +177,7 @@ impl Cluster {
             next_positions_ms: 0,
             failed: None,
             compaction: Compaction::from_checkpoint(checkpoint),
+            installs: Installs::default(),
         }
     }
 
@@ -215,6 +218,9 @@ impl Cluster {
             // no leader sends a client with other addresses to them (man/mortarmq.7).
             let text = format!("this node stopped serving until it is restarted: {why}");
             return Err((ErrorCode::NotLeader, text));
+        }
+        if let Some(refused) = self.installs.refusal() {
+            return Err(refused);
         }
         if let Err(r) = self.replica.admit(now_ms) {
             // A leader whose link is down may be gone: sending the client there would
@@ -459,6 +465,8 @@ impl Broker {
         let topics_dir = dir.join(TOPICS_DIR);
         crate::log::storage::create_dir_durable(&*storage, &topics_dir)
             .map_err(|e| format!("cannot create data directory {}: {e}", dir.display()))?;
+        // An install under way starts over from a wiped directory, before anything reads it.
+        let install = super::install::resume(&*storage, &dir)?;
         let (topics, _) = TopicRegistry::load(Arc::clone(&storage), &dir)?;
         let (replica, options) = replica;
         let (replica, _) = Replica::open_with(&storage, &dir, replica, options, now.mono_ms)
@@ -478,6 +486,9 @@ impl Broker {
             .partitions
             .rebuild_all_producers(now, &mut broker.counters);
         report.group_positions = broker.restore_groups(now)?;
+        if let Some(marker) = install {
+            broker.resume_install(marker);
+        }
         Ok((broker, report))
     }
 
@@ -529,6 +540,9 @@ impl Broker {
             if let Some(addr) = client_addr {
                 c.replica.set_node_addr(id, addr);
             }
+            // A snapshot sent over the old link went to a process that is gone.
+            c.replica.report_snapshot_failure(id);
+            self.install_link_up(id);
         }
     }
 
@@ -539,6 +553,7 @@ impl Broker {
             // What was queued on the link went with it: raft, counting those appends in
             // flight, would otherwise send one message per heartbeat until they time out.
             c.replica.report_unreachable(id);
+            c.replica.report_snapshot_failure(id);
         }
     }
 
@@ -743,6 +758,11 @@ impl Broker {
     /// `end_pass` in a cluster: the pass's BATCH, the Ready loop, apply, answers; then
     /// the consume plane and registry writes as on a single node.
     pub(in crate::broker) fn end_pass_cluster(&mut self, now: Now, room: &dyn OutputRoom) {
+        self.pull_turn(now);
+        if self.cluster_mut().installs.refusal().is_some() {
+            // Installing: nothing else of this node's state is touched until it restarts.
+            return self.submit_jobs();
+        }
         self.propose_pass(now);
         self.propose_floor(now);
         self.poll_replica(now);
@@ -754,6 +774,7 @@ impl Broker {
             .settle_replicated_dead_letters(&mut self.partitions, &proposed_end);
         self.pump_consume(now, room);
         self.take_cluster_checkpoint(now);
+        self.offer_snapshots(now);
         self.jobs.extend(self.consume.positions_job(now, false));
         self.submit_jobs();
     }
@@ -855,6 +876,9 @@ impl Broker {
                     self.apply_queued(now);
                 }
                 ReplicaEffect::Answer { waiter, result } => self.answer_waiter(waiter, result),
+                ReplicaEffect::Install {
+                    data, hard_state, ..
+                } => self.begin_install(&data, hard_state),
             }
         }
         if let Some(term) = self.cluster_mut().note_leadership() {
@@ -883,7 +907,7 @@ impl Broker {
     /// node's waiters, whose outcome it can no longer learn, get 0x6005 at once (the
     /// entries may still commit under another leader; an idempotent resend finds out)
     /// rather than waiting for a restart.
-    fn cluster_failed(&mut self, why: String) {
+    pub(super) fn cluster_failed(&mut self, why: String) {
         let c = self.cluster_mut();
         if c.failed.is_some() {
             return;

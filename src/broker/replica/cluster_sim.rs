@@ -55,6 +55,11 @@ struct Node {
     broker: Broker,
     jobs: Jobs,
     inbox: VecDeque<PeerMessage>,
+    /// INSTALL frames' bodies, with their sender's id.
+    install_inbox: VecDeque<(u64, Vec<u8>)>,
+    /// Process restarts the broker asked for (`restart_requested`), each with what the
+    /// role gate said right after it.
+    restarts: Vec<Result<(), (ErrorCode, String)>>,
     /// Partitioned away: what it sends and what is sent to it is lost.
     isolated: bool,
     /// Answers by slot.
@@ -93,6 +98,8 @@ fn open_node_with(id: u64, disk: SimDisk, options: ReplicaOptions) -> Node {
         broker,
         jobs,
         inbox: VecDeque::new(),
+        install_inbox: VecDeque::new(),
+        restarts: Vec::new(),
         isolated: false,
         answers: BTreeMap::new(),
         pushes: Vec::new(),
@@ -102,6 +109,8 @@ fn open_node_with(id: u64, disk: SimDisk, options: ReplicaOptions) -> Node {
 struct Net {
     nodes: Vec<Node>,
     now: Now,
+    /// INSTALL frames still delivered; `None`: all are.
+    install_frames_left: Option<usize>,
 }
 
 impl Net {
@@ -115,6 +124,7 @@ impl Net {
         Net {
             nodes,
             now: Now::default(),
+            install_frames_left: None,
         }
     }
 
@@ -126,6 +136,9 @@ impl Net {
             let node = &mut self.nodes[i];
             while let Some(m) = node.inbox.pop_front() {
                 node.broker.peer_message(m);
+            }
+            while let Some((from, body)) = node.install_inbox.pop_front() {
+                node.broker.peer_install(from, &body, now);
             }
             node.broker.end_pass(now, &unlimited_room);
             node.broker.check_invariants();
@@ -145,6 +158,8 @@ impl Net {
             }
             let mut out = Vec::new();
             node.broker.drain_peer_messages(&mut out);
+            let mut frames = Vec::new();
+            node.broker.drain_install_frames(&mut frames);
             let lost = node.isolated;
             for m in out {
                 let to = &mut self.nodes[m.to as usize - 1];
@@ -152,9 +167,19 @@ impl Net {
                     to.inbox.push_back(m);
                 }
             }
+            for (to, body) in frames {
+                let to = &mut self.nodes[to as usize - 1];
+                let budget = self.install_frames_left.as_mut();
+                if budget.is_some_and(|left| left.checked_sub(1).map(|l| *left = l).is_none()) {
+                    continue;
+                }
+                if !lost && !to.isolated {
+                    to.install_inbox.push_back((i as u64 + 1, body));
+                }
+            }
             let jobs: Vec<DurableJob> = self.nodes[i].jobs.0.borrow_mut().drain(..).collect();
             if jobs.is_empty() {
-                return;
+                return self.restart_if_asked(i);
             }
             for mut job in jobs {
                 let result = job.run();
@@ -169,13 +194,38 @@ impl Net {
         }
     }
 
+    /// `mortard` re-executes itself when its broker asks: here the node opens again on
+    /// its disk, as it is (no power cut).
+    fn restart_if_asked(&mut self, i: usize) {
+        if !self.nodes[i].broker.restart_requested() {
+            return;
+        }
+        let (disk, isolated) = (self.nodes[i].disk.clone(), self.nodes[i].isolated);
+        let mut restarts = std::mem::take(&mut self.nodes[i].restarts);
+        self.nodes[i] = open_node_on(i as u64 + 1, disk);
+        restarts.push(self.nodes[i].broker.admit(Op::Pub, self.now));
+        self.nodes[i].restarts = restarts;
+        self.nodes[i].isolated = isolated;
+        // Its links came up again: each side's HELLO names its log's end.
+        let id = i as u64 + 1;
+        let last = |n: &Node| n.broker.cluster_status().unwrap().last_index;
+        let restarted_last = last(&self.nodes[i]);
+        for j in (0..self.nodes.len()).filter(|&j| j != i) {
+            let other_last = last(&self.nodes[j]);
+            self.nodes[j].broker.peer_up(id, None, Some(restarted_last));
+            self.nodes[i]
+                .broker
+                .peer_up(j as u64 + 1, None, Some(other_last));
+        }
+    }
+
     /// Passes every node until no inbox holds anything.
     fn deliver(&mut self) {
         for _ in 0..PASSES_PER_ROUND_MAX {
             for i in 0..self.nodes.len() {
                 self.pass(i);
             }
-            if self.nodes.iter().all(|n| n.inbox.is_empty()) {
+            if (self.nodes.iter()).all(|n| n.inbox.is_empty() && n.install_inbox.is_empty()) {
                 return;
             }
         }
@@ -267,10 +317,11 @@ impl Net {
         self.next_sequence_of(i, topic)
     }
 
-    /// The same for any topic id, a twin's included.
+    /// The same for any topic id, a twin's included; 0 where the partition is not open
+    /// (a node wiped or installing).
     fn next_sequence_of(&self, i: usize, topic_id: u16) -> u64 {
-        let part = self.nodes[i].broker.partition(topic_id, 0).unwrap();
-        part.log.next_sequence()
+        let part = self.nodes[i].broker.partition(topic_id, 0);
+        part.map_or(0, |p| p.log.next_sequence())
     }
 
     /// Every node's partition 0 of `topic` holds records up to `next − 1`.
@@ -960,4 +1011,130 @@ fn a_leader_whose_journal_sync_fails_answers_its_waiters_at_once_and_another_nod
     net.run_until("another node serves", |net| {
         net.serving_leader(Some(l)).is_some()
     });
+}
+
+#[test]
+fn a_node_that_lost_its_data_directory_after_compaction_installs_a_snapshot_and_catches_up() {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    net.publish_many(l, topic, 1, 1);
+    let delivery = net.first_delivery(l, topic);
+    let _ = net.nodes[l]
+        .broker
+        .ack(CONN, &delivery.ack(AckFlags::empty()), net.now);
+    let committed = net.position(l, topic).unwrap();
+    // About five 64 KiB journal files: every node compacts past entry 1.
+    net.publish_many(l, topic, 2, 80);
+    net.run_until("every node compacted", |net| {
+        (0..3).all(|i| net.cluster(i).replica.first_index() > 1)
+    });
+    let f = (0..3).find(|&i| i != l).unwrap();
+    net.nodes[f] = open_node_on(f as u64 + 1, SimDisk::seeded(99));
+    // Its HELLO tells the leader its log is empty.
+    net.nodes[l].broker.peer_up(f as u64 + 1, None, Some(0));
+    net.run_until("the wiped node installed and holds every record", |net| {
+        net.nodes[f].restarts.len() >= 2 && net.next_sequence(f, topic) == 82
+    });
+    let restarts = &net.nodes[f].restarts;
+    assert_eq!(restarts.len(), 2, "into the install and out of it");
+    let (code, text) = restarts[0]
+        .clone()
+        .expect_err("turned away while installing");
+    assert_eq!(code, ErrorCode::SnapshotInProgress, "{text}");
+    let c = net.cluster(f);
+    assert!(
+        c.replica.checkpoint().index > 1,
+        "the log starts after the snapshot"
+    );
+    for seq in [1, 2, 40, 81] {
+        assert_eq!(
+            net.record(f, topic, seq),
+            net.record(l, topic, seq),
+            "record {seq}"
+        );
+    }
+    assert_eq!(
+        net.position(f, topic),
+        Some(committed),
+        "the group's position came along"
+    );
+    // It takes part again: appends after the snapshot, and a majority with the leader.
+    let other = (0..3).find(|&i| i != l && i != f).unwrap();
+    net.nodes[other].isolated = true;
+    net.publish_many(l, topic, 82, 1);
+    assert_eq!(net.next_sequence(f, topic), 83);
+}
+
+/// Wipes a follower of a cluster whose journals were compacted past entry 1, holding 81
+/// records of 4 KB; returns the leader and the follower.
+fn wiped_follower_after_compaction(net: &mut Net) -> (usize, usize, u16) {
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    net.publish_many(l, topic, 1, 81);
+    net.run_until("every node compacted", |net| {
+        (0..3).all(|i| net.cluster(i).replica.first_index() > 1)
+    });
+    let f = (0..3).find(|&i| i != l).unwrap();
+    net.nodes[f] = open_node_on(f as u64 + 1, SimDisk::seeded(99));
+    net.nodes[l].broker.peer_up(f as u64 + 1, None, Some(0));
+    (l, f, topic)
+}
+
+#[test]
+fn an_install_cut_by_a_power_loss_starts_over_and_completes() {
+    let mut net = Net::new();
+    let (l, f, topic) = wiped_follower_after_compaction(&mut net);
+    // A few chunks land, then the links fall silent and the node loses power.
+    net.install_frames_left = Some(3);
+    net.run_until("the node restarted into the install", |net| {
+        net.nodes[f].restarts.len() == 1 && net.install_frames_left == Some(0)
+    });
+    let disk = net.nodes[f].disk.clone();
+    disk.power_cut();
+    net.nodes[f] = open_node_on(f as u64 + 1, disk);
+    let gate = net.nodes[f].broker.admit(Op::Pub, net.now);
+    assert_eq!(
+        gate.unwrap_err().0,
+        ErrorCode::SnapshotInProgress,
+        "the marker survived"
+    );
+    net.install_frames_left = None;
+    net.run_until("the install completed", |net| {
+        net.next_sequence(f, topic) == 82
+    });
+    for seq in [1, 81] {
+        assert_eq!(
+            net.record(f, topic, seq),
+            net.record(l, topic, seq),
+            "record {seq}"
+        );
+    }
+}
+
+#[test]
+fn an_install_whose_leader_falls_silent_is_given_up_and_a_new_snapshot_installed() {
+    let mut net = Net::new();
+    let (l, f, topic) = wiped_follower_after_compaction(&mut net);
+    net.install_frames_left = Some(2);
+    net.run_until(
+        "the node gave the install up and restarted without it",
+        |net| net.nodes[f].restarts.len() == 2,
+    );
+    let gate = net.nodes[f].restarts[1].clone().map_err(|(code, _)| code);
+    assert_ne!(
+        gate,
+        Err(ErrorCode::SnapshotInProgress),
+        "restarted without the marker"
+    );
+    net.install_frames_left = None;
+    net.run_until("a second snapshot installed", |net| {
+        net.next_sequence(f, topic) == 82
+    });
+    assert_eq!(
+        net.nodes[f].restarts.len(),
+        4,
+        "out, into the second install, out of it"
+    );
+    assert_eq!(net.record(f, topic, 81), net.record(l, topic, 81));
 }

@@ -159,6 +159,16 @@ pub enum Effect {
         waiter: Waiter,
         result: Result<Replicated, ErrorCode>,
     },
+    /// A leader's snapshot at `index` of `term` (`replica::install`): raft on this node
+    /// stops here, for good; the broker installs it and restarts the process.
+    Install {
+        index: u64,
+        term: u64,
+        /// The manifest.
+        data: Vec<u8>,
+        /// Raft's term and vote now, for the `raft-state` the install writes.
+        hard_state: (u64, u64),
+    },
 }
 
 /// One Ready's persistence: its entries' fdatasync and, on a new term or vote, the
@@ -256,6 +266,8 @@ pub struct Replica {
     /// A peer's HELLO reported a log this long while this node started empty: no vote
     /// until its own log reaches it (§11).
     abstain_below: u64,
+    /// A snapshot arrived: raft takes no further step in this process (§5.5).
+    paused: bool,
 }
 
 /// Election timeouts drawn from a seed: redrawn whenever raft may have reset its own
@@ -340,6 +352,7 @@ impl Replica {
             elections,
             started_empty,
             abstain_below: 0,
+            paused: false,
         };
         replica.seed_election_timeout();
         Ok((replica, report))
@@ -422,6 +435,15 @@ impl Replica {
         self.raw.mut_store().checkpoint_done(point)
     }
 
+    /// The term of entry `index`, applied here (a snapshot's).
+    pub fn term_of(&self, index: u64) -> u64 {
+        self.raw
+            .store()
+            .journal()
+            .term(index)
+            .expect("an applied entry is held")
+    }
+
     /// The leader this node knows of, if any.
     pub fn leader_id(&self) -> Option<u64> {
         Some(self.raw.raft.leader_id).filter(|&id| id != INVALID_ID)
@@ -474,8 +496,41 @@ impl Replica {
         self.raw.campaign().map_err(ReplicaError::Raft)
     }
 
+    /// Raft stopped at a snapshot ([`Effect::Install`]) or was never started (an
+    /// install resumed at start-up): no tick, message or Ready reaches it.
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    /// Keeps raft stopped in a process that only installs a snapshot.
+    pub fn pause(&mut self) {
+        self.paused = true;
+    }
+
+    /// The peers raft wants a snapshot for (`JournalStorage::snapshot`).
+    pub fn take_wanted_snapshots(&self) -> std::collections::BTreeSet<u64> {
+        self.raw.store().take_wanted_snapshots()
+    }
+
+    /// A snapshot for `to` at applied entry `index`, whose data is `manifest`.
+    pub fn offer_snapshot(&mut self, to: u64, index: u64, manifest: Vec<u8>) {
+        self.raw.mut_store().offer_snapshot(to, index, manifest);
+    }
+
+    /// Peer `id`'s link went down or came up again: a snapshot sent to it is not being
+    /// installed by the process raft sent it to, so raft probes it afresh.
+    pub fn report_snapshot_failure(&mut self, id: u64) {
+        if self.paused || !self.is_leader() {
+            return;
+        }
+        self.raw.report_snapshot(id, raft::SnapshotStatus::Failure);
+    }
+
     /// One raft tick (the caller's `--raft-tick` timer).
     pub fn tick(&mut self) {
+        if self.paused {
+            return;
+        }
         self.ticks += 1;
         self.raw.tick();
         self.seed_election_timeout();
@@ -543,12 +598,23 @@ impl Replica {
     /// A message from a peer. An error is the peer's (an unknown sender, a local message
     /// type): the message is dropped, the node goes on.
     pub fn step(&mut self, msg: Message) -> Result<(), ReplicaError> {
+        if self.paused {
+            return Ok(());
+        }
         if self.nodes.contains_key(&msg.from) {
             self.last_heard.insert(msg.from, self.ticks);
             self.note_lease_ack(&msg);
         }
         if self.keeps_promise_of_a_past_life(&msg) || self.abstains(&msg) {
             return Ok(());
+        }
+        let mut msg = msg;
+        let last_index = self.raw.raft.raft_log.last_index();
+        if msg.get_msg_type() == MessageType::MsgHeartbeat && msg.commit > last_index {
+            // The leader counts this node up to entries it lost (a data directory
+            // replaced, §11); raft would panic. Nothing new is committed here until the
+            // leader, told by this node's HELLO, replicates from its log's real end.
+            msg.commit = self.raw.raft.raft_log.committed;
         }
         let stepped = self.raw.step(msg).map_err(ReplicaError::Raft);
         self.seed_election_timeout();
@@ -568,6 +634,7 @@ impl Replica {
     /// a log): before, it may have voted in a term it no longer knows, so it votes in no
     /// election until its log has caught up with what that peer held (§11).
     pub fn peer_log(&mut self, id: u64, last_index: u64) {
+        self.forget_lost_match(id, last_index);
         if !self.started_empty || last_index <= self.raw.raft.raft_log.last_index() {
             return;
         }
@@ -579,6 +646,28 @@ impl Replica {
             );
         }
         self.abstain_below = self.abstain_below.max(last_index);
+    }
+
+    /// A leader that counted peer `id` up to an index its log no longer reaches (its
+    /// data directory was lost): raft would keep sending from there and read the
+    /// peer's rejections as stale, and its heartbeats would name a commit index past the
+    /// peer's log. Probing from the log's real end instead leads to a snapshot (§5.5).
+    fn forget_lost_match(&mut self, id: u64, last_index: u64) {
+        if !self.is_leader() || self.paused {
+            return;
+        }
+        if let Some(pr) = self.raw.raft.mut_prs().get_mut(id) {
+            if pr.matched > last_index {
+                log::warn!(
+                    "node {id} lost entries {}..={} it had acknowledged (a data directory \
+                     replaced?): replicating to it from its log's end",
+                    last_index + 1,
+                    pr.matched
+                );
+                pr.matched = last_index;
+                pr.become_probe();
+            }
+        }
     }
 
     fn abstains(&self, msg: &Message) -> bool {
@@ -689,7 +778,7 @@ impl Replica {
     /// effects of everything since the previous poll.
     pub fn poll(&mut self, now_ms: u64) -> Result<Vec<Effect>, ReplicaError> {
         self.now_ms = now_ms;
-        loop {
+        while !self.paused {
             self.release_persisted();
             if self.is_leader() && self.pinged_term != self.term() {
                 // A new leader's lease starts with a heartbeat round now, not after
@@ -739,7 +828,19 @@ impl Replica {
     }
 
     fn handle_ready(&mut self, mut rd: Ready) -> Result<(), ReplicaError> {
-        debug_assert!(rd.snapshot().is_empty(), "snapshots are increment 7");
+        if !rd.snapshot().is_empty() {
+            // Neither advanced nor persisted: the process restarts into the install,
+            // which writes the log's new start itself (§5.5).
+            let (meta, hs) = (rd.snapshot().get_metadata(), self.raw.raft.hard_state());
+            self.effects.push(Effect::Install {
+                index: meta.index,
+                term: meta.term,
+                data: rd.snapshot().data.to_vec(),
+                hard_state: (hs.term, hs.vote),
+            });
+            self.paused = true;
+            return Ok(());
+        }
         let stamp = lease_stamp(self.term(), self.now_ms);
         for mut m in rd.take_messages() {
             // Raft sends an empty context unless a ReadIndex is pending, and we issue none.

@@ -13,13 +13,14 @@
 //! PUB and DECLARE as proposals, apply into partitions, registry and producers), tested
 //! by three in-process brokers (`cluster_sim`) and, driven by `mortard --peers`, by
 //! `tests/cluster.rs`; journal compaction up to what every node holds ([`compaction`]:
-//! FLOOR entries, checkpoints).
+//! FLOOR entries, checkpoints) and INSTALL for a node whose log is gone ([`install`]).
 //!
 //! Depends on what `broker` may, plus `raft` and `slog` (raft's logging interface).
 
 pub mod cluster;
 pub mod compaction;
 pub mod entry;
+pub mod install;
 pub mod logger;
 pub mod machine;
 pub mod storage;

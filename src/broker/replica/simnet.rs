@@ -471,6 +471,7 @@ impl Sim {
             }
             Effect::Apply { index, term, entry } => self.applied(i, index, term, &entry)?,
             Effect::Answer { waiter, result } => self.answer(i, waiter, result)?,
+            Effect::Install { .. } => unreachable!("this harness never compacts"),
         }
         Ok(())
     }

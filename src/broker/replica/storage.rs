@@ -12,7 +12,8 @@
 //! raft-state (a meta file, log/meta.rs): term u64, vote u64, commit u64 (big-endian)
 //! ```
 
-use std::collections::VecDeque;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -48,6 +49,19 @@ impl HardStateWrite {
     }
 }
 
+fn encode_hard_state(hs: &HardState) -> [u8; RAFT_STATE_BYTES] {
+    let mut bytes = [0u8; RAFT_STATE_BYTES];
+    for (i, v) in [hs.term, hs.vote, hs.commit].into_iter().enumerate() {
+        bytes[8 * i..8 * i + 8].copy_from_slice(&v.to_be_bytes());
+    }
+    bytes
+}
+
+/// Writes `hs` as the `raft-state` of data directory `dir`. Blocking: fsync worker.
+pub fn write_hard_state(storage: &dyn Storage, dir: &Path, hs: &HardState) -> io::Result<()> {
+    meta::write_atomic(storage, &dir.join(RAFT_STATE_FILE), &encode_hard_state(hs))
+}
+
 /// The raft log and hard state of one node.
 pub struct JournalStorage {
     storage: Arc<dyn Storage>,
@@ -58,6 +72,10 @@ pub struct JournalStorage {
     /// The newest entries, contiguous, ending at the journal's last.
     cache: VecDeque<Entry>,
     cache_bytes: usize,
+    /// Snapshots made for a peer (`replica::install`), each handed to raft once.
+    offers: RefCell<BTreeMap<u64, Snapshot>>,
+    /// Peers raft asked a snapshot for and found none: the broker makes one.
+    wanted: RefCell<BTreeSet<u64>>,
 }
 
 impl JournalStorage {
@@ -112,6 +130,8 @@ impl JournalStorage {
             conf_state,
             cache: VecDeque::new(),
             cache_bytes: 0,
+            offers: RefCell::new(BTreeMap::new()),
+            wanted: RefCell::new(BTreeSet::new()),
         };
         Ok((store, report))
     }
@@ -150,14 +170,10 @@ impl JournalStorage {
     /// The Ready counts as persisted only once it is done (the vote, the term).
     pub fn hard_state_job(&mut self, hs: &HardState) -> HardStateWrite {
         self.hard_state = hs.clone();
-        let mut bytes = [0u8; RAFT_STATE_BYTES];
-        for (i, v) in [hs.term, hs.vote, hs.commit].into_iter().enumerate() {
-            bytes[8 * i..8 * i + 8].copy_from_slice(&v.to_be_bytes());
-        }
         HardStateWrite {
             storage: Arc::clone(&self.storage),
             path: self.dir.join(RAFT_STATE_FILE),
-            bytes,
+            bytes: encode_hard_state(hs),
         }
     }
 
@@ -176,6 +192,23 @@ impl JournalStorage {
 
     pub fn journal(&self) -> &RaftJournal {
         &self.journal
+    }
+
+    /// The peers raft asked a snapshot for since the last call.
+    pub fn take_wanted_snapshots(&self) -> BTreeSet<u64> {
+        std::mem::take(&mut *self.wanted.borrow_mut())
+    }
+
+    /// A snapshot at applied entry `index` whose data is `data` (an INSTALL manifest),
+    /// for raft to send to `to` the next time it asks.
+    pub fn offer_snapshot(&mut self, to: u64, index: u64, data: Vec<u8>) {
+        let mut snapshot = Snapshot::default();
+        let meta = snapshot.mut_metadata();
+        meta.index = index;
+        meta.term = self.journal.term(index).expect("an applied entry is held");
+        meta.set_conf_state(self.conf_state.clone());
+        snapshot.data = data.into();
+        self.offers.get_mut().insert(to, snapshot);
     }
 
     /// A checkpoint is durable: the journal forgets what lies below it and returns the
@@ -267,13 +300,23 @@ impl raft::Storage for JournalStorage {
         Ok(self.journal.last_index())
     }
 
-    /// Journals are compacted only up to a FLOOR every voter had reached (§5.4), so no
-    /// peer asks for what is gone; INSTALL, for one that does (a wiped disk), is not
-    /// built: it waits.
-    fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {
-        Err(raft::Error::Store(
-            raft::StorageError::SnapshotTemporarilyUnavailable,
-        ))
+    /// Journals are compacted only up to a FLOOR every voter had reached (§5.4), so a
+    /// snapshot is wanted only by a node that lost its log (or joins with none). None is
+    /// made here: raft's `&self` cannot read the broker, so the first ask names the
+    /// peer, the broker makes a manifest of its files at its applied index
+    /// ([`JournalStorage::offer_snapshot`]), and raft's next ask, one heartbeat later,
+    /// takes it.
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
+        let offered = self.offers.borrow_mut().remove(&to);
+        match offered {
+            Some(s) if s.get_metadata().index >= request_index => Ok(s),
+            _ => {
+                self.wanted.borrow_mut().insert(to);
+                Err(raft::Error::Store(
+                    raft::StorageError::SnapshotTemporarilyUnavailable,
+                ))
+            }
+        }
     }
 }
 

@@ -1,0 +1,947 @@
+//! INSTALL (`docs/REPLICATION.md` §5.5): a snapshot for a node whose log is gone, a data
+//! directory lost or a node that joins with none, once the leader compacted the entries
+//! it would need.
+//!
+//! **Leader.** Raft asks its storage for a snapshot; the broker answers with a
+//! *manifest* of its state at its applied index `A`: each segment file of every
+//! partition with the bytes flushed to it (apply writes segments, and only committed
+//! entries are applied, so these are exactly the records up to `A`), and the registry and
+//! group positions as of `A`, which it keeps in memory. Segments are append-only, so the
+//! listed prefixes stay as they are while the follower pulls them; a segment removed
+//! meanwhile (retention, a DELETE) fails the read, and the follower gives up and starts
+//! over. The leader reads chunks on the fsync pool, never on the reactor.
+//!
+//! **Follower.** A Ready with a snapshot stops raft for good in this process: the node
+//! writes an `install` marker (leader, manifest, raft's term and vote) and restarts its
+//! own process (`exec`). A start that finds the marker wipes the partition files, the
+//! registry, the positions and the raft journal (`raft-state`, the term and vote, stays)
+//! and comes up with raft stopped, answering 0x6009 SNAPSHOT_IN_PROGRESS; it pulls the
+//! files from the leader in chunks over the peer links (INSTALL frames, below), a few in
+//! flight, written by the pool. Then one job fdatasyncs every file and directory,
+//! restarts the raft journal after `(A, term)`, writes `raft-state` with commit `A`,
+//! renames the staged registry and positions over the live ones and removes the
+//! marker, and the process restarts again: an ordinary start, from the installed files.
+//! Entries after `A` then come from the leader as appends. A crash anywhere before the
+//! marker is gone repeats the install from its start; a leader that no longer serves it,
+//! or no progress for [`INSTALL_STALL_MS`], wipes and restarts without the marker: raft
+//! then asks the leader for a new snapshot.
+//!
+//! ```text
+//! INSTALL frame body (peer frame kind 3; big-endian)
+//! 0  1  kind       1 REQUEST, 2 CHUNK, 3 REFUSED
+//! 1  8  index      the snapshot's index: which manifest
+//! REQUEST: file u32 (its place in the manifest), offset u64, len u32
+//! CHUNK:   file u32, offset u64, then the bytes
+//! REFUSED: nothing more (the leader holds no such snapshot for this node)
+//!
+//! manifest (raft Snapshot.data): version u8 = 1, index u64, term u64, count u32, then
+//! per file: len u64, path_len u16, path (relative to the data directory, `/`-separated)
+//!
+//! install marker (a meta file): leader u64, term u64, vote u64, then the manifest
+//! ```
+//!
+//! Depends on what `broker::replica::cluster` may.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use super::storage::{write_hard_state, RAFT_JOURNAL_DIR};
+use crate::broker::jobs::{DurableJob, Work};
+use crate::broker::positions::GROUPS_FILE;
+use crate::broker::registry::REGISTRY_FILE;
+use crate::broker::{Broker, Now, TOPICS_DIR};
+use crate::log::storage::{create_dir_durable, Open};
+use crate::log::{meta, Storage};
+use crate::wire::ErrorCode;
+
+/// The marker of an install in progress, in the data directory.
+pub const INSTALL_MARKER_FILE: &str = "install";
+/// Where the registry and the group positions of an install wait for its end.
+pub const STAGED_REGISTRY_FILE: &str = "install.registry";
+pub const STAGED_GROUPS_FILE: &str = "install.groups";
+/// Bytes one CHUNK carries at most: well inside a peer frame (`FRAME_BYTES_MAX`).
+pub const CHUNK_BYTES_MAX: u32 = 1024 * 1024;
+/// Chunks a follower asks for before the first comes back: the link stays busy while
+/// the leader's pool reads and the follower's pool writes.
+pub const CHUNKS_IN_FLIGHT_MAX: usize = 4;
+/// A chunk asked for and not back within this is asked for again (a full output
+/// buffer or a link that went down drops it; reads and writes are idempotent).
+pub const CHUNK_TIMEOUT_MS: u64 = 2_000;
+/// An install that made no progress for this long is given up (its leader is gone).
+pub const INSTALL_STALL_MS: u64 = 20_000;
+/// A leader forgets a snapshot it made for a peer that asked nothing for this long.
+pub const OFFER_IDLE_MS: u64 = 60_000;
+/// A manifest path longer than this is refused (a bug or an attack, not a file of ours).
+const PATH_BYTES_MAX: usize = 4096;
+const MANIFEST_VERSION: u8 = 1;
+
+const FRAME_REQUEST: u8 = 1;
+const FRAME_CHUNK: u8 = 2;
+const FRAME_REFUSED: u8 = 3;
+
+/// What a snapshot holds: the files of the leader's data directory at its applied
+/// `index` (`term` is that entry's), each with the bytes to copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Manifest {
+    pub index: u64,
+    pub term: u64,
+    /// Path relative to the data directory, and length.
+    pub files: Vec<(String, u64)>,
+}
+
+impl Manifest {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![MANIFEST_VERSION];
+        out.extend_from_slice(&self.index.to_be_bytes());
+        out.extend_from_slice(&self.term.to_be_bytes());
+        out.extend_from_slice(&(self.files.len() as u32).to_be_bytes());
+        for (path, len) in &self.files {
+            out.extend_from_slice(&len.to_be_bytes());
+            out.extend_from_slice(&(path.len() as u16).to_be_bytes());
+            out.extend_from_slice(path.as_bytes());
+        }
+        out
+    }
+
+    /// A manifest whose every path is the registry, the positions or a file under
+    /// `topics/`, with no `..`: nothing else of the follower's may be written.
+    pub fn decode(bytes: &[u8]) -> Result<Manifest, String> {
+        let mut r = Reader(bytes);
+        if r.u8()? != MANIFEST_VERSION {
+            return Err("unknown manifest version".into());
+        }
+        let (index, term, count) = (r.u64()?, r.u64()?, r.u32()?);
+        let mut files = Vec::new();
+        for _ in 0..count {
+            let len = r.u64()?;
+            let path_len = r.u16()? as usize;
+            let path = std::str::from_utf8(r.take(path_len)?)
+                .map_err(|_| "a path that is not UTF-8".to_string())?;
+            check_path(path)?;
+            files.push((path.to_string(), len));
+        }
+        if !r.0.is_empty() {
+            return Err("bytes past the last file".into());
+        }
+        Ok(Manifest { index, term, files })
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.files.iter().map(|(_, len)| len).sum()
+    }
+}
+
+fn check_path(path: &str) -> Result<(), String> {
+    let p = Path::new(path);
+    let plain = p.components().all(|c| matches!(c, Component::Normal(_)));
+    let ours = path == REGISTRY_FILE || path == GROUPS_FILE || p.starts_with(TOPICS_DIR);
+    if !plain || !ours || path.len() > PATH_BYTES_MAX {
+        return Err(format!("a path outside the topics: {path:?}"));
+    }
+    Ok(())
+}
+
+/// Where a follower writes a manifest path: in place under `topics/` (wiped before), the
+/// registry and positions beside the live ones until the end.
+fn staged_path(data_dir: &Path, path: &str) -> PathBuf {
+    match path {
+        REGISTRY_FILE => data_dir.join(STAGED_REGISTRY_FILE),
+        GROUPS_FILE => data_dir.join(STAGED_GROUPS_FILE),
+        _ => data_dir.join(path),
+    }
+}
+
+/// The marker: what a start needs to resume an install.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Marker {
+    pub leader: u64,
+    /// Raft's term and vote when the snapshot arrived.
+    pub hard_state: (u64, u64),
+    pub manifest: Manifest,
+}
+
+impl Marker {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for v in [self.leader, self.hard_state.0, self.hard_state.1] {
+            out.extend_from_slice(&v.to_be_bytes());
+        }
+        out.extend_from_slice(&self.manifest.encode());
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Marker, String> {
+        let mut r = Reader(bytes);
+        let (leader, term, vote) = (r.u64()?, r.u64()?, r.u64()?);
+        Ok(Marker {
+            leader,
+            hard_state: (term, vote),
+            manifest: Manifest::decode(r.0)?,
+        })
+    }
+}
+
+/// One INSTALL frame's body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InstallFrame {
+    Request {
+        index: u64,
+        file: u32,
+        offset: u64,
+        len: u32,
+    },
+    Chunk {
+        index: u64,
+        file: u32,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    Refused {
+        index: u64,
+    },
+}
+
+impl InstallFrame {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        match self {
+            InstallFrame::Request {
+                index,
+                file,
+                offset,
+                len,
+            } => {
+                out.push(FRAME_REQUEST);
+                out.extend_from_slice(&index.to_be_bytes());
+                out.extend_from_slice(&file.to_be_bytes());
+                out.extend_from_slice(&offset.to_be_bytes());
+                out.extend_from_slice(&len.to_be_bytes());
+            }
+            InstallFrame::Chunk {
+                index,
+                file,
+                offset,
+                data,
+            } => {
+                out.push(FRAME_CHUNK);
+                out.extend_from_slice(&index.to_be_bytes());
+                out.extend_from_slice(&file.to_be_bytes());
+                out.extend_from_slice(&offset.to_be_bytes());
+                out.extend_from_slice(data);
+            }
+            InstallFrame::Refused { index } => {
+                out.push(FRAME_REFUSED);
+                out.extend_from_slice(&index.to_be_bytes());
+            }
+        }
+        out
+    }
+
+    pub fn decode(body: &[u8]) -> Result<InstallFrame, String> {
+        let mut r = Reader(body);
+        let (kind, index) = (r.u8()?, r.u64()?);
+        let frame = match kind {
+            FRAME_REQUEST => InstallFrame::Request {
+                index,
+                file: r.u32()?,
+                offset: r.u64()?,
+                len: r.u32()?,
+            },
+            FRAME_CHUNK => InstallFrame::Chunk {
+                index,
+                file: r.u32()?,
+                offset: r.u64()?,
+                data: std::mem::take(&mut r.0).to_vec(),
+            },
+            FRAME_REFUSED => InstallFrame::Refused { index },
+            other => return Err(format!("unknown INSTALL frame kind {other}")),
+        };
+        if !r.0.is_empty() {
+            return Err("bytes past the end of an INSTALL frame".into());
+        }
+        Ok(frame)
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.0.len() < n {
+            return Err("too short".into());
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16, String> {
+        Ok(u16::from_be_bytes(self.take(2)?.try_into().expect("2")))
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_be_bytes(self.take(4)?.try_into().expect("4")))
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_be_bytes(self.take(8)?.try_into().expect("8")))
+    }
+}
+
+/// The blocking parts of an install, run by the fsync pool.
+#[derive(Debug)]
+pub enum InstallJob {
+    /// Follower: the marker, before the restart into the install.
+    Begin { path: PathBuf, marker: Vec<u8> },
+    /// Leader: `len` bytes of a listed file at `offset`, for peer `to`.
+    Read {
+        to: u64,
+        index: u64,
+        file: u32,
+        offset: u64,
+        path: PathBuf,
+        len: u32,
+        data: Vec<u8>,
+    },
+    /// Follower: a chunk into its file.
+    Write {
+        path: PathBuf,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    /// Follower: every file and directory written made durable, the raft journal and
+    /// `raft-state` restarted after the snapshot, the staged files renamed over the live
+    /// ones, then the marker removed.
+    Finish {
+        data_dir: PathBuf,
+        files: Vec<PathBuf>,
+        index: u64,
+        term: u64,
+        hard_state: (u64, u64),
+    },
+    /// Follower: gives up; what was written goes, then the marker.
+    Abandon { data_dir: PathBuf },
+}
+
+impl InstallJob {
+    /// Blocks: fsync worker only.
+    pub fn run(&mut self, storage: &dyn Storage) -> io::Result<()> {
+        match self {
+            InstallJob::Begin { path, marker } => meta::write_atomic(storage, path, marker),
+            InstallJob::Read {
+                path,
+                offset,
+                len,
+                data,
+                ..
+            } => {
+                data.resize(*len as usize, 0);
+                let file = storage.open(path, Open::Read)?;
+                crate::log::storage::read_exact_at(&*file, *offset, data)
+            }
+            InstallJob::Write { path, offset, data } => {
+                if let Some(dir) = path.parent() {
+                    storage.create_dir_all(dir)?;
+                }
+                storage.open(path, Open::Create)?.write_at(*offset, data)
+            }
+            InstallJob::Finish {
+                data_dir,
+                files,
+                index,
+                term,
+                hard_state,
+            } => finish(storage, data_dir, files, (*index, *term), *hard_state),
+            InstallJob::Abandon { data_dir } => {
+                wipe(storage, data_dir)?;
+                remove_marker(storage, data_dir)
+            }
+        }
+    }
+}
+
+fn finish(
+    storage: &dyn Storage,
+    data_dir: &Path,
+    files: &[PathBuf],
+    (index, term): (u64, u64),
+    (hs_term, vote): (u64, u64),
+) -> io::Result<()> {
+    let mut dirs = std::collections::BTreeSet::new();
+    for f in files {
+        // An empty file was never asked for: it is made here.
+        if let Some(dir) = f.parent() {
+            storage.create_dir_all(dir)?;
+        }
+        storage.open(f, Open::Create)?.sync_data()?;
+        let mut dir = f.parent();
+        while let Some(d) = dir.filter(|d| d.starts_with(data_dir) && *d != data_dir) {
+            dirs.insert(d.to_path_buf());
+            dir = d.parent();
+        }
+    }
+    // Deepest first: a directory's entry is durable once its parent is synced after it.
+    for d in dirs.iter().rev() {
+        storage.sync_dir(d)?;
+    }
+    crate::log::journal2::reset_to(storage, &data_dir.join(RAFT_JOURNAL_DIR), index, term)?;
+    let hs = raft::eraftpb::HardState {
+        term: hs_term.max(term),
+        vote: if hs_term >= term { vote } else { 0 },
+        commit: index,
+        ..Default::default()
+    };
+    write_hard_state(storage, data_dir, &hs)?;
+    for (staged, live) in [
+        (STAGED_REGISTRY_FILE, REGISTRY_FILE),
+        (STAGED_GROUPS_FILE, GROUPS_FILE),
+    ] {
+        let staged = data_dir.join(staged);
+        if storage.file_len(&staged).is_ok() {
+            storage.rename(&staged, &data_dir.join(live))?;
+        }
+    }
+    storage.sync_dir(data_dir)?;
+    remove_marker(storage, data_dir)
+}
+
+fn remove_marker(storage: &dyn Storage, data_dir: &Path) -> io::Result<()> {
+    storage.remove_file(&data_dir.join(INSTALL_MARKER_FILE))?;
+    storage.sync_dir(data_dir)
+}
+
+/// Everything an install replaces: partitions, registry, positions, the raft journal
+/// (`raft-state`, the term and vote, stays). Blocking.
+fn wipe(storage: &dyn Storage, data_dir: &Path) -> io::Result<()> {
+    for dir in [TOPICS_DIR, RAFT_JOURNAL_DIR] {
+        let dir = data_dir.join(dir);
+        if storage.is_dir(&dir) {
+            storage.remove_dir_all(&dir)?;
+        }
+    }
+    for name in [
+        REGISTRY_FILE,
+        GROUPS_FILE,
+        STAGED_REGISTRY_FILE,
+        STAGED_GROUPS_FILE,
+    ] {
+        match storage.remove_file(&data_dir.join(name)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    storage.sync_dir(data_dir)?;
+    create_dir_durable(storage, &data_dir.join(TOPICS_DIR))
+}
+
+/// Start-up, before anything else opens the data directory: an install the marker says
+/// is under way starts over from a wiped directory. Returns its marker. Blocking.
+pub fn resume(storage: &dyn Storage, data_dir: &Path) -> Result<Option<Marker>, String> {
+    let path = data_dir.join(INSTALL_MARKER_FILE);
+    let bytes = match meta::read_checked(storage, &path) {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let marker = Marker::decode(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    wipe(storage, data_dir).map_err(|e| format!("wiping {}: {e}", data_dir.display()))?;
+    Ok(Some(marker))
+}
+
+/// Where a leader reads a listed file from.
+#[derive(Clone)]
+enum Source {
+    /// A segment's flushed prefix: read on the pool.
+    Disk(PathBuf),
+    /// The registry or positions as of the snapshot: copied from memory.
+    Bytes(Vec<u8>),
+}
+
+/// A snapshot a leader made for one peer, served until it goes idle.
+#[derive(Clone)]
+pub(super) struct Offer {
+    index: u64,
+    files: Vec<(Source, u64)>,
+    last_request_ms: u64,
+}
+
+/// A chunk asked for and not yet back.
+#[derive(Debug, Clone, Copy)]
+struct Asked {
+    file: u32,
+    offset: u64,
+    len: u32,
+    sent_ms: u64,
+}
+
+/// A follower's install under way (after the restart into it).
+pub(super) struct Pull {
+    marker: Marker,
+    /// The next byte nobody asked for: (file, offset).
+    next: (usize, u64),
+    asked: Vec<Asked>,
+    writes_in_flight: usize,
+    written_bytes: u64,
+    /// Set on the first turn: the clock a start is given may be another's.
+    last_progress_ms: Option<u64>,
+    finishing: bool,
+}
+
+impl Pull {
+    pub(super) fn new(marker: Marker) -> Pull {
+        Pull {
+            marker,
+            next: (0, 0),
+            asked: Vec::new(),
+            writes_in_flight: 0,
+            written_bytes: 0,
+            last_progress_ms: None,
+            finishing: false,
+        }
+    }
+
+    /// The gate's answer meanwhile.
+    pub(super) fn refusal(&self) -> (ErrorCode, String) {
+        let m = &self.marker.manifest;
+        let text = format!(
+            "installing a snapshot at index {} from node {}: {} of {} bytes",
+            m.index,
+            self.marker.leader,
+            self.written_bytes,
+            m.total_bytes()
+        );
+        (ErrorCode::SnapshotInProgress, text)
+    }
+
+    /// The next request, if another may be in flight; skips empty files.
+    fn next_request(&mut self, now_ms: u64) -> Option<Asked> {
+        let files = &self.marker.manifest.files;
+        while self.next.0 < files.len() && self.next.1 >= files[self.next.0].1 {
+            self.next = (self.next.0 + 1, 0);
+        }
+        if self.asked.len() >= CHUNKS_IN_FLIGHT_MAX || self.next.0 >= files.len() {
+            return None;
+        }
+        let (file, offset) = self.next;
+        let len = (files[file].1 - offset).min(u64::from(CHUNK_BYTES_MAX)) as u32;
+        self.next.1 += u64::from(len);
+        let asked = Asked {
+            file: file as u32,
+            offset,
+            len,
+            sent_ms: now_ms,
+        };
+        self.asked.push(asked);
+        Some(asked)
+    }
+
+    fn request(&self, a: &Asked) -> (u64, Vec<u8>) {
+        let frame = InstallFrame::Request {
+            index: self.marker.manifest.index,
+            file: a.file,
+            offset: a.offset,
+            len: a.len,
+        };
+        (self.marker.leader, frame.encode())
+    }
+
+    /// Everything asked for, back and written (call after `next_request` said `None`).
+    fn done(&self) -> bool {
+        self.next.0 >= self.marker.manifest.files.len()
+            && self.asked.is_empty()
+            && self.writes_in_flight == 0
+    }
+}
+
+/// What a cluster node does about snapshots, leader and follower alike.
+#[derive(Default)]
+pub(super) struct Installs {
+    /// Leader: by peer.
+    offers: BTreeMap<u64, Offer>,
+    /// Follower, in the process that installs.
+    pub(super) pull: Option<Pull>,
+    /// Follower: raft stopped at a snapshot and the marker is being written.
+    pub(super) beginning: Option<(u64, u64)>,
+    /// INSTALL frames to send, by peer.
+    out: Vec<(u64, Vec<u8>)>,
+    /// The process must restart (into the install, or out of it).
+    pub(super) restart: bool,
+}
+
+impl Installs {
+    /// The gate while a snapshot is on its way in: 0x6009.
+    pub(super) fn refusal(&self) -> Option<(ErrorCode, String)> {
+        if let Some(pull) = &self.pull {
+            return Some(pull.refusal());
+        }
+        let (index, leader) = self.beginning?;
+        let text = format!("starting to install a snapshot at index {index} from node {leader}");
+        Some((ErrorCode::SnapshotInProgress, text))
+    }
+}
+
+impl Broker {
+    fn installs(&mut self) -> &mut Installs {
+        &mut self.cluster.as_deref_mut().expect("cluster mode").installs
+    }
+
+    fn install_job(&mut self, job: InstallJob) {
+        self.jobs.push(DurableJob {
+            storage: Arc::clone(&self.storage),
+            work: Work::Install { job },
+        });
+    }
+
+    /// Leader, at the end of a pass: a snapshot for every peer raft asked one for, at
+    /// this node's applied index, unless a topic's files or the registry are being
+    /// written (raft asks again a heartbeat later).
+    pub(super) fn offer_snapshots(&mut self, now: Now) {
+        let c = self.cluster.as_deref().expect("cluster mode");
+        let wanted = c.replica.take_wanted_snapshots();
+        if wanted.is_empty() || !self.topics.settled() {
+            return;
+        }
+        let data_dir = self.config.data_dir.clone();
+        let index = c.applied_index;
+        let mut files: Vec<(String, Source, u64)> = Vec::new();
+        for part in self.partitions.iter() {
+            for (path, len) in part.log.segment_files() {
+                if let Ok(rel) = path.strip_prefix(&data_dir) {
+                    let rel = rel.to_string_lossy().into_owned();
+                    files.push((rel, Source::Disk(path), len));
+                }
+            }
+        }
+        // As their files hold them, so that the follower's copies read back.
+        let registry = meta::with_footer(&self.topics.registry().encode());
+        let groups = meta::with_footer(&self.consume.positions_bytes());
+        for (name, bytes) in [(REGISTRY_FILE, registry), (GROUPS_FILE, groups)] {
+            let len = bytes.len() as u64;
+            files.push((name.to_string(), Source::Bytes(bytes), len));
+        }
+        let c = self.cluster.as_deref_mut().expect("cluster mode");
+        let manifest = Manifest {
+            index,
+            term: c.replica.term_of(index),
+            files: files.iter().map(|(p, _, len)| (p.clone(), *len)).collect(),
+        };
+        let encoded = manifest.encode();
+        let offer = Offer {
+            index,
+            files: files.into_iter().map(|(_, s, len)| (s, len)).collect(),
+            last_request_ms: now.mono_ms,
+        };
+        for to in wanted {
+            log::info!(
+                "node {to} needs entries this node compacted: offering a snapshot at index \
+                 {index} ({} files, {} bytes)",
+                manifest.files.len(),
+                manifest.total_bytes()
+            );
+            c.replica.offer_snapshot(to, index, encoded.clone());
+            c.installs.offers.insert(to, offer.clone());
+        }
+    }
+
+    /// An INSTALL frame from peer `from`. A malformed one is dropped (the link itself
+    /// checked the framing); the follower asks again.
+    pub fn peer_install(&mut self, from: u64, body: &[u8], now: Now) {
+        if self.cluster.is_none() {
+            return;
+        }
+        match InstallFrame::decode(body) {
+            Ok(InstallFrame::Request {
+                index,
+                file,
+                offset,
+                len,
+            }) => self.serve_chunk(from, (index, file, offset, len), now),
+            Ok(InstallFrame::Chunk {
+                index,
+                file,
+                offset,
+                data,
+            }) => self.chunk_arrived(from, (index, file, offset), data, now),
+            Ok(InstallFrame::Refused { index }) => {
+                let pulling = self
+                    .installs()
+                    .pull
+                    .as_ref()
+                    .map(|p| p.marker.manifest.index);
+                if pulling == Some(index) {
+                    self.abandon_install(format!("node {from} no longer serves snapshot {index}"));
+                }
+            }
+            Err(e) => log::warn!("peer {from}: INSTALL frame dropped: {e}"),
+        }
+    }
+
+    /// Leader: a chunk of an offered snapshot, from memory or read by the pool.
+    fn serve_chunk(&mut self, to: u64, (index, file, offset, len): (u64, u32, u64, u32), now: Now) {
+        let installs = self.installs();
+        let offer = installs.offers.get_mut(&to).filter(|o| o.index == index);
+        let listed = offer.and_then(|o| {
+            o.last_request_ms = now.mono_ms;
+            o.files.get(file as usize)
+        });
+        let fits =
+            |flen: u64| len <= CHUNK_BYTES_MAX && offset.saturating_add(u64::from(len)) <= flen;
+        match listed {
+            Some((Source::Bytes(bytes), flen)) if fits(*flen) => {
+                let data = bytes[offset as usize..(offset + u64::from(len)) as usize].to_vec();
+                let frame = InstallFrame::Chunk {
+                    index,
+                    file,
+                    offset,
+                    data,
+                };
+                installs.out.push((to, frame.encode()));
+            }
+            Some((Source::Disk(path), flen)) if fits(*flen) => {
+                let path = path.clone();
+                self.install_job(InstallJob::Read {
+                    to,
+                    index,
+                    file,
+                    offset,
+                    path,
+                    len,
+                    data: Vec::new(),
+                });
+                self.submit_jobs();
+            }
+            _ => installs
+                .out
+                .push((to, InstallFrame::Refused { index }.encode())),
+        }
+    }
+
+    /// Follower: a chunk it asked for goes to the pool.
+    fn chunk_arrived(
+        &mut self,
+        from: u64,
+        (index, file, offset): (u64, u32, u64),
+        data: Vec<u8>,
+        now: Now,
+    ) {
+        let data_dir = self.config.data_dir.clone();
+        let Some(pull) = self.installs().pull.as_mut() else {
+            return;
+        };
+        let m = &pull.marker.manifest;
+        let asked = pull
+            .asked
+            .iter()
+            .position(|a| a.file == file && a.offset == offset && a.len as usize == data.len());
+        let (Some(at), true, true) = (asked, m.index == index, from == pull.marker.leader) else {
+            return; // a duplicate of one asked again, or from another snapshot
+        };
+        pull.asked.swap_remove(at);
+        pull.writes_in_flight += 1;
+        pull.last_progress_ms = Some(now.mono_ms);
+        let path = staged_path(&data_dir, &m.files[file as usize].0);
+        self.install_job(InstallJob::Write { path, offset, data });
+        self.pull_turn(now);
+    }
+
+    /// Follower: raft stopped at a snapshot; the marker first, then a restart.
+    pub(super) fn begin_install(&mut self, manifest: &[u8], hard_state: (u64, u64)) {
+        let c = self.cluster.as_deref_mut().expect("cluster mode");
+        let leader = c.replica.leader_id().unwrap_or(0);
+        let manifest = match Manifest::decode(manifest) {
+            Ok(m) => m,
+            Err(e) => return self.cluster_failed(format!("node {leader}'s snapshot: {e}")),
+        };
+        log::warn!(
+            "this node's log is behind what node {leader} kept: installing its snapshot at \
+             index {} ({} bytes); the process restarts into the install",
+            manifest.index,
+            manifest.total_bytes()
+        );
+        c.installs.beginning = Some((manifest.index, leader));
+        let marker = Marker {
+            leader,
+            hard_state,
+            manifest,
+        };
+        let path = self.config.data_dir.join(INSTALL_MARKER_FILE);
+        let marker = marker.encode();
+        self.install_job(InstallJob::Begin { path, marker });
+    }
+
+    /// Start-up in the install (`resume` found the marker): raft stays stopped, and the
+    /// pull starts with the first pass.
+    pub(super) fn resume_install(&mut self, marker: Marker) {
+        let c = self.cluster.as_deref_mut().expect("cluster mode");
+        log::warn!(
+            "installing node {}'s snapshot at index {} ({} files, {} bytes)",
+            marker.leader,
+            marker.manifest.index,
+            marker.manifest.files.len(),
+            marker.manifest.total_bytes()
+        );
+        c.replica.pause();
+        c.installs.pull = Some(Pull::new(marker));
+    }
+
+    /// Every pass while installing: requests up to the window, requests again what timed
+    /// out, the end once all is written; a leader forgets idle offers.
+    pub(super) fn pull_turn(&mut self, now: Now) {
+        let data_dir = self.config.data_dir.clone();
+        let installs = self.installs();
+        installs
+            .offers
+            .retain(|_, o| now.mono_ms < o.last_request_ms + OFFER_IDLE_MS);
+        let Some(pull) = installs.pull.as_mut() else {
+            return;
+        };
+        if pull.finishing {
+            return;
+        }
+        let since = *pull.last_progress_ms.get_or_insert(now.mono_ms);
+        if now.mono_ms >= since + INSTALL_STALL_MS {
+            let why = format!(
+                "no chunk from node {} for {INSTALL_STALL_MS} ms",
+                pull.marker.leader
+            );
+            return self.abandon_install(why);
+        }
+        for i in 0..pull.asked.len() {
+            if now.mono_ms >= pull.asked[i].sent_ms + CHUNK_TIMEOUT_MS {
+                pull.asked[i].sent_ms = now.mono_ms;
+                installs.out.push(pull.request(&pull.asked[i]));
+            }
+        }
+        while let Some(a) = pull.next_request(now.mono_ms) {
+            installs.out.push(pull.request(&a));
+        }
+        if pull.done() {
+            pull.finishing = true;
+            let m = &pull.marker.manifest;
+            let files = m
+                .files
+                .iter()
+                .map(|(p, _)| staged_path(&data_dir, p))
+                .collect();
+            let job = InstallJob::Finish {
+                data_dir,
+                files,
+                index: m.index,
+                term: m.term,
+                hard_state: pull.marker.hard_state,
+            };
+            self.install_job(job);
+        }
+    }
+
+    /// Follower: the link to the leader came up: what was asked may have gone with the
+    /// old one, so the next pass asks again.
+    pub(super) fn install_link_up(&mut self, id: u64) {
+        let Some(pull) = self.installs().pull.as_mut() else {
+            return;
+        };
+        if pull.marker.leader == id {
+            for a in pull.asked.iter_mut() {
+                a.sent_ms = 0;
+            }
+        }
+    }
+
+    fn abandon_install(&mut self, why: String) {
+        log::warn!("install given up ({why}): the node restarts without it and asks again");
+        let data_dir = self.config.data_dir.clone();
+        let installs = self.installs();
+        if let Some(pull) = installs.pull.as_mut() {
+            pull.finishing = true;
+        }
+        self.install_job(InstallJob::Abandon { data_dir });
+    }
+
+    /// An install job came back from the pool.
+    pub(in crate::broker) fn install_job_done(
+        &mut self,
+        job: InstallJob,
+        result: io::Result<()>,
+        now: Now,
+    ) {
+        match (job, result) {
+            (
+                InstallJob::Read {
+                    to,
+                    index,
+                    file,
+                    offset,
+                    data,
+                    ..
+                },
+                Ok(()),
+            ) => {
+                let frame = InstallFrame::Chunk {
+                    index,
+                    file,
+                    offset,
+                    data,
+                };
+                self.installs().out.push((to, frame.encode()));
+            }
+            (
+                InstallJob::Read {
+                    to, index, path, ..
+                },
+                Err(e),
+            ) => {
+                log::warn!(
+                    "snapshot {index} for node {to}: {}: {e}; refused",
+                    path.display()
+                );
+                let installs = self.installs();
+                installs.offers.remove(&to);
+                installs
+                    .out
+                    .push((to, InstallFrame::Refused { index }.encode()));
+            }
+            (InstallJob::Write { data, .. }, Ok(())) => {
+                if let Some(pull) = self.installs().pull.as_mut() {
+                    pull.writes_in_flight -= 1;
+                    pull.written_bytes += data.len() as u64;
+                }
+                self.pull_turn(now);
+            }
+            (
+                InstallJob::Begin { .. } | InstallJob::Finish { .. } | InstallJob::Abandon { .. },
+                Ok(()),
+            ) => {
+                self.installs().restart = true;
+            }
+            (job, Err(e)) => {
+                let what = match job {
+                    InstallJob::Begin { .. } => "writing the install marker",
+                    InstallJob::Write { .. } => "writing a snapshot chunk",
+                    InstallJob::Finish { .. } => "ending the install",
+                    _ => "giving the install up",
+                };
+                self.cluster_failed(format!("{what}: {e}"));
+            }
+        }
+        self.submit_jobs();
+    }
+
+    /// INSTALL frames to send, each with its peer.
+    pub fn drain_install_frames(&mut self, out: &mut Vec<(u64, Vec<u8>)>) {
+        if let Some(c) = self.cluster.as_deref_mut() {
+            out.append(&mut c.installs.out);
+        }
+    }
+
+    /// The process must restart: into an install, or out of one (`mortard` re-executes
+    /// itself; the simulator reopens the node).
+    pub fn restart_requested(&self) -> bool {
+        self.cluster.as_deref().is_some_and(|c| c.installs.restart)
+    }
+}
