@@ -242,6 +242,7 @@ fn replica_config(config: &Config) -> Option<(ReplicaConfig, ReplicaOptions)> {
         election_ticks: c.election_ticks as usize,
         heartbeat_ticks: c.heartbeat_ticks as usize,
         journal_file_bytes: config.broker.journal_file_bytes,
+        journal_retain_bytes: c.journal_retain_bytes,
         applied: 0,
         replication_timeout_ms: c.replication_timeout_ms,
     };

@@ -397,7 +397,8 @@ pub static METRICS: &[Metric] = &[
     // Cluster nodes only (docs/REPLICATION.md §7.5).
     row(Gauge, Label, "mortar_cluster_node_id", "cluster.node_id", "This node's --node-id.",
         Cluster(|c| Num(c.node_id))),
-    info("cluster.role", "role", "Raft role: leader, follower, candidate or pre-candidate.",
+    info("cluster.role", "role",
+        "Raft role: leader, follower, candidate, pre-candidate; installing: taking a snapshot.",
         Cluster(|c| Str(c.role.into()))),
     row(Gauge, Label, "mortar_cluster_role", METRICS_ONLY, "Always 1; the raft role as a label.",
         ClusterLabel("role", |c| c.role)),

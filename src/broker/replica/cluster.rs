@@ -141,7 +141,8 @@ pub struct ClusterStatus {
     pub commit_index: u64,
     /// The last entry applied to this broker's state.
     pub applied_index: u64,
-    /// `leader`, `follower`, `candidate` or `pre-candidate`.
+    /// `leader`, `follower`, `candidate`, `pre-candidate`, or `installing` while a
+    /// snapshot comes in (`replica::install`).
     pub role: &'static str,
     /// The last entry in this node's log, committed or not.
     pub last_index: u64,
@@ -590,7 +591,10 @@ impl Broker {
             leader_id: c.reachable_leader(),
             commit_index: c.replica.commit_index(),
             applied_index: c.applied_index,
-            role: c.replica.role(),
+            role: match c.installs.refusal() {
+                Some(_) => "installing",
+                None => c.replica.role(),
+            },
             last_index: c.replica.last_index(),
             checkpoint_index: c.replica.checkpoint().index,
             first_index: c.replica.first_index(),

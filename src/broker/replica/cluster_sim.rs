@@ -73,6 +73,16 @@ fn open_node_on(id: u64, disk: SimDisk) -> Node {
 }
 
 fn open_node_with(id: u64, disk: SimDisk, options: ReplicaOptions) -> Node {
+    open_node_retaining(id, disk, options, u64::MAX)
+}
+
+/// A node whose leader keeps `journal_retain_bytes` of journal for a laggard.
+fn open_node_retaining(
+    id: u64,
+    disk: SimDisk,
+    options: ReplicaOptions,
+    journal_retain_bytes: u64,
+) -> Node {
     let storage: Arc<dyn Storage> = Arc::new(disk.clone());
     let config = BrokerConfig {
         data_dir: Path::new("/data").to_path_buf(),
@@ -87,6 +97,7 @@ fn open_node_with(id: u64, disk: SimDisk, options: ReplicaOptions) -> Node {
     let replica = ReplicaConfig {
         election_ticks: ELECTION_TICKS,
         journal_file_bytes: JOURNAL_FILE_BYTES,
+        journal_retain_bytes,
         ..test_config(id, NODES)
     };
     let jobs = Jobs::default();
@@ -1137,4 +1148,50 @@ fn an_install_whose_leader_falls_silent_is_given_up_and_a_new_snapshot_installed
         "out, into the second install, out of it"
     );
     assert_eq!(net.record(f, topic, 81), net.record(l, topic, 81));
+}
+
+#[test]
+fn past_journal_retain_a_laggard_gets_a_snapshot_and_the_others_compact_past_it() {
+    const RETAIN_BYTES: u64 = 2 * JOURNAL_FILE_BYTES;
+    let open = |id| {
+        open_node_retaining(
+            id,
+            SimDisk::seeded(id),
+            ReplicaOptions::default(),
+            RETAIN_BYTES,
+        )
+    };
+    let mut net = Net {
+        nodes: (1..=NODES).map(open).collect(),
+        now: Now::default(),
+        install_frames_left: None,
+    };
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    let f = (0..3).find(|&i| i != l).unwrap();
+    let held = net.nodes[f].broker.cluster_status().unwrap().last_index;
+    net.nodes[f].isolated = true;
+    // About five 64 KiB journal files: past what the leader retains for the laggard.
+    net.publish_many(l, topic, 1, 80);
+    net.run_until("the others compacted past the laggard's log", |net| {
+        (0..3)
+            .filter(|&i| i != f)
+            .all(|i| net.cluster(i).replica.first_index() > held + 1)
+    });
+    net.nodes[f].isolated = false;
+    net.run_until("the laggard installed a snapshot and caught up", |net| {
+        net.next_sequence(f, topic) == 81
+    });
+    assert_eq!(
+        net.nodes[f].restarts.len(),
+        2,
+        "into the install and out of it"
+    );
+    for seq in [1, 80] {
+        assert_eq!(
+            net.record(f, topic, seq),
+            net.record(l, topic, seq),
+            "record {seq}"
+        );
+    }
 }

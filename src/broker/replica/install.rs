@@ -136,7 +136,8 @@ impl Manifest {
 fn check_path(path: &str) -> Result<(), String> {
     let p = Path::new(path);
     let plain = p.components().all(|c| matches!(c, Component::Normal(_)));
-    let ours = path == REGISTRY_FILE || path == GROUPS_FILE || p.starts_with(TOPICS_DIR);
+    let in_topics = p.starts_with(TOPICS_DIR) && p.components().count() > 1;
+    let ours = path == REGISTRY_FILE || path == GROUPS_FILE || in_topics;
     if !plain || !ours || path.len() > PATH_BYTES_MAX {
         return Err(format!("a path outside the topics: {path:?}"));
     }
@@ -943,5 +944,113 @@ impl Broker {
     /// itself; the simulator reopens the node).
     pub fn restart_requested(&self) -> bool {
         self.cluster.as_deref().is_some_and(|c| c.installs.restart)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::simdisk::SimDisk;
+
+    fn manifest() -> Manifest {
+        Manifest {
+            index: 84,
+            term: 3,
+            files: vec![
+                (
+                    "topics/00001-orders/0/00000000000000000001.log".into(),
+                    5_000,
+                ),
+                (REGISTRY_FILE.into(), 40),
+                (GROUPS_FILE.into(), 0),
+            ],
+        }
+    }
+
+    #[test]
+    fn manifests_markers_and_frames_read_back_as_written() {
+        let m = manifest();
+        assert_eq!(Manifest::decode(&m.encode()), Ok(m.clone()));
+        let marker = Marker {
+            leader: 2,
+            hard_state: (3, 2),
+            manifest: m,
+        };
+        assert_eq!(Marker::decode(&marker.encode()), Ok(marker));
+        let frames = [
+            InstallFrame::Request {
+                index: 84,
+                file: 1,
+                offset: 7,
+                len: CHUNK_BYTES_MAX,
+            },
+            InstallFrame::Chunk {
+                index: 84,
+                file: 0,
+                offset: 1 << 40,
+                data: b"records".to_vec(),
+            },
+            InstallFrame::Refused { index: 84 },
+        ];
+        for f in frames {
+            assert_eq!(InstallFrame::decode(&f.encode()), Ok(f));
+        }
+        assert!(InstallFrame::decode(&[9, 0, 0, 0, 0, 0, 0, 0, 1]).is_err());
+        assert!(InstallFrame::decode(&[FRAME_REFUSED, 0]).is_err(), "short");
+    }
+
+    #[test]
+    fn a_manifest_naming_a_file_outside_the_topics_is_refused() {
+        for path in [
+            "topics/../raft-state",
+            "/etc/passwd",
+            "raft-state",
+            "raft-journal/checkpoint",
+            "topics",
+            "",
+        ] {
+            let mut m = manifest();
+            m.files.push((path.into(), 1));
+            assert!(Manifest::decode(&m.encode()).is_err(), "{path:?} accepted");
+        }
+    }
+
+    #[test]
+    fn a_start_with_the_marker_wipes_what_the_install_replaces_and_keeps_the_vote() {
+        let disk = SimDisk::seeded(7);
+        let dir = Path::new("/data");
+        let kept = dir.join(crate::broker::replica::storage::RAFT_STATE_FILE);
+        let gone = [
+            dir.join("topics/00001-orders/0/00000000000000000001.log"),
+            dir.join(REGISTRY_FILE),
+            dir.join(STAGED_GROUPS_FILE),
+            dir.join(RAFT_JOURNAL_DIR).join("00000000000000000000.jnl"),
+        ];
+        for f in gone.iter().chain([&kept]) {
+            disk.create_dir_all(f.parent().unwrap()).unwrap();
+            disk.write(f, b"bytes").unwrap();
+        }
+        assert_eq!(resume(&disk, dir), Ok(None), "no marker: nothing touched");
+        assert!(disk.file_len(&gone[0]).is_ok());
+        let marker = Marker {
+            leader: 2,
+            hard_state: (3, 2),
+            manifest: manifest(),
+        };
+        let mut begin = InstallJob::Begin {
+            path: dir.join(INSTALL_MARKER_FILE),
+            marker: marker.encode(),
+        };
+        begin.run(&disk).unwrap();
+        disk.power_cut();
+        assert_eq!(resume(&disk, dir), Ok(Some(marker)));
+        for f in &gone {
+            assert!(disk.file_len(f).is_err(), "{} kept", f.display());
+        }
+        assert!(
+            disk.file_len(&kept).is_ok(),
+            "the term and vote must survive"
+        );
+        assert!(disk.is_dir(&dir.join(TOPICS_DIR)));
     }
 }

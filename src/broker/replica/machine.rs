@@ -89,6 +89,9 @@ pub struct ReplicaConfig {
     pub election_ticks: usize,
     pub heartbeat_ticks: usize,
     pub journal_file_bytes: u64,
+    /// `--journal-retain`: journal bytes a leader keeps for a follower behind the others;
+    /// past it, that follower gets a snapshot (§5.5).
+    pub journal_retain_bytes: u64,
     /// The index the broker's state already holds (apply starts after it).
     pub applied: u64,
     /// Leaderless time after which the gate answers ELECTION_TIMEOUT, not LEADER_UNKNOWN.
@@ -106,6 +109,7 @@ pub(super) fn test_config(id: u64, nodes: u64) -> ReplicaConfig {
         election_ticks: 10,
         heartbeat_ticks: 2,
         journal_file_bytes: 64 * 1024,
+        journal_retain_bytes: u64::MAX,
         applied: 0,
         replication_timeout_ms: 5_000,
     }
@@ -237,6 +241,7 @@ pub struct Replica {
     raw: RawNode<JournalStorage>,
     nodes: BTreeMap<u64, String>,
     replication_timeout_ms: u64,
+    journal_retain_bytes: u64,
     election_ticks: usize,
     /// Ticks taken, and the tick at which each peer was last heard from.
     ticks: u64,
@@ -333,6 +338,7 @@ impl Replica {
             raw,
             nodes: config.nodes,
             replication_timeout_ms: config.replication_timeout_ms,
+            journal_retain_bytes: config.journal_retain_bytes,
             election_ticks: config.election_ticks,
             ticks: 0,
             last_heard: HashMap::new(),
@@ -393,12 +399,18 @@ impl Replica {
 
     /// While this node leads: the lowest match index over every voter, itself included
     /// (its own is what it persisted). No node needs an entry at or below it again, so a
-    /// FLOOR entry carrying it lets every node compact up to it (§5.4).
+    /// FLOOR entry carrying it lets every node compact up to it (§5.4). Once the journal
+    /// holds more than `--journal-retain`, the commit index instead, which a majority
+    /// holds: a voter still below it gets a snapshot (§5.5).
     pub fn compaction_floor(&self) -> Option<u64> {
         if !self.is_leader() {
             return None;
         }
-        self.raw.raft.prs().iter().map(|(_, pr)| pr.matched).min()
+        let lowest = self.raw.raft.prs().iter().map(|(_, pr)| pr.matched).min()?;
+        if self.journal_bytes() > self.journal_retain_bytes {
+            return Some(lowest.max(self.commit_index()));
+        }
+        Some(lowest)
     }
 
     /// The journal's checkpoint: the entries up to its index are applied and in synced
@@ -827,18 +839,25 @@ impl Replica {
         }
     }
 
+    /// A Ready with a snapshot is neither advanced nor persisted: the process restarts
+    /// into the install, which writes the log's new start itself (§5.5).
+    fn stop_at_snapshot(&mut self, rd: &Ready) -> bool {
+        if rd.snapshot().is_empty() {
+            return false;
+        }
+        let (meta, hs) = (rd.snapshot().get_metadata(), self.raw.raft.hard_state());
+        self.effects.push(Effect::Install {
+            index: meta.index,
+            term: meta.term,
+            data: rd.snapshot().data.to_vec(),
+            hard_state: (hs.term, hs.vote),
+        });
+        self.paused = true;
+        true
+    }
+
     fn handle_ready(&mut self, mut rd: Ready) -> Result<(), ReplicaError> {
-        if !rd.snapshot().is_empty() {
-            // Neither advanced nor persisted: the process restarts into the install,
-            // which writes the log's new start itself (§5.5).
-            let (meta, hs) = (rd.snapshot().get_metadata(), self.raw.raft.hard_state());
-            self.effects.push(Effect::Install {
-                index: meta.index,
-                term: meta.term,
-                data: rd.snapshot().data.to_vec(),
-                hard_state: (hs.term, hs.vote),
-            });
-            self.paused = true;
+        if self.stop_at_snapshot(&rd) {
             return Ok(());
         }
         let stamp = lease_stamp(self.term(), self.now_ms);
