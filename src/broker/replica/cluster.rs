@@ -535,14 +535,14 @@ impl Broker {
     pub fn peer_up(&mut self, id: u64, client_addr: Option<String>, last_index: Option<u64>) {
         if let Some(c) = self.cluster.as_deref_mut() {
             c.links_down.remove(&id);
+            // A snapshot sent over the old link went to a process that is gone.
+            c.replica.report_snapshot_failure(id);
             if let Some(last_index) = last_index {
                 c.replica.peer_log(id, last_index);
             }
             if let Some(addr) = client_addr {
                 c.replica.set_node_addr(id, addr);
             }
-            // A snapshot sent over the old link went to a process that is gone.
-            c.replica.report_snapshot_failure(id);
             self.install_link_up(id);
         }
     }

@@ -1195,3 +1195,34 @@ fn past_journal_retain_a_laggard_gets_a_snapshot_and_the_others_compact_past_it(
         );
     }
 }
+
+#[test]
+fn a_node_installing_under_load_installs_once_and_then_follows_by_appends() {
+    let mut net = Net::new();
+    let (l, f, topic) = wiped_follower_after_compaction(&mut net);
+    let value = "v".repeat(4_000);
+    // Records keep coming while the node installs and after; its links go down and up.
+    for seq in 82..82 + ROUNDS_MAX as u64 {
+        if net.nodes[f].restarts.len() >= 2 && net.next_sequence(f, topic) > 160 {
+            break;
+        }
+        net.publish(l, seq, topic, (3, seq), &value);
+        if seq % 7 == 0 {
+            net.nodes[l].broker.peer_down(f as u64 + 1);
+            let last = net.nodes[f].broker.cluster_status().unwrap().last_index;
+            net.nodes[l].broker.peer_up(f as u64 + 1, None, Some(last));
+        }
+        if seq % 3 == 0 {
+            // A message to it dropped (a full output buffer): raft probes from its match.
+            net.nodes[l].broker.peer_unreachable(f as u64 + 1);
+        }
+        net.tick();
+        net.deliver();
+    }
+    assert!(net.next_sequence(f, topic) > 160, "never caught up");
+    assert_eq!(
+        net.nodes[f].restarts.len(),
+        2,
+        "one install: into it and out of it"
+    );
+}

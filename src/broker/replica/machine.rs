@@ -646,7 +646,7 @@ impl Replica {
     /// a log): before, it may have voted in a term it no longer knows, so it votes in no
     /// election until its log has caught up with what that peer held (§11).
     pub fn peer_log(&mut self, id: u64, last_index: u64) {
-        self.forget_lost_match(id, last_index);
+        self.probe_from_peer_log(id, last_index);
         if !self.started_empty || last_index <= self.raw.raft.raft_log.last_index() {
             return;
         }
@@ -660,25 +660,38 @@ impl Replica {
         self.abstain_below = self.abstain_below.max(last_index);
     }
 
-    /// A leader that counted peer `id` up to an index its log no longer reaches (its
-    /// data directory was lost): raft would keep sending from there and read the
-    /// peer's rejections as stale, and its heartbeats would name a commit index past the
-    /// peer's log. Probing from the log's real end instead leads to a snapshot (§5.5).
-    fn forget_lost_match(&mut self, id: u64, last_index: u64) {
+    /// A leader learns from peer `id`'s HELLO where its log ends (a link came up: the
+    /// peer may have restarted). Raft's progress may say otherwise:
+    /// - a match past that end: the peer lost entries it had acknowledged (its data
+    ///   directory was replaced). Raft would read its rejections as stale and keep
+    ///   sending from there, and its heartbeats would name a commit index past the
+    ///   peer's log; the match goes back to the log's end.
+    /// - a probe from below that end (after a lost match, or a restart out of an
+    ///   INSTALL, whose log starts at the snapshot): the entries it would send first may
+    ///   be compacted, and raft would send a snapshot the peer does not need.
+    ///
+    /// So the next probe starts at the log's end; a peer whose log differs there rejects
+    /// it and raft walks back as usual, to a snapshot only when it must (§5.5).
+    fn probe_from_peer_log(&mut self, id: u64, last_index: u64) {
         if !self.is_leader() || self.paused {
             return;
         }
-        if let Some(pr) = self.raw.raft.mut_prs().get_mut(id) {
-            if pr.matched > last_index {
-                log::warn!(
-                    "node {id} lost entries {}..={} it had acknowledged (a data directory \
-                     replaced?): replicating to it from its log's end",
-                    last_index + 1,
-                    pr.matched
-                );
-                pr.matched = last_index;
-                pr.become_probe();
-            }
+        let leader_last = self.raw.raft.raft_log.last_index();
+        let Some(pr) = self.raw.raft.mut_prs().get_mut(id) else {
+            return;
+        };
+        if pr.matched > last_index {
+            log::warn!(
+                "node {id} lost entries {}..={} it had acknowledged (a data directory \
+                 replaced?): replicating to it from its log's end",
+                last_index + 1,
+                pr.matched
+            );
+            pr.matched = last_index;
+        }
+        if pr.state != raft::ProgressState::Snapshot {
+            pr.become_probe();
+            pr.next_idx = (last_index + 1).clamp(pr.matched + 1, leader_last + 1);
         }
     }
 
