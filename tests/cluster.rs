@@ -382,6 +382,13 @@ fn every_node_compacts_its_journal_and_a_node_killed_after_starts_from_its_check
     let held = cluster.records(f, "orders", 0);
     assert_eq!(held.len(), 150);
     assert!(held.iter().all(|(_, v)| *v == value));
+    // Its HELLO told the leader where its log ends: appends, not a snapshot.
+    let (log, leader_log) = (
+        cluster.nodes[f].log_text(),
+        cluster.nodes[leader].log_text(),
+    );
+    assert!(!log.contains("installing"), "{log}");
+    assert!(!leader_log.contains("lost entries"), "{leader_log}");
 }
 
 #[test]

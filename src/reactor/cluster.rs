@@ -154,6 +154,11 @@ impl Reactor {
             now.mono_ms,
         )
         .map_err(|e| format!("cannot listen for peers on {}: {e}", cfg.listen))?;
+        let mut cluster = cluster;
+        if let Some((index, term)) = self.broker.raft_log_end() {
+            // Before the first dial: its HELLO says where this node's log ends.
+            cluster.peers.set_log_position(index, term);
+        }
         let addr = cluster.local_addr().map_err(|e| e.to_string())?;
         log::info!(
             "peer links on {addr}, node {} of {}",
@@ -184,6 +189,9 @@ impl Reactor {
         let Some(cluster) = self.cluster.as_mut() else {
             return;
         };
+        if let Some((index, term)) = self.broker.raft_log_end() {
+            cluster.peers.set_log_position(index, term);
+        }
         let mut inputs = std::mem::take(&mut self.cluster_inputs);
         cluster.step(self.poll.registry(), now.mono_ms, &mut inputs);
         for input in inputs.drain(..) {

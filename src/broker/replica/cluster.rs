@@ -581,6 +581,14 @@ impl Broker {
         }
     }
 
+    /// Where this node's raft log ends, `(index, term)`, for the HELLOs of the links it
+    /// dials (`docs/REPLICATION.md` §5.6): a peer learns from it whether this node lost
+    /// entries, and where to probe it from. `None` on a single node.
+    pub fn raft_log_end(&self) -> Option<(u64, u64)> {
+        let c = self.cluster.as_deref()?;
+        Some((c.replica.last_index(), c.replica.last_term()))
+    }
+
     /// Role, term, leader, commit and applied index; `None` on a single node.
     pub fn cluster_status(&self) -> Option<ClusterStatus> {
         let c = self.cluster.as_deref()?;

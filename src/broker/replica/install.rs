@@ -478,7 +478,8 @@ struct Asked {
     file: u32,
     offset: u64,
     len: u32,
-    sent_ms: u64,
+    /// `None`: to be asked for (again) on the next turn.
+    sent_ms: Option<u64>,
 }
 
 /// A follower's install under way (after the restart into it).
@@ -536,7 +537,7 @@ impl Pull {
             file: file as u32,
             offset,
             len,
-            sent_ms: now_ms,
+            sent_ms: Some(now_ms),
         };
         self.asked.push(asked);
         Some(asked)
@@ -741,6 +742,7 @@ impl Broker {
             .iter()
             .position(|a| a.file == file && a.offset == offset && a.len as usize == data.len());
         let (Some(at), true, true) = (asked, m.index == index, from == pull.marker.leader) else {
+            log::debug!("chunk of file {file} at {offset} from node {from} not asked for");
             return; // a duplicate of one asked again, or from another snapshot
         };
         pull.asked.swap_remove(at);
@@ -814,12 +816,21 @@ impl Broker {
             return self.abandon_install(why);
         }
         for i in 0..pull.asked.len() {
-            if now.mono_ms >= pull.asked[i].sent_ms + CHUNK_TIMEOUT_MS {
-                pull.asked[i].sent_ms = now.mono_ms;
+            let due = pull.asked[i]
+                .sent_ms
+                .is_none_or(|at| now.mono_ms >= at + CHUNK_TIMEOUT_MS);
+            if due {
+                pull.asked[i].sent_ms = Some(now.mono_ms);
                 installs.out.push(pull.request(&pull.asked[i]));
             }
         }
         while let Some(a) = pull.next_request(now.mono_ms) {
+            log::debug!(
+                "asking for file {} at {} ({} bytes)",
+                a.file,
+                a.offset,
+                a.len
+            );
             installs.out.push(pull.request(&a));
         }
         if pull.done() {
@@ -849,7 +860,7 @@ impl Broker {
         };
         if pull.marker.leader == id {
             for a in pull.asked.iter_mut() {
-                a.sent_ms = 0;
+                a.sent_ms = None;
             }
         }
     }

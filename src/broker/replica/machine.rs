@@ -485,6 +485,11 @@ impl Replica {
         self.raw.raft.raft_log.last_index()
     }
 
+    /// The term of that entry.
+    pub fn last_term(&self) -> u64 {
+        self.raw.raft.raft_log.last_term()
+    }
+
     pub fn commit_index(&self) -> u64 {
         self.raw.raft.raft_log.committed
     }
