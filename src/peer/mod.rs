@@ -956,6 +956,13 @@ impl Peers {
         else {
             return Err(format!("HELLO from node {}, not another node", hello.from));
         };
+        let remote = &mut self.remotes[r];
+        if matches!(remote.out, Outbound::Idle) {
+            // It is back (it restarted, or the network healed): dial it now rather than
+            // at the end of a backoff grown while it was gone.
+            remote.retry_at_ms = now_ms;
+            remote.backoff_ms = BACKOFF_MIN_MS;
+        }
         // A redial replaces the old link, whose end we may not have read yet.
         if let Some(old) = self.remotes[r].inbound.filter(|&old| old != s) {
             self.close_inbound(registry, old, "replaced by a new link from the peer", out);

@@ -599,3 +599,22 @@ fn busy_links_keep_their_buffers_and_idle_ones_give_them_back() {
     assert!(out <= IDLE_CAPACITY_MAX_BYTES, "output kept idle: {out}");
     assert!(input <= IDLE_CAPACITY_MAX_BYTES, "input kept idle: {input}");
 }
+
+#[test]
+fn a_peer_that_dials_in_is_dialled_back_at_once_not_after_the_backoff() {
+    let l1 = loopback();
+    let (socket2, addr2) = bound_not_listening();
+    let nodes = vec![(1, l1.local_addr().unwrap()), (2, addr2)];
+    let mut net = Net::new(2);
+    net.fake_now_ms = Some(0);
+    net.start(1, l1, &nodes);
+    net.turn();
+    net.run_until("the first dial refused", |n| {
+        n.node(1).next_deadline_ms() == Some(BACKOFF_MIN_MS)
+    });
+    // Node 2 comes up while node 1 waits out its backoff (the clock stands still).
+    rustix::net::listen(&socket2, 16).unwrap();
+    net.start(2, StdListener::from(socket2), &nodes);
+    net.run_until("both up before the backoff ran out", |n| all_up(n, &[1, 2]));
+    assert_eq!(net.node(1).counters(2).unwrap().dials, 2);
+}
