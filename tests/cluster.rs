@@ -414,6 +414,7 @@ fn a_node_whose_data_directory_was_lost_after_compaction_installs_a_snapshot_and
     cluster.kill9(f);
     let data_dir = cluster.nodes[f].data_dir();
     std::fs::remove_dir_all(&data_dir).unwrap();
+    let probed = probe_until_stopped(cluster.nodes[f].addr);
     cluster.restart(f);
     let leader_applied = cluster_figure(&cluster, leader, "applied_index");
     let applied = |cluster: &Cluster| -> Option<u64> {
@@ -425,6 +426,11 @@ fn a_node_whose_data_directory_was_lost_after_compaction_installs_a_snapshot_and
         "the wiped node to install and apply the rest",
         CONVERGE_LIMIT,
         || applied(&cluster).is_some_and(|a| a >= leader_applied),
+    );
+    let codes = probed.stop();
+    assert!(
+        codes.contains(&ErrorCode::SnapshotInProgress),
+        "never answered SNAPSHOT_IN_PROGRESS while installing: {codes:?}"
     );
     let checkpoint = cluster_figure(&cluster, f, "checkpoint_index");
     assert!(
@@ -453,4 +459,42 @@ fn a_node_whose_data_directory_was_lost_after_compaction_installs_a_snapshot_and
     assert_eq!(r.sequence, 151);
     let log = cluster.nodes[f].log_text();
     assert!(log.contains("installing node"), "{log}");
+}
+
+/// Asks the node at `addr` through the role gate (a PUB to a topic nobody declared)
+/// every few milliseconds, on a thread, until stopped; connection failures (the process
+/// restarting) are skipped.
+struct Prober {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<ErrorCode>>,
+}
+
+impl Prober {
+    /// The distinct codes answered, in the order first seen.
+    fn stop(self) -> Vec<ErrorCode> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
+fn probe_until_stopped(addr: std::net::SocketAddr) -> Prober {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = std::sync::Arc::clone(&stop);
+    let thread = std::thread::spawn(move || {
+        let mut codes = Vec::new();
+        while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(5));
+            let Ok(mut c) = Client::connect(addr, b"") else {
+                continue;
+            };
+            let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+            if let Err(e) = c.publish_value(u16::MAX, 0, b"probe", None) {
+                if let Some(code) = e.code().filter(|code| !codes.contains(code)) {
+                    codes.push(code);
+                }
+            }
+        }
+        codes
+    });
+    Prober { stop, thread }
 }
