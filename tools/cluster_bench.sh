@@ -18,9 +18,9 @@ BIN=target/release
 # shellcheck source=cluster_common.sh
 source tools/cluster_common.sh
 WORK=$(mktemp -d)
-PIDS=()
 cleanup() {
-  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  # `start` runs in a command substitution, a subshell: each pid is in a file.
+  for f in "$WORK"/*/pid; do [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null || true; done
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -33,7 +33,7 @@ start() {
   mkdir -p "$WORK/$name"
   "$BIN/mortard" --data-dir "$WORK/$name/data" --admin-listen off "$@" \
     >"$WORK/$name/out" 2>"$WORK/$name/log" &
-  PIDS+=($!)
+  echo $! >"$WORK/$name/pid"
   for _ in $(seq 200); do
     if grep -q '^listening ' "$WORK/$name/out"; then
       sed -n 's/^listening //p' "$WORK/$name/out"
