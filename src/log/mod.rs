@@ -828,13 +828,28 @@ impl PartitionLog {
                 });
             }
             if sequence == next {
-                self.append(&rec)?;
+                self.append_encoded(&rec, &records[pos..pos + len])?;
                 appended += 1;
             }
             pos += len;
             sequence += 1;
         }
         Ok(appended)
+    }
+
+    /// [`append`](Self::append) of a record already encoded and checked (`bytes`, which
+    /// `rec` was decoded from at the next sequence): copied as it is, not encoded and
+    /// checksummed again (a cluster node applies every record this way).
+    fn append_encoded(&mut self, rec: &RecordView<'_>, bytes: &[u8]) -> Result<u64, StorageError> {
+        self.check_poisoned()?;
+        let sequence = self.next_sequence();
+        debug_assert_eq!(rec.sequence, sequence, "append out of sequence");
+        self.write_buf.extend_from_slice(bytes);
+        self.pending.push(PendingRecord {
+            len: bytes.len() as u32,
+            timestamp_ms: rec.timestamp_ms,
+        });
+        Ok(sequence)
     }
 
     /// The fdatasync work for everything flushed since the previous job, or None if there
