@@ -54,6 +54,9 @@ pub struct Report {
     pub nodes_checked: u64,
     /// Wiped node → (wipes, acknowledged records missing from its log after healing).
     pub wipes: BTreeMap<u64, (u64, u64)>,
+    /// Wipes whose node caught up before the fault ended (bounded; after healing it
+    /// must have in any case): liveness, no violation.
+    pub wipes_caught_up: u64,
     pub violations: Vec<String>,
 }
 
@@ -101,7 +104,11 @@ impl Report {
             })
             .collect();
         let total: u64 = self.wipes.values().map(|w| w.0).sum();
-        Some(format!("chaos: wipes {total}; {}", nodes.join("; ")))
+        Some(format!(
+            "chaos: wipes {total} (caught up before the fault ended: {}); {}",
+            self.wipes_caught_up,
+            nodes.join("; ")
+        ))
     }
 }
 
@@ -145,6 +152,7 @@ pub fn check(events: &[Value]) -> Report {
             "fault" if e["phase"] == "begin" => {
                 *report.faults.entry(text(e, "kind")).or_default() += 1;
             }
+            "fault" if e["recovery"]["caught_up"] == true => report.wipes_caught_up += 1,
             "run" => run = Some((num(e, "nodes"), num(e, "partitions"))),
             "wipe" => report.wipes.entry(num(e, "node")).or_default().0 += 1,
             "log" => {

@@ -23,8 +23,9 @@ const GAP_MS: (u64, u64) = (300, 2_500);
 
 /// A wiped node's fault ends when it caught up, or after this long (ms).
 const RECOVER_MS: u64 = 60_000;
-/// A node wiped earlier that did not catch up then is given this long (ms) to show it
-/// did before the next wipe is skipped.
+/// Before a wipe every node is given this long (ms) to show it caught up (a node wiped
+/// earlier, or one the broker is installing a snapshot on, may not have); else the
+/// wipe is skipped.
 const RECHECK_MS: u64 = 4_000;
 /// Caught up means serving in one process at or above the target this long (ms).
 const STEADY_MS: u64 = 1_000;

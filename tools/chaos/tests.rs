@@ -591,6 +591,8 @@ fn clean_with_a_wipe() -> Vec<Value> {
     let mut h = clean();
     h.extend([
         json!({"ev": "fault", "t": 24, "kind": "WipeFollower", "phase": "begin", "node": 2}),
+        json!({"ev": "fault", "t": 34, "kind": "WipeFollower", "phase": "end", "node": 2,
+            "recovery": {"caught_up": true, "ms": 9, "target": 7, "applied": 7}}),
         position_as(2, 1, 21, 3, "follower", 5_000),
         wipe(2, 25, 1),
         position_as(2, 2, 26, 0, "follower", 100),
@@ -610,7 +612,10 @@ fn a_wiped_node_that_lost_its_records_and_positions_and_got_them_back_is_no_viol
     assert_eq!(report.wipes.get(&2), Some(&(1, 0)));
     assert_eq!(
         report.wipe_summary().as_deref(),
-        Some("chaos: wipes 1; node 2 wiped 1x: every acknowledged record back (4 of 4)")
+        Some(
+            "chaos: wipes 1 (caught up before the fault ended: 1); node 2 wiped 1x: every \
+             acknowledged record back (4 of 4)"
+        )
     );
     assert_eq!(check(&clean()).wipe_summary(), None);
 }
