@@ -10,13 +10,21 @@
 //! 4. no producer sees an OK under a `leader_epoch` lower than one it already saw (in an
 //!    earlier look at its answers: see `scan`), and every OK says REPLICATED;
 //! 5. a group's committed position on a node never moves backwards within one life of
-//!    that node;
+//!    that node: one process, so a restart, a wipe (`wipe`: the node's data directory
+//!    deleted, its positions lost with it) and an INSTALL's re-exec (the same process
+//!    id, its `uptime_ms` starting again) each begin a new one, the comparison being
+//!    with what that process itself showed;
 //! 6. every acknowledged record is delivered to the group at least once;
 //! 7. no node exits on its own (a `crash`: a panic, an abort);
 //! 8. after healing (every node applied the same index, the members gone), every node
 //!    shows the same committed position for every partition of the group: positions
 //!    are replicated state, and a node holding a lower one would, once elected, move
 //!    the group's committed position backwards and deliver acknowledged records again.
+//!
+//! A wiped node (`--wipe-faults`) gets no exception from rules 1–3 and 8: its log and
+//! positions are read only after healing, when it must again hold every acknowledged
+//! record, once, at its sequence. [`Report::wipes`] says, per wiped node, how many it
+//! holds.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -44,6 +52,11 @@ pub struct Report {
     pub redelivered: u64,
     pub lost: u64,
     pub nodes_checked: u64,
+    /// Wiped node → (wipes, acknowledged records missing from its log after healing).
+    pub wipes: BTreeMap<u64, (u64, u64)>,
+    /// Wipes whose node caught up before the fault ended (bounded; after healing it
+    /// must have in any case): liveness, no violation.
+    pub wipes_caught_up: u64,
     pub violations: Vec<String>,
 }
 
@@ -68,6 +81,34 @@ impl Report {
             self.lost,
             self.violations.len()
         )
+    }
+
+    /// The line about wipes, if there were any: how many, and whether each wiped node
+    /// came back with every acknowledged record (rule 1 after healing).
+    pub fn wipe_summary(&self) -> Option<String> {
+        if self.wipes.is_empty() {
+            return None;
+        }
+        let nodes: Vec<String> = (self.wipes.iter())
+            .map(|(node, &(wipes, missing))| {
+                let held = self.acknowledged - missing;
+                let verdict = if missing == 0 && self.nodes_checked > 0 {
+                    "every acknowledged record back"
+                } else {
+                    "NOT every acknowledged record back"
+                };
+                format!(
+                    "node {node} wiped {wipes}x: {verdict} ({held} of {})",
+                    self.acknowledged
+                )
+            })
+            .collect();
+        let total: u64 = self.wipes.values().map(|w| w.0).sum();
+        Some(format!(
+            "chaos: wipes {total} (caught up before the fault ended: {}); {}",
+            self.wipes_caught_up,
+            nodes.join("; ")
+        ))
     }
 }
 
@@ -111,7 +152,9 @@ pub fn check(events: &[Value]) -> Report {
             "fault" if e["phase"] == "begin" => {
                 *report.faults.entry(text(e, "kind")).or_default() += 1;
             }
+            "fault" if e["recovery"]["caught_up"] == true => report.wipes_caught_up += 1,
             "run" => run = Some((num(e, "nodes"), num(e, "partitions"))),
+            "wipe" => report.wipes.entry(num(e, "node")).or_default().0 += 1,
             "log" => {
                 logs_read.insert((num(e, "node"), num(e, "partition")));
                 let log = logs.entry(num(e, "node")).or_default();
@@ -152,6 +195,9 @@ fn check_acks_present(acks: &[Ack], logs: &Logs, report: &mut Report) {
             let held = log.get(&(a.partition, a.sequence));
             if held != Some(&a.value) {
                 lost.insert(a.value.as_str());
+                if let Some(wiped) = report.wipes.get_mut(node) {
+                    wiped.1 += 1;
+                }
                 report.violations.push(format!(
                     "lost: {} acknowledged at partition {} sequence {} (epoch {}) is not \
                      there on node {node} (found {held:?})",
@@ -240,18 +286,38 @@ fn check_epochs(acks: &[Ack], report: &mut Report) {
     }
 }
 
-/// Rule 5.
+/// Rule 5. A life is (node, `life`, wipes of the node so far, re-execs seen in that
+/// life): a wipe starts the node again anyway (a new `life`), but the history says so
+/// itself; a re-exec shows as `uptime_ms` going down.
 fn check_positions(events: &[Value], report: &mut Report) {
-    let mut last: HashMap<(u64, u64, u64), (u64, u64)> = HashMap::new();
-    for e in events.iter().filter(|e| e["ev"] == "position") {
-        let key = (num(e, "node"), num(e, "life"), num(e, "partition"));
+    // (node, life, wipes, re-execs, partition) → (highest committed, its ms)
+    type Process = (u64, u64, u64, u64, u64);
+    let mut last: HashMap<Process, (u64, u64)> = HashMap::new();
+    let mut wipes: HashMap<u64, u64> = HashMap::new();
+    // (node, life) → (re-execs seen, the last uptime)
+    let mut boots: HashMap<(u64, u64), (u64, u64)> = HashMap::new();
+    for e in events {
+        if e["ev"] == "wipe" {
+            *wipes.entry(num(e, "node")).or_default() += 1;
+        }
+        if e["ev"] != "position" {
+            continue;
+        }
+        let (node, life) = (num(e, "node"), num(e, "life"));
+        let boot = boots.entry((node, life)).or_default();
+        if let Some(up) = e["uptime_ms"].as_u64() {
+            boot.0 += u64::from(up < boot.1);
+            boot.1 = up;
+        }
+        let wiped = wipes.get(&node).copied().unwrap_or(0);
+        let key = (node, life, wiped, boot.0, num(e, "partition"));
         let (committed, t) = (num(e, "committed"), num(e, "t"));
         if let Some(&(before, t0)) = last.get(&key) {
             if committed < before {
                 report.violations.push(format!(
                     "position backwards: node {} (life {}) partition {}: committed {before} \
                      at {t0} ms, {committed} at {t} ms",
-                    key.0, key.1, key.2
+                    key.0, key.1, key.4
                 ));
             }
         }

@@ -40,6 +40,9 @@ pub struct Node {
     log: PathBuf,
     child: Option<Child>,
     pub state: State,
+    /// False from a wipe (`--wipe-faults`) until the node was seen caught up: the
+    /// schedule wipes only when every node is intact.
+    pub intact: bool,
     /// Starts so far: positions are compared within one life of a node.
     pub life: u32,
     /// Bumped before the tool stops a process of the node and when it finds one exited:
@@ -125,6 +128,7 @@ impl Cluster {
                 log: dir.join(format!("node{id}.log")),
                 child: None,
                 state: State::Killed,
+                intact: true,
                 life: 0,
                 ends: Arc::new(AtomicU32::new(0)),
             });

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use mortarmq::log::simdisk::SimRng;
-use serde_json::json;
+use serde_json::{json, Value};
 
-use crate::cluster::{get_json, Cluster, State};
+use crate::cluster::{get_json, Cluster, Node, State};
 use crate::disk;
 use crate::load::Load;
 use crate::proxy::Fault;
@@ -20,6 +20,15 @@ use crate::proxy::Fault;
 const HOLD_MS: (u64, u64) = (500, 5_000);
 /// Quiet time between faults (ms).
 const GAP_MS: (u64, u64) = (300, 2_500);
+
+/// A wiped node's fault ends when it caught up, or after this long (ms).
+const RECOVER_MS: u64 = 60_000;
+/// Before a wipe every node is given this long (ms) to show it caught up (a node wiped
+/// earlier, or one the broker is installing a snapshot on, may not have); else the
+/// wipe is skipped.
+const RECHECK_MS: u64 = 4_000;
+/// Caught up means serving in one process at or above the target this long (ms).
+const STEADY_MS: u64 = 1_000;
 
 /// The first fault waits for the first leader this long at most.
 const FIRST_LEADER_MS: u64 = 10_000;
@@ -49,6 +58,12 @@ pub enum Kind {
     /// strace, the node restarted when the hold ends (`disk.rs`). Only with
     /// `--disk-faults`.
     DiskFault,
+    /// A follower killed (-9), its whole data directory deleted, started again on the
+    /// same ports with the same flags: it must come back through INSTALL (or the
+    /// leader's journal) with every acknowledged record. Never the leader, only when
+    /// every node is intact (one wiped at a time, a majority always intact); the end
+    /// waits, bounded, until it caught up. Only with `--wipe-faults`.
+    WipeFollower,
 }
 
 const KINDS: [Kind; 8] = [
@@ -62,13 +77,16 @@ const KINDS: [Kind; 8] = [
     Kind::RestartFollower,
 ];
 
-/// The kinds of a run: [`KINDS`], and the disk fault last if asked for. Without it the
-/// list, hence every draw of a seed's schedule, is what it was before disk faults
-/// (`tests/chaos.rs` relies on seed 27's).
-pub fn kinds(disk_faults: bool) -> Vec<Kind> {
+/// The kinds of a run: [`KINDS`], then the disk fault and the wipe if asked for. Without
+/// them the list, hence every draw of a seed's schedule, is what it was before either
+/// existed (`tests/chaos.rs` relies on seed 27's).
+pub fn kinds(disk_faults: bool, wipe_faults: bool) -> Vec<Kind> {
     let mut kinds = KINDS.to_vec();
     if disk_faults {
         kinds.push(Kind::DiskFault);
+    }
+    if wipe_faults {
+        kinds.push(Kind::WipeFollower);
     }
     kinds
 }
@@ -132,16 +150,23 @@ pub fn run(cluster: &mut Cluster, load: &Load, rng: &mut SimRng, until: Instant,
         let hold = Duration::from_millis(between(rng, HOLD_MS));
         let target = leader(cluster, rng);
         let mut held = None;
-        let detail = begin(cluster, kind, target, rng, &mut held);
+        let mut wiped = None;
+        let detail = begin(cluster, kind, target, rng, (&mut held, &mut wiped));
         let h = &load.history;
-        // A disk fault names the node it hit; the others the leader they aimed at.
-        let node = cluster.nodes[held.as_ref().map_or(target, |i| i.choice.node)].id;
+        // A disk fault and a wipe name the node they hit; the others the leader they
+        // aimed at.
+        let hit = held.as_ref().map(|i| i.choice.node);
+        let hit = hit.or(wiped.as_ref().map(|w: &(usize, Value)| w.0));
+        let node = cluster.nodes[hit.unwrap_or(target)].id;
         let name = format!("{kind:?}");
         let mut event = json!({"kind": name, "phase": "begin", "node": node, "detail": detail});
         if let Some(injection) = &held {
             event["disk"] = injection.what.clone();
         }
         h.add("fault", event);
+        if let Some((_, wipe)) = wiped {
+            h.add("wipe", wipe);
+        }
         publish_observable(cluster, load);
         std::thread::sleep(hold.min(until.saturating_duration_since(Instant::now())));
         let mut event = json!({"kind": name, "phase": "end", "node": node});
@@ -152,6 +177,12 @@ pub fn run(cluster: &mut Cluster, load: &Load, rng: &mut SimRng, until: Instant,
         reap(cluster, load);
         if let Err(e) = end(cluster, kind, target, node) {
             h.add("note", json!({"text": format!("ending {name}: {e}")}));
+        }
+        if kind == Kind::WipeFollower && hit.is_some() {
+            // Held until the wiped node caught up (bounded): the next fault (a kill -9
+            // of the leader, say) must find a majority of intact nodes.
+            publish_observable(cluster, load);
+            event["recovery"] = recover(cluster, hit.unwrap_or(target), RECOVER_MS);
         }
         h.add("fault", event);
         publish_observable(cluster, load);
@@ -184,13 +215,14 @@ pub fn publish_observable(cluster: &Cluster, load: &Load) {
 }
 
 /// Starts `kind` on node `t` (an index); returns what was done, for the history. A
-/// disk fault leaves its attached strace in `held`.
+/// disk fault leaves its attached strace in `held`, a wipe the node it hit and its
+/// `wipe` event in `wiped`.
 fn begin(
     cluster: &mut Cluster,
     kind: Kind,
     t: usize,
     rng: &mut SimRng,
-    held: &mut Option<disk::Injection>,
+    (held, wiped): (&mut Option<disk::Injection>, &mut Option<(usize, Value)>),
 ) -> String {
     let n = cluster.nodes.len() as u8;
     let id = cluster.nodes[t].id;
@@ -238,6 +270,7 @@ fn begin(
         Kind::Loss | Kind::Delay => all_links(cluster, kind, rng),
         Kind::RestartFollower => restart_follower(cluster, t, rng),
         Kind::DiskFault => disk_fault(cluster, t, rng, held),
+        Kind::WipeFollower => wipe_follower(cluster, t, rng, wiped),
     }
 }
 
@@ -374,10 +407,153 @@ fn end(cluster: &mut Cluster, kind: Kind, t: usize, node: u8) -> Result<(), Stri
             cluster.resume(t);
             Ok(())
         }
-        Kind::RestartFollower => Ok(()),
+        Kind::RestartFollower | Kind::WipeFollower => Ok(()),
         _ => {
             cluster.links.heal();
             Ok(())
         }
     }
+}
+
+/// The node (index) a wipe hits: drawn as a follower restart's, any of `intact.len()`
+/// but the leader `t` (one draw whatever the cluster's state, so that the rest of the
+/// seed's schedule does not depend on it). `None` with no leader known (a wipe must not
+/// hit it) or a node not intact (a wiped node not caught up yet, one not running): one
+/// node wiped at a time, every other one intact, a majority.
+pub fn wipe_target(t: Option<usize>, intact: &[bool], rng: &mut SimRng) -> Option<usize> {
+    let f = follower_of(intact.len(), t.unwrap_or(0), rng);
+    (t.is_some() && intact.iter().all(|&ok| ok)).then_some(f)
+}
+
+fn says_leader(cluster: &Cluster, i: usize) -> bool {
+    get_json(cluster.nodes[i].admin, "/stats").is_ok_and(|s| s["cluster"]["role"] == "leader")
+}
+
+/// kill -9 of a follower, its data directory removed, started again (see
+/// [`Kind::WipeFollower`]).
+fn wipe_follower(
+    cluster: &mut Cluster,
+    t: usize,
+    rng: &mut SimRng,
+    wiped: &mut Option<(usize, Value)>,
+) -> String {
+    // Intact: running, and caught up now in one process (not a wiped node still coming
+    // back, nor one the broker itself is installing a snapshot on).
+    let all: Vec<usize> = (0..cluster.nodes.len()).collect();
+    let caught_up = steady(cluster, &all, RECHECK_MS);
+    let intact: Vec<bool> = (cluster.nodes.iter_mut().zip(caught_up))
+        .map(|(n, (ok, _))| {
+            n.intact |= ok;
+            n.intact && ok && n.state == State::Running
+        })
+        .collect();
+    let known = says_leader(cluster, t);
+    let Some(f) = wipe_target(known.then_some(t), &intact, rng) else {
+        let why = if known {
+            let behind = (intact.iter().zip(&cluster.nodes)).filter(|(ok, _)| !**ok);
+            let ids: Vec<u8> = behind.map(|(_, n)| n.id).collect();
+            format!("nodes {ids:?} not caught up")
+        } else {
+            "no leader known".into()
+        };
+        return format!("{why}; nothing wiped");
+    };
+    let id = cluster.nodes[f].id;
+    // It may have won an election since the leader was read.
+    if says_leader(cluster, f) {
+        return format!("node {id} leads now; nothing wiped");
+    }
+    let life_before = cluster.nodes[f].life;
+    cluster.kill9(f);
+    let data = cluster.nodes[f].data().to_path_buf();
+    let (files, bytes) = tree_size(&data);
+    let removed = std::fs::remove_dir_all(&data).map_err(|e| e.to_string());
+    cluster.nodes[f].intact = false;
+    let started = cluster.start(f);
+    let wipe = json!({"node": id, "life_before": life_before, "life": cluster.nodes[f].life,
+        "files": files, "bytes": bytes, "removed": removed.clone().err(),
+        "started": started.clone().err()});
+    *wiped = Some((f, wipe));
+    match (removed, started) {
+        (Ok(()), Ok(())) => {
+            format!("node {id} killed, {files} files ({bytes} bytes) removed, started empty")
+        }
+        (r, s) => format!("node {id}: removed {r:?}, started {s:?}"),
+    }
+}
+
+/// Files and bytes under `dir`.
+fn tree_size(dir: &std::path::Path) -> (u64, u64) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return (0, 0);
+    };
+    let mut sum = (0, 0);
+    for e in entries.flatten() {
+        let Ok(meta) = e.metadata() else { continue };
+        let (f, b) = if meta.is_dir() {
+            tree_size(&e.path())
+        } else {
+            (1, meta.len())
+        };
+        sum = (sum.0 + f, sum.1 + b);
+    }
+    sum
+}
+
+/// Waits up to `within_ms` until each node of `which` (indexes) has applied what the
+/// cluster had committed when the wait began, and kept serving for [`STEADY_MS`] in the
+/// same process: an INSTALL takes seconds, and the leader may have compacted past its
+/// snapshot meanwhile, when the node re-execs into another install and is without its
+/// records again (seen as its `uptime_ms` going down). Returns, per node, whether it
+/// did and what was seen.
+fn steady(cluster: &Cluster, which: &[usize], within_ms: u64) -> Vec<(bool, Value)> {
+    let began = Instant::now();
+    let committed = |n: &Node| {
+        let stats = get_json(n.admin, "/stats").ok()?;
+        stats["cluster"]["commit_index"].as_u64()
+    };
+    let target = (cluster.nodes.iter())
+        .filter_map(committed)
+        .max()
+        .unwrap_or(0);
+    // Per node: applied, last uptime, steady since, re-execs seen, done.
+    let mut seen = vec![(None, 0, None, 0u32, false); which.len()];
+    while began.elapsed() < Duration::from_millis(within_ms) && !seen.iter().all(|s| s.4) {
+        for (k, &i) in which.iter().enumerate() {
+            let (applied, uptime, since, re_execs, done) = &mut seen[k];
+            if *done {
+                continue;
+            }
+            let stats = get_json(cluster.nodes[i].admin, "/stats").unwrap_or_default();
+            let c = &stats["cluster"];
+            *applied = c["applied_index"].as_u64();
+            let up = stats["broker"]["uptime_ms"].as_u64().unwrap_or(0);
+            *re_execs += u32::from(up < *uptime);
+            let serving = c["role"] == "follower" || c["role"] == "leader";
+            let ok = serving && up >= *uptime && applied.is_some_and(|a| a >= target);
+            *uptime = up;
+            *since = if ok {
+                since.or(Some(Instant::now()))
+            } else {
+                None
+            };
+            *done = since.is_some_and(|t: Instant| t.elapsed() >= Duration::from_millis(STEADY_MS));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let ms = began.elapsed().as_millis() as u64;
+    (seen.into_iter())
+        .map(|(applied, _, _, re_execs, done)| {
+            let what = json!({"caught_up": done && target > 0, "ms": ms, "target": target,
+                "applied": applied, "re_execs_seen": re_execs});
+            (done && target > 0, what)
+        })
+        .collect()
+}
+
+/// [`steady`] for a wiped node `i`, marking it intact if it caught up.
+fn recover(cluster: &mut Cluster, i: usize, within_ms: u64) -> Value {
+    let (ok, what) = steady(cluster, &[i], within_ms).remove(0);
+    cluster.nodes[i].intact = ok;
+    what
 }

@@ -3,17 +3,20 @@
 //! tool still leaves what came before. The events and their fields:
 //!
 //! ```text
-//! run       nodes seed partitions disk_faults             what was started (first)
+//! run       nodes seed partitions disk_faults wipe_faults what was started (first)
 //! send      producer value partition                      a PUB queued
 //! ack       producer value partition sequence leader_epoch commit_seq durability
 //!           dedup scan                                    its REPLICATED OK
 //! fail      producer value error                          given up (outcome unknown)
 //! deliver   member value partition sequence attempt       a MSG handed to a member
 //! position  node life role term partition committed       a group position a node shows
+//!           uptime_ms                                     (lower: the same pid re-exec'd)
 //! fault     kind phase(begin|end) node detail             a fault and its end; a
 //!           disk{node role syscall errno when strace}     DiskFault's begin says what
 //!           disk{injected calls strace_exit               it failed where, its end how
 //!           node_error_lines node_errors}                 often and what the node logged
+//! wipe      node life_before life files bytes removed     a follower's data directory
+//!           started                                       deleted (`--wipe-faults`)
 //! log       node partition records[[sequence, value]…]    a node's log after healing
 //! note      text                                          anything else worth reading
 //! ```

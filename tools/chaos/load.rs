@@ -270,7 +270,7 @@ pub fn observe_as(h: &History, ev: &str, o: &Observable) {
                 ev,
                 json!({"node": node, "life": life, "role": cluster["role"],
                     "term": cluster["term"], "partition": p["partition"],
-                    "committed": p["committed"]}),
+                    "committed": p["committed"], "uptime_ms": stats["broker"]["uptime_ms"]}),
             );
         }
     }

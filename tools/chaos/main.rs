@@ -11,6 +11,7 @@
 //! ```text
 //! mortar-chaos --duration 45s --seed 7 --history chaos.jsonl [--nodes 5] [--mortard PATH]
 //! mortar-chaos --disk-faults ...        # a ninth kind: EIO/ENOSPC through strace
+//! mortar-chaos --wipe-faults ...        # a follower's data directory deleted
 //! mortar-chaos --check chaos.jsonl      # check a history again (or a doctored one)
 //! ```
 
@@ -65,6 +66,8 @@ struct Opts {
     /// The ninth kind, [`faults::Kind::DiskFault`]: off unless asked for, so that a
     /// seed's schedule stays what it was.
     disk_faults: bool,
+    /// [`faults::Kind::WipeFollower`], likewise opt-in.
+    wipe_faults: bool,
     check_only: Option<PathBuf>,
 }
 
@@ -136,6 +139,13 @@ fn options() -> Options {
         "disk-faults",
         "also fail a node's fdatasync/pwrite64/write with EIO or ENOSPC (needs strace)",
     );
+    o.optflag(
+        "",
+        "wipe-faults",
+        "also kill -9 a follower, delete its data directory and start it again (it must \
+         come back through INSTALL with every acknowledged record); one at a time, never \
+         the leader",
+    );
     o.optopt(
         "",
         "check",
@@ -179,6 +189,7 @@ fn parse_opts(args: impl IntoIterator<Item = String>) -> Result<Opts, String> {
         partitions: number("partitions", 4)?.clamp(1, 64) as u16,
         rate: number("rate", 200)?.max(1),
         disk_faults: m.opt_present("disk-faults"),
+        wipe_faults: m.opt_present("wipe-faults"),
         check_only: m.opt_str("check").map(PathBuf::from),
     })
 }
@@ -208,6 +219,9 @@ fn verdict(report: &check::Report, extra: &[String]) -> ExitCode {
         summary += &format!(" (+{} from the run itself)", extra.len());
     }
     println!("{summary}");
+    if let Some(wipes) = report.wipe_summary() {
+        println!("{wipes}");
+    }
     if report.violations.is_empty() && extra.is_empty() {
         ExitCode::SUCCESS
     } else {
@@ -250,7 +264,7 @@ fn run(opts: &Opts) -> Result<ExitCode, String> {
     history.add(
         "run",
         json!({"nodes": opts.nodes, "seed": opts.seed, "partitions": opts.partitions,
-            "disk_faults": opts.disk_faults}),
+            "disk_faults": opts.disk_faults, "wipe_faults": opts.wipe_faults}),
     );
     let load = Arc::new(Load::new(
         Arc::clone(&history),
@@ -265,7 +279,7 @@ fn run(opts: &Opts) -> Result<ExitCode, String> {
         &load,
         &mut rng,
         Instant::now() + opts.duration,
-        &faults::kinds(opts.disk_faults),
+        &faults::kinds(opts.disk_faults, opts.wipe_faults),
     );
     let mut extra = Vec::new();
     settle(&mut cluster, &load, threads, &mut extra)?;

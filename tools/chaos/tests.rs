@@ -1,7 +1,8 @@
 //! The checker against small hand-made histories: a clean one passes, and each kind of
 //! bug the tool exists to find is flagged on its own, for 3 nodes and for 5. Then the
 //! fault choices that depend on the number of nodes, the rounds of kinds with and
-//! without `--disk-faults`, and the disk faults' draws and strace command lines.
+//! without `--disk-faults` and `--wipe-faults`, the disk faults' draws and strace
+//! command lines, and what a wipe may hit and how the checker takes a wiped node.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -344,9 +345,13 @@ fn disk_faults_are_off_unless_asked_for() {
 /// The kinds of the first round of `seed`, in the order they run, drawn as `run` and
 /// `faults::run` draw them (the cluster's proxy seed first).
 fn first_round(seed: u64, disk_faults: bool) -> Vec<Kind> {
+    first_round_of(seed, &faults::kinds(disk_faults, false))
+}
+
+fn first_round_of(seed: u64, kinds: &[Kind]) -> Vec<Kind> {
     let mut rng = SimRng::new(seed);
     rng.next_u64();
-    let mut round = faults::shuffled(&faults::kinds(disk_faults), &mut rng);
+    let mut round = faults::shuffled(kinds, &mut rng);
     round.reverse();
     round
 }
@@ -354,7 +359,7 @@ fn first_round(seed: u64, disk_faults: bool) -> Vec<Kind> {
 #[test]
 fn without_disk_faults_a_seed_keeps_its_schedule() {
     assert_eq!(
-        faults::kinds(false),
+        faults::kinds(false, false),
         [
             Kind::KillLeader,
             Kind::PauseLeader,
@@ -385,13 +390,13 @@ fn without_disk_faults_a_seed_keeps_its_schedule() {
 
 #[test]
 fn with_disk_faults_every_round_has_one_of_nine_kinds_each() {
-    let mut all = faults::kinds(false);
+    let mut all = faults::kinds(false, false);
     all.push(Kind::DiskFault);
-    assert_eq!(faults::kinds(true), all);
+    assert_eq!(faults::kinds(true, false), all);
     let mut rng = SimRng::new(27);
     let mut places = BTreeSet::new();
     for _ in 0..200 {
-        let round = faults::shuffled(&faults::kinds(true), &mut rng);
+        let round = faults::shuffled(&faults::kinds(true, false), &mut rng);
         assert_eq!(round.len(), 9);
         for kind in &all {
             assert_eq!(round.iter().filter(|k| *k == kind).count(), 1, "{round:?}");
@@ -488,4 +493,199 @@ fn an_answer_read_across_a_restart_is_not_the_old_life_s() {
     );
     assert!(other.same_process());
     assert!(cluster.nodes[0].observable().same_process());
+}
+
+#[test]
+fn wipe_faults_are_off_unless_asked_for() {
+    let parse = |args: &[&str]| crate::parse_opts(args.iter().map(|a| a.to_string()));
+    assert_eq!(parse(&[]).map(|o| o.wipe_faults), Ok(false));
+    assert_eq!(parse(&["--wipe-faults"]).map(|o| o.wipe_faults), Ok(true));
+    assert_eq!(
+        parse(&["--disk-faults"]).map(|o| (o.disk_faults, o.wipe_faults)),
+        Ok((true, false))
+    );
+}
+
+#[test]
+fn without_wipe_faults_a_seed_keeps_its_schedule_and_with_them_a_wipe_is_in_every_round() {
+    let eight = faults::kinds(false, false);
+    let mut nine = eight.clone();
+    nine.push(Kind::DiskFault);
+    assert_eq!(faults::kinds(true, false), nine);
+    // The lists before `--wipe-faults`, so every seed's draws: seed 27's first round as
+    // `tests/chaos.rs` knows it, and for other seeds the same round from the old lists.
+    assert_eq!(
+        first_round(27, false)[..2],
+        [Kind::IsolateLeader, Kind::KillLeader]
+    );
+    for seed in [27, 31, 32] {
+        assert_eq!(first_round(seed, false), first_round_of(seed, &eight));
+        assert_eq!(first_round(seed, true), first_round_of(seed, &nine));
+    }
+    for (disk, kinds) in [(false, 9), (true, 10)] {
+        let with = faults::kinds(disk, true);
+        assert_eq!(with.len(), kinds);
+        assert_eq!(with.last(), Some(&Kind::WipeFollower));
+        let mut rng = SimRng::new(31);
+        let mut places = BTreeSet::new();
+        for _ in 0..300 {
+            let round = faults::shuffled(&with, &mut rng);
+            let wipes = round.iter().filter(|k| **k == Kind::WipeFollower).count();
+            assert_eq!(wipes, 1, "{round:?}");
+            places.insert(round.iter().position(|k| *k == Kind::WipeFollower));
+        }
+        assert_eq!(places.len(), kinds, "the wipe comes anywhere in a round");
+    }
+}
+
+#[test]
+fn a_wipe_hits_every_follower_and_never_the_leader() {
+    for n in [3, 5] {
+        for t in 0..n {
+            let mut rng = SimRng::new(31);
+            let intact = vec![true; n];
+            let hit: BTreeSet<usize> = (0..300)
+                .map(|_| faults::wipe_target(Some(t), &intact, &mut rng).expect("all intact"))
+                .collect();
+            let others: BTreeSet<usize> = (0..n).filter(|&i| i != t).collect();
+            assert_eq!(hit, others, "{n} nodes, leader {t}");
+        }
+    }
+}
+
+#[test]
+fn a_wipe_waits_until_every_node_is_intact_and_a_leader_is_known() {
+    for n in [3, 5] {
+        for not_intact in 0..n {
+            let mut intact = vec![true; n];
+            intact[not_intact] = false;
+            for t in 0..n {
+                let mut rng = SimRng::new(32);
+                assert_eq!(faults::wipe_target(Some(t), &intact, &mut rng), None);
+                // One draw all the same: what follows in the schedule does not depend
+                // on whether the wipe happened.
+                let mut drawn = SimRng::new(32);
+                drawn.next_u64();
+                assert_eq!(rng.next_u64(), drawn.next_u64());
+            }
+        }
+        let mut rng = SimRng::new(32);
+        assert_eq!(faults::wipe_target(None, &vec![true; n], &mut rng), None);
+    }
+}
+
+fn position_as(node: u64, life: u64, t: u64, committed: u64, role: &str, uptime: u64) -> Value {
+    json!({"ev": "position", "t": t, "node": node, "life": life, "role": role,
+        "term": 2, "partition": 0, "committed": committed, "uptime_ms": uptime})
+}
+
+fn wipe(node: u64, t: u64, life_before: u64) -> Value {
+    json!({"ev": "wipe", "t": t, "node": node, "life_before": life_before,
+        "life": life_before + 1, "files": 12, "bytes": 4096})
+}
+
+/// [`clean`] with node 2 wiped at 25 ms: before it showed committed 3 (life 1); after,
+/// empty, it shows nothing, then (life 2) the INSTALL's re-exec, then 2 and 3 from the
+/// snapshot and the entries after it. Its final log is whole (from [`clean`]).
+fn clean_with_a_wipe() -> Vec<Value> {
+    let mut h = clean();
+    h.extend([
+        json!({"ev": "fault", "t": 24, "kind": "WipeFollower", "phase": "begin", "node": 2}),
+        json!({"ev": "fault", "t": 34, "kind": "WipeFollower", "phase": "end", "node": 2,
+            "recovery": {"caught_up": true, "ms": 9, "target": 7, "applied": 7}}),
+        position_as(2, 1, 21, 3, "follower", 5_000),
+        wipe(2, 25, 1),
+        position_as(2, 2, 26, 0, "follower", 100),
+        position_as(2, 2, 27, 1, "follower", 400),
+        position_as(2, 2, 28, 0, "follower", 50),
+        position_as(2, 2, 29, 2, "follower", 900),
+        position_as(2, 2, 35, 3, "leader", 1_200),
+    ]);
+    h
+}
+
+#[test]
+fn a_wiped_node_that_lost_its_records_and_positions_and_got_them_back_is_no_violation() {
+    let report = check(&clean_with_a_wipe());
+    assert_eq!(report.violations, Vec::<String>::new());
+    assert_eq!(report.lost, 0);
+    assert_eq!(report.wipes.get(&2), Some(&(1, 0)));
+    assert_eq!(
+        report.wipe_summary().as_deref(),
+        Some(
+            "chaos: wipes 1 (caught up before the fault ended: 1); node 2 wiped 1x: every \
+             acknowledged record back (4 of 4)"
+        )
+    );
+    assert_eq!(check(&clean()).wipe_summary(), None);
+}
+
+#[test]
+fn a_record_missing_on_the_wiped_node_after_healing_is_lost() {
+    let mut h = clean_with_a_wipe();
+    let node2 = (h.iter_mut())
+        .find(|e| e["ev"] == "log" && e["node"] == 2 && e["partition"] == 1)
+        .unwrap();
+    *node2 = log(2, 1, &[]);
+    let report = check(&h);
+    assert_eq!(report.lost, 1);
+    assert!(
+        (report.violations.iter()).any(|v| v.starts_with("lost: d") && v.contains("node 2")),
+        "{:?}",
+        report.violations
+    );
+    assert_eq!(report.wipes.get(&2), Some(&(1, 1)));
+    assert!(report.wipe_summary().is_some_and(
+        |l| l.contains("node 2 wiped 1x: NOT every acknowledged record back (3 of 4)")
+    ));
+}
+
+#[test]
+fn a_record_held_twice_by_the_wiped_node_after_healing_is_a_duplicate() {
+    let mut h = clean_with_a_wipe();
+    let node2 = (h.iter_mut())
+        .find(|e| e["ev"] == "log" && e["node"] == 2 && e["partition"] == 1)
+        .unwrap();
+    *node2 = log(2, 1, &[(1, "d"), (2, "d")]);
+    let v = violations(&h);
+    assert!(
+        v.iter().any(|v| v.starts_with("duplicate: node 2")),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn positions_still_never_go_backwards_within_one_process_of_a_wiped_node() {
+    // After the wipe, node 2 leads (life 2, no re-exec) and goes from 3 back to 1.
+    let mut h = clean_with_a_wipe();
+    h.push(position_as(2, 2, 40, 1, "leader", 1_500));
+    let v = violations(&h);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(
+        v[0].starts_with("position backwards: node 2 (life 2)"),
+        "{v:?}"
+    );
+    // And the leader of the clean history, never wiped, likewise.
+    let mut h = clean_with_a_wipe();
+    h.push(position_as(1, 2, 41, 3, "leader", 9_000));
+    h.push(position_as(1, 2, 42, 2, "leader", 9_100));
+    let v = violations(&h);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(
+        v[0].starts_with("position backwards: node 1 (life 2)") && v[0].ends_with("2 at 42 ms"),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn a_wipe_event_alone_separates_the_node_s_observations() {
+    // A history whose restart after the wipe kept the life number (a doctored one, or a
+    // start that failed): the wipe event itself ends the old life.
+    let mut h = clean();
+    h.extend([
+        position_as(3, 1, 21, 3, "follower", 5_000),
+        wipe(3, 25, 1),
+        position_as(3, 1, 26, 1, "follower", 9_000),
+    ]);
+    assert_eq!(violations(&h), Vec::<String>::new());
 }
