@@ -211,6 +211,11 @@ impl Net {
         if !self.nodes[i].broker.restart_requested() {
             return;
         }
+        let failed = &self.cluster(i).failed;
+        assert!(
+            failed.is_none(),
+            "node {i} restarts after failing: {failed:?}"
+        );
         let (disk, isolated) = (self.nodes[i].disk.clone(), self.nodes[i].isolated);
         let mut restarts = std::mem::take(&mut self.nodes[i].restarts);
         self.nodes[i] = open_node_on(i as u64 + 1, disk);
@@ -1224,5 +1229,51 @@ fn a_node_installing_under_load_installs_once_and_then_follows_by_appends() {
         net.nodes[f].restarts.len(),
         2,
         "one install: into it and out of it"
+    );
+}
+
+#[test]
+fn records_published_while_a_node_installs_do_not_replace_the_snapshot_it_pulls() {
+    let mut net = Net::new();
+    let (l, f, topic) = wiped_follower_after_compaction(&mut net);
+    // No chunk gets through while the leader appends: raft probes the installing node
+    // from its empty log, finds those entries compacted and wants a snapshot again.
+    net.install_frames_left = Some(0);
+    for seq in 82..90 {
+        net.publish(l, seq, topic, (3, seq), "v");
+        net.tick();
+        net.deliver();
+    }
+    assert_eq!(net.nodes[f].restarts.len(), 1, "restarted into the install");
+    net.install_frames_left = None;
+    net.run_until("the install completed", |net| {
+        net.next_sequence(f, topic) == 90
+    });
+    assert_eq!(
+        net.nodes[f].restarts.len(),
+        2,
+        "the first install went through, not given up for a newer snapshot"
+    );
+}
+
+#[test]
+fn a_leader_that_forgot_the_snapshot_refuses_its_chunks_and_the_install_is_given_up_once() {
+    let mut net = Net::new();
+    let (l, f, topic) = wiped_follower_after_compaction(&mut net);
+    net.install_frames_left = Some(0);
+    net.run_until("the node restarted into the install", |net| {
+        net.nodes[f].restarts.len() == 1
+    });
+    // The leader restarts: the snapshot it offered is gone, every chunk asked is REFUSED.
+    let disk = net.nodes[l].disk.clone();
+    net.nodes[l] = open_node_on(l as u64 + 1, disk);
+    net.install_frames_left = None;
+    net.run_until("a second snapshot installed", |net| {
+        net.next_sequence(f, topic) == 82
+    });
+    let restarts = net.nodes[f].restarts.len();
+    assert_eq!(
+        restarts, 4,
+        "given up once (out), into the second install, out of it"
     );
 }

@@ -413,7 +413,10 @@ fn finish(
 }
 
 fn remove_marker(storage: &dyn Storage, data_dir: &Path) -> io::Result<()> {
-    storage.remove_file(&data_dir.join(INSTALL_MARKER_FILE))?;
+    match storage.remove_file(&data_dir.join(INSTALL_MARKER_FILE)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
     storage.sync_dir(data_dir)
 }
 
@@ -468,6 +471,8 @@ enum Source {
 #[derive(Clone)]
 pub(super) struct Offer {
     index: u64,
+    /// Encoded, for raft to send again.
+    manifest: Vec<u8>,
     files: Vec<(Source, u64)>,
     last_request_ms: u64,
 }
@@ -492,6 +497,9 @@ pub(super) struct Pull {
     written_bytes: u64,
     /// Set on the first turn: the clock a start is given may be another's.
     last_progress_ms: Option<u64>,
+    /// Given up: nothing more is asked for, and the wipe waits for the writes in flight.
+    giving_up: bool,
+    /// The last job (the end, or the wipe of giving up) was submitted.
     finishing: bool,
 }
 
@@ -504,6 +512,7 @@ impl Pull {
             writes_in_flight: 0,
             written_bytes: 0,
             last_progress_ms: None,
+            giving_up: false,
             finishing: false,
         }
     }
@@ -576,6 +585,26 @@ pub(super) struct Installs {
     pub(super) restart: bool,
 }
 
+impl super::cluster::Cluster {
+    /// Raft wants a snapshot for `to` while `to` may still be pulling the last one (its
+    /// probe fell back below the compacted entries when it restarted into the install):
+    /// the same snapshot again, not a new one that would refuse the chunks it asks for.
+    /// Only while it asked within [`INSTALL_STALL_MS`] and this node still holds the
+    /// entries after it. Returns whether it offered.
+    pub(super) fn reoffer(&mut self, to: u64, now_ms: u64) -> bool {
+        let first = self.replica.first_index();
+        let Some(o) = self.installs.offers.get(&to) else {
+            return false;
+        };
+        if now_ms >= o.last_request_ms + INSTALL_STALL_MS || o.index + 1 < first {
+            return false;
+        }
+        let (index, manifest) = (o.index, o.manifest.clone());
+        self.replica.offer_snapshot(to, index, manifest);
+        true
+    }
+}
+
 impl Installs {
     /// The gate while a snapshot is on its way in: 0x6009.
     pub(super) fn refusal(&self) -> Option<(ErrorCode, String)> {
@@ -604,17 +633,45 @@ impl Broker {
     /// this node's applied index, unless a topic's files or the registry are being
     /// written (raft asks again a heartbeat later).
     pub(super) fn offer_snapshots(&mut self, now: Now) {
-        let c = self.cluster.as_deref().expect("cluster mode");
-        let wanted = c.replica.take_wanted_snapshots();
+        let c = self.cluster.as_deref_mut().expect("cluster mode");
+        let mut wanted = c.replica.take_wanted_snapshots();
+        wanted.retain(|&to| !c.reoffer(to, now.mono_ms));
         if wanted.is_empty() || !self.topics.settled() {
             return;
         }
-        let data_dir = self.config.data_dir.clone();
+        let (manifest, sources) = self.manifest_now();
+        let c = self.cluster.as_deref_mut().expect("cluster mode");
+        let encoded = manifest.encode();
+        let offer = Offer {
+            index: manifest.index,
+            manifest: encoded.clone(),
+            files: sources,
+            last_request_ms: now.mono_ms,
+        };
+        for to in wanted {
+            log::info!(
+                "node {to} needs entries this node compacted: offering a snapshot at index \
+                 {} ({} files, {} bytes)",
+                manifest.index,
+                manifest.files.len(),
+                manifest.total_bytes()
+            );
+            c.replica
+                .offer_snapshot(to, manifest.index, encoded.clone());
+            c.installs.offers.insert(to, offer.clone());
+        }
+    }
+
+    /// The manifest of this node's state at its applied index, and where each file is
+    /// read from.
+    fn manifest_now(&self) -> (Manifest, Vec<(Source, u64)>) {
+        let c = self.cluster.as_deref().expect("cluster mode");
+        let data_dir = &self.config.data_dir;
         let index = c.applied_index;
         let mut files: Vec<(String, Source, u64)> = Vec::new();
         for part in self.partitions.iter() {
             for (path, len) in part.log.segment_files() {
-                if let Ok(rel) = path.strip_prefix(&data_dir) {
+                if let Ok(rel) = path.strip_prefix(data_dir) {
                     let rel = rel.to_string_lossy().into_owned();
                     files.push((rel, Source::Disk(path), len));
                 }
@@ -627,28 +684,15 @@ impl Broker {
             let len = bytes.len() as u64;
             files.push((name.to_string(), Source::Bytes(bytes), len));
         }
-        let c = self.cluster.as_deref_mut().expect("cluster mode");
         let manifest = Manifest {
             index,
             term: c.replica.term_of(index),
             files: files.iter().map(|(p, _, len)| (p.clone(), *len)).collect(),
         };
-        let encoded = manifest.encode();
-        let offer = Offer {
-            index,
-            files: files.into_iter().map(|(_, s, len)| (s, len)).collect(),
-            last_request_ms: now.mono_ms,
-        };
-        for to in wanted {
-            log::info!(
-                "node {to} needs entries this node compacted: offering a snapshot at index \
-                 {index} ({} files, {} bytes)",
-                manifest.files.len(),
-                manifest.total_bytes()
-            );
-            c.replica.offer_snapshot(to, index, encoded.clone());
-            c.installs.offers.insert(to, offer.clone());
-        }
+        (
+            manifest,
+            files.into_iter().map(|(_, s, len)| (s, len)).collect(),
+        )
     }
 
     /// An INSTALL frame from peer `from`. A malformed one is dropped (the link itself
@@ -733,7 +777,7 @@ impl Broker {
         now: Now,
     ) {
         let data_dir = self.config.data_dir.clone();
-        let Some(pull) = self.installs().pull.as_mut() else {
+        let Some(pull) = self.installs().pull.as_mut().filter(|p| !p.giving_up) else {
             return;
         };
         let m = &pull.marker.manifest;
@@ -804,6 +848,9 @@ impl Broker {
         let Some(pull) = installs.pull.as_mut() else {
             return;
         };
+        if pull.giving_up {
+            return self.end_giving_up();
+        }
         if pull.finishing {
             return;
         }
@@ -865,14 +912,29 @@ impl Broker {
         }
     }
 
+    /// Gives the install up, once: the wipe runs when no chunk write is in flight (one
+    /// landing after it would leave files no registry names).
     fn abandon_install(&mut self, why: String) {
-        log::warn!("install given up ({why}): the node restarts without it and asks again");
-        let data_dir = self.config.data_dir.clone();
-        let installs = self.installs();
-        if let Some(pull) = installs.pull.as_mut() {
-            pull.finishing = true;
+        let Some(pull) = self.installs().pull.as_mut() else {
+            return;
+        };
+        if pull.giving_up || pull.finishing {
+            return;
         }
-        self.install_job(InstallJob::Abandon { data_dir });
+        pull.giving_up = true;
+        log::warn!("install given up ({why}): the node restarts without it and asks again");
+        self.end_giving_up();
+    }
+
+    fn end_giving_up(&mut self) {
+        let data_dir = self.config.data_dir.clone();
+        let Some(pull) = self.installs().pull.as_mut() else {
+            return;
+        };
+        if pull.giving_up && !pull.finishing && pull.writes_in_flight == 0 {
+            pull.finishing = true;
+            self.install_job(InstallJob::Abandon { data_dir });
+        }
     }
 
     /// An install job came back from the pool.
