@@ -560,6 +560,7 @@ impl Broker {
                 self.submit_jobs();
             }
             Work::RemoveFiles { .. } => {}
+            Work::MakeSpare { .. } if self.cluster.is_some() => self.raft_spare_made(&result),
             Work::MakeSpare { .. } => self.partitions.spare_made(&result),
             Work::CreateTopic { opened, .. } => self.topic_created(opened, &result, now),
             Work::WriteRegistry { version, .. } => {

@@ -197,16 +197,115 @@ pub struct Journal {
     /// was started covers only that file.
     syncs_in_flight: VecDeque<(u64, bool)>,
     checkpoint_lsn: u64,
+    spares: Spares,
+    poisoned: Option<String>,
+}
+
+/// The journal's next file, made ahead ([`SPARE_FILE`]): the same for both formats.
+#[derive(Debug, Default)]
+pub(super) struct Spares {
     /// `SPARE_FILE` exists, whole, for the next file.
-    spare_ready: bool,
+    ready: bool,
     /// The next write starts a new file: after a restart the last file was cut at its
     /// end, and appending to it would grow it again (a size change for every fdatasync)
     /// while a spare is ready.
     roll_at_next_write: bool,
     /// Making a spare failed since the current file started (a full disk): the next try
     /// waits for the next file, rather than failing again on every pass.
-    spare_failed: bool,
-    poisoned: Option<String>,
+    failed: bool,
+}
+
+impl Spares {
+    /// Start-up, before replay: whether a spare waits.
+    pub(super) fn found(&mut self, files: &JournalFiles) {
+        self.ready = files.storage.file_len(&files.dir.join(SPARE_FILE)).is_ok();
+    }
+
+    /// Start-up, after replay: with a spare ready, the next write leaves the last file.
+    pub(super) fn replayed(&mut self, files: &JournalFiles) {
+        self.roll_at_next_write = self.ready && !files.open.is_empty();
+    }
+
+    #[cfg(test)]
+    pub(super) fn is_ready(&self) -> bool {
+        self.ready
+    }
+
+    /// Writes `buf` (entries of `entry_lens`) at `written_lsn`, starting each new file
+    /// from the spare when one is ready.
+    pub(super) fn write_entries(
+        &mut self,
+        files: &mut JournalFiles,
+        (buf, entry_lens): (&[u8], &[usize]),
+        file_bytes: u64,
+        written_lsn: &mut u64,
+    ) -> Result<(), StorageError> {
+        // An empty file keeps its name (its first LSN is the next one): it is written
+        // into, growing, as is a file made before the spare was ready.
+        let has_entries = |f: &JournalFile| f.len > JOURNAL_FILE_HEADER_BYTES as u64;
+        if std::mem::take(&mut self.roll_at_next_write)
+            && files.open.back().is_some_and(has_entries)
+        {
+            self.start_file(files, *written_lsn)?;
+        }
+        files.write_entries(
+            buf,
+            entry_lens,
+            file_bytes,
+            written_lsn,
+            &mut |files, first| self.start_file(files, first),
+        )
+    }
+
+    /// Starts the file whose first entry has LSN `first_lsn`, from the spare when one
+    /// is ready.
+    fn start_file(&mut self, files: &mut JournalFiles, first_lsn: u64) -> Result<(), StorageError> {
+        let spare = std::mem::take(&mut self.ready).then(|| files.dir.join(SPARE_FILE));
+        self.failed = false;
+        files.start_file(first_lsn, spare.as_deref())
+    }
+
+    /// Whether to make the next spare now: the file being written is past half full (a
+    /// checkpoint will have let a file go by then, to be recycled), or there is no file
+    /// yet, so that the first one is preallocated too.
+    pub(super) fn due(&self, files: &JournalFiles, file_bytes: u64) -> bool {
+        !self.failed && files.open.back().is_none_or(|f| 2 * f.len >= file_bytes)
+    }
+
+    /// The job that makes the next spare, when there is none: from `recycle` (a file a
+    /// checkpoint let go) or, without one, by filling a new file with zeros.
+    pub(super) fn job(
+        &self,
+        files: &JournalFiles,
+        file_bytes: u64,
+        recycle: Option<PathBuf>,
+    ) -> Option<SpareWrite> {
+        (!self.ready).then(|| SpareWrite {
+            storage: Arc::clone(&files.storage),
+            dir: files.dir.clone(),
+            recycle,
+            bytes: file_bytes,
+        })
+    }
+
+    /// A spare job finished.
+    pub(super) fn made(&mut self, files: &JournalFiles, result: &io::Result<()>) {
+        match result {
+            Ok(()) => {
+                self.ready = true;
+                // A file that grows costs a size change per fdatasync: leave it now.
+                self.roll_at_next_write = files.open.back().is_some_and(|f| !f.preallocated);
+            }
+            // Harmless: the next file is made by appending, as without a spare.
+            Err(e) => {
+                self.failed = true;
+                log::warn!(
+                    "{}: cannot make the spare journal file: {e}",
+                    files.dir.display()
+                );
+            }
+        }
+    }
 }
 
 /// Making the spare: filling a new file with zeros, or renaming a file a checkpoint let go.
@@ -259,9 +358,7 @@ impl Journal {
             synced_lsn: 0,
             syncs_in_flight: VecDeque::new(),
             checkpoint_lsn: 0,
-            spare_ready: false,
-            roll_at_next_write: false,
-            spare_failed: false,
+            spares: Spares::default(),
             poisoned: None,
         }
     }
@@ -293,10 +390,9 @@ impl Journal {
             .files
             .read_checkpoint(8)
             .map(|b| u64::from_be_bytes(b[..].try_into().expect("8")));
-        let spare = self.files.dir.join(SPARE_FILE);
-        self.spare_ready = self.files.storage.file_len(&spare).is_ok();
+        self.spares.found(&self.files);
         let report = self.replay_from(checkpoint, replay)?;
-        self.roll_at_next_write = self.spare_ready && !self.files.open.is_empty();
+        self.spares.replayed(&self.files);
         Ok(report)
     }
 
@@ -383,27 +479,10 @@ impl Journal {
     }
 
     fn write_entries(&mut self) -> Result<(), StorageError> {
-        // An empty file keeps its name (its first LSN is the next one): it is written
-        // into, growing, as is a file made before the spare was ready.
-        let has_entries = |f: &JournalFile| f.len > JOURNAL_FILE_HEADER_BYTES as u64;
-        if std::mem::take(&mut self.roll_at_next_write)
-            && self.files.open.back().is_some_and(has_entries)
-        {
-            start_file(
-                &mut self.files,
-                &mut self.spare_ready,
-                &mut self.spare_failed,
-                self.written_lsn,
-            )?;
-        }
-        let (spare_ready, spare_failed) = (&mut self.spare_ready, &mut self.spare_failed);
-        self.files.write_entries(
-            &self.buf,
-            &self.entry_lens,
-            self.file_bytes,
-            &mut self.written_lsn,
-            &mut |files, first_lsn| start_file(files, spare_ready, spare_failed, first_lsn),
-        )
+        let entries = (&self.buf[..], &self.entry_lens[..]);
+        let (files, lsn) = (&mut self.files, &mut self.written_lsn);
+        self.spares
+            .write_entries(files, entries, self.file_bytes, lsn)
     }
 
     /// The fdatasync for everything written since the previous job, if anything was.
@@ -470,12 +549,7 @@ impl Journal {
     /// checkpoint will have let a file go by then, to be recycled), or there is no file
     /// yet, so that the first one is preallocated too.
     pub fn spare_due(&self) -> bool {
-        !self.spare_failed
-            && self
-                .files
-                .open
-                .back()
-                .is_none_or(|f| 2 * f.len >= self.file_bytes)
+        self.spares.due(&self.files, self.file_bytes)
     }
 
     pub fn written_lsn(&self) -> u64 {
@@ -512,31 +586,12 @@ impl Journal {
     /// checkpoint let go) or, without one, by filling a new file with zeros. The caller
     /// reports the outcome with [`spare_made`](Self::spare_made).
     pub fn spare_job(&self, recycle: Option<PathBuf>) -> Option<SpareWrite> {
-        (!self.spare_ready).then(|| SpareWrite {
-            storage: Arc::clone(&self.files.storage),
-            dir: self.files.dir.clone(),
-            recycle,
-            bytes: self.file_bytes,
-        })
+        self.spares.job(&self.files, self.file_bytes, recycle)
     }
 
     /// A spare job finished.
     pub fn spare_made(&mut self, result: &io::Result<()>) {
-        match result {
-            Ok(()) => {
-                self.spare_ready = true;
-                // A file that grows costs a size change per fdatasync: leave it now.
-                self.roll_at_next_write = self.files.open.back().is_some_and(|f| !f.preallocated);
-            }
-            // Harmless: the next file is made by appending, as without a spare.
-            Err(e) => {
-                self.spare_failed = true;
-                log::warn!(
-                    "{}: cannot make the spare journal file: {e}",
-                    self.files.dir.display()
-                );
-            }
-        }
+        self.spares.made(&self.files, result);
     }
 
     /// Bookkeeping holds together: files in LSN order and contiguous, the writer at the
@@ -563,19 +618,6 @@ impl Journal {
         }
         assert_eq!(self.buf.len(), self.entry_lens.iter().sum::<usize>());
     }
-}
-
-/// Starts the file whose first entry has LSN `first_lsn`, from the spare when one is
-/// ready.
-fn start_file(
-    files: &mut JournalFiles,
-    spare_ready: &mut bool,
-    spare_failed: &mut bool,
-    first_lsn: u64,
-) -> Result<(), StorageError> {
-    let spare = std::mem::take(spare_ready).then(|| files.dir.join(SPARE_FILE));
-    *spare_failed = false;
-    files.start_file(first_lsn, spare.as_deref())
 }
 
 #[cfg(test)]
@@ -746,14 +788,14 @@ mod tests {
         let spare = j.spare_job(Some(recycled)).unwrap();
         let made = spare.run();
         j.spare_made(&made);
-        assert!(j.spare_ready);
+        assert!(j.spares.is_ready());
         // Fill the file being written, then one entry into the next: the spare.
         while j.files.open.len() < 2 {
             let next = 100 + j.written_lsn();
             put_same(&mut j, next);
         }
         sync(&mut j);
-        assert!(!j.spare_ready, "used for the next file");
+        assert!(!j.spares.is_ready(), "used for the next file");
         let last = j.files.open.back().unwrap().path.clone();
         assert!(
             std::fs::metadata(&last).unwrap().len() > 16 + 48,
@@ -829,7 +871,7 @@ mod tests {
         let names: Vec<&Path> = j.files.open.iter().map(|f| f.path.as_path()).collect();
         assert_eq!(names.len(), 2, "{names:?}");
         assert_eq!(names[1], last, "the empty file is written into");
-        assert!(j.spare_ready, "the spare waits for the next file");
+        assert!(j.spares.is_ready(), "the spare waits for the next file");
     }
 
     #[test]

@@ -58,6 +58,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::error::StorageError;
+use super::journal::{SpareWrite, Spares};
 use super::journal_files::{self, EntryBounds, FilesSync, JournalFiles};
 use super::journal_files::{CHECKPOINT_FILE, FILE_HEADER_BYTES};
 use super::meta;
@@ -302,6 +303,9 @@ pub struct RaftJournal {
     syncs_in_flight: VecDeque<(u64, u64, bool)>,
     next_job: u64,
     checkpoint: Checkpoint2,
+    /// Files made ahead, as format 1 makes them (`log/journal.rs`): an append inside
+    /// allocated blocks leaves fdatasync no size change to commit.
+    spares: Spares,
     poisoned: Option<String>,
 }
 
@@ -327,9 +331,11 @@ impl RaftJournal {
             syncs_in_flight: VecDeque::new(),
             next_job: 0,
             checkpoint: Checkpoint2::default(),
+            spares: Spares::default(),
             poisoned: None,
         };
         j.files.create_dir()?;
+        j.spares.found(&j.files);
         let checkpoint = j.files.read_checkpoint(CHECKPOINT2_BYTES).map(|b| {
             let at = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().expect("8"));
             Checkpoint2 {
@@ -339,6 +345,7 @@ impl RaftJournal {
             }
         });
         let report = j.replay_from(checkpoint, &mut replay)?;
+        j.spares.replayed(&j.files);
         Ok((j, report))
     }
 
@@ -432,13 +439,26 @@ impl RaftJournal {
     }
 
     fn write_entries(&mut self) -> Result<(), StorageError> {
-        self.files.write_entries(
-            &self.buf,
-            &self.entry_lens,
-            self.file_bytes,
-            &mut self.written_lsn,
-            &mut |files, first_lsn| files.start_file(first_lsn, None),
-        )
+        let entries = (&self.buf[..], &self.entry_lens[..]);
+        let (files, lsn) = (&mut self.files, &mut self.written_lsn);
+        self.spares
+            .write_entries(files, entries, self.file_bytes, lsn)
+    }
+
+    /// Whether to make the next spare file now (`log/journal.rs`, `Journal::spare_due`).
+    pub fn spare_due(&self) -> bool {
+        self.poisoned.is_none() && self.spares.due(&self.files, self.file_bytes)
+    }
+
+    /// The job that makes the next spare, from `recycle` (a file a checkpoint let go) or
+    /// filled with zeros; `None` when one is ready.
+    pub fn spare_job(&self, recycle: Option<PathBuf>) -> Option<SpareWrite> {
+        self.spares.job(&self.files, self.file_bytes, recycle)
+    }
+
+    /// A spare job finished.
+    pub fn spare_made(&mut self, result: &io::Result<()>) {
+        self.spares.made(&self.files, result);
     }
 
     /// Cuts the journal back so that `index` is the next entry appended: raft replaces
@@ -771,6 +791,37 @@ mod tests {
             (j.last_index(), j.last_term(), j.term(12)),
             (14, 7, Some(3))
         );
+    }
+
+    #[test]
+    fn files_start_from_spares_and_replay_stops_at_their_zeros_and_old_entries() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (mut j, _) = open(tmp.path(), 256);
+        assert!(j.spare_due(), "no file yet: the first is preallocated too");
+        j.spare_made(&j.spare_job(None).unwrap().run());
+        assert!(j.spare_job(None).is_none(), "one is ready");
+        put(&mut j, 1, 1);
+        sync(&mut j);
+        assert!(j.files.open.back().unwrap().preallocated);
+        let first = j.files.open.back().unwrap().path.clone();
+        // A file let go becomes the next spare: its old entries lie past the new ones.
+        let mut recycled = false;
+        for i in 2..=6 {
+            put(&mut j, i, 1);
+            if j.spare_due() && !recycled {
+                let old = tmp.path().join("old.jnl");
+                std::fs::copy(&first, &old).unwrap();
+                j.spare_made(&j.spare_job(Some(old)).unwrap().run());
+                recycled = true;
+            }
+        }
+        assert!(recycled);
+        sync(&mut j);
+        assert!(j.files.open.len() >= 2, "rolled into the spare");
+        drop(j);
+        let (j, seen) = open(tmp.path(), 256);
+        assert_eq!(terms_of(&seen), (1..=6).map(|i| (i, 1)).collect::<Vec<_>>());
+        assert_eq!(j.last_index(), 6);
     }
 
     #[test]

@@ -786,6 +786,7 @@ impl Broker {
             .settle_replicated_dead_letters(&mut self.partitions, &proposed_end);
         self.pump_consume(now, room);
         self.take_cluster_checkpoint(now);
+        self.take_raft_spare(None);
         self.offer_snapshots(now);
         self.jobs.extend(self.consume.positions_job(now, false));
         self.submit_jobs();

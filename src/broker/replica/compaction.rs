@@ -31,6 +31,8 @@ pub struct Compaction {
     proposed: u64,
     next_proposal_ms: u64,
     in_flight: bool,
+    /// A job making the journal's next file ahead runs.
+    spare_in_flight: bool,
 }
 
 /// A [`Work::RaftCheckpoint`] back from the pool, taken apart.
@@ -169,8 +171,11 @@ impl Broker {
         c.compaction.in_flight = false;
         match done.result {
             Ok(()) => {
-                let paths = c.replica.checkpoint_done(point);
+                let mut paths = c.replica.checkpoint_done(point);
                 self.counters.checkpoints += 1;
+                // The first file let go becomes the next spare, if one is wanted.
+                let recycle = (!paths.is_empty()).then(|| paths.remove(0));
+                self.take_raft_spare(recycle);
                 if !paths.is_empty() {
                     self.jobs.push(DurableJob {
                         storage: Arc::clone(&self.storage),
@@ -181,5 +186,35 @@ impl Broker {
             Err(e) => log::error!("checkpoint at raft index {} failed: {e}", point.index),
         }
         self.submit_jobs();
+    }
+
+    /// The raft journal's next file made ahead, as a single node's journal does
+    /// (`log/journal.rs`, spares): from `recycle` (a file a checkpoint let go), or by
+    /// zeros when due and none was let go; a recycled file not needed goes.
+    pub(super) fn take_raft_spare(&mut self, recycle: Option<std::path::PathBuf>) {
+        let c = self.cluster.as_deref_mut().expect("cluster mode");
+        let due = recycle.is_some() || c.replica.spare_due();
+        let job = (due && !c.compaction.spare_in_flight)
+            .then(|| c.replica.spare_job(recycle.clone()))
+            .flatten();
+        let work = match job {
+            Some(write) => {
+                c.compaction.spare_in_flight = true;
+                Work::MakeSpare { write }
+            }
+            None => match recycle {
+                Some(path) => Work::RemoveFiles { paths: vec![path] },
+                None => return,
+            },
+        };
+        let storage = Arc::clone(&self.storage);
+        self.jobs.push(DurableJob { storage, work });
+    }
+
+    /// A job making the raft journal's next file finished.
+    pub(in crate::broker) fn raft_spare_made(&mut self, result: &io::Result<()>) {
+        let c = self.cluster.as_deref_mut().expect("cluster mode");
+        c.compaction.spare_in_flight = false;
+        c.replica.spare_made(result);
     }
 }

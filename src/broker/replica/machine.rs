@@ -29,6 +29,7 @@ use super::entry::{EntryData, EntryError};
 use super::logger::raft_logger;
 use super::storage::{HardStateWrite, JournalStorage};
 use crate::broker::ConnRef;
+use crate::log::journal::SpareWrite;
 use crate::log::journal2::{Checkpoint2, Checkpoint2Write, RaftJournalReport, RaftJournalSync};
 use crate::log::simdisk::SimRng;
 use crate::log::{Storage, StorageError};
@@ -433,6 +434,20 @@ impl Replica {
     /// The first entry still in the journal.
     pub fn first_index(&self) -> u64 {
         self.raw.store().journal().first_index()
+    }
+
+    /// The journal's next file is due to be made ahead (`log/journal.rs`, spares).
+    pub fn spare_due(&self) -> bool {
+        self.raw.store().journal().spare_due()
+    }
+
+    /// The job making it, from `recycle` or zeros; `None` when one is ready.
+    pub fn spare_job(&self, recycle: Option<std::path::PathBuf>) -> Option<SpareWrite> {
+        self.raw.store().journal().spare_job(recycle)
+    }
+
+    pub fn spare_made(&mut self, result: &io::Result<()>) {
+        self.raw.mut_store().spare_made(result);
     }
 
     /// The checkpoint write at applied entry `index` (blocking: the fsync pool runs it).

@@ -194,6 +194,11 @@ impl JournalStorage {
         &self.journal
     }
 
+    /// A job making the journal's next file ahead finished.
+    pub fn spare_made(&mut self, result: &io::Result<()>) {
+        self.journal.spare_made(result);
+    }
+
     /// The peers raft asked a snapshot for since the last call.
     pub fn take_wanted_snapshots(&self) -> BTreeSet<u64> {
         std::mem::take(&mut *self.wanted.borrow_mut())
