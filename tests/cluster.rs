@@ -343,11 +343,11 @@ fn journal_files(cluster: &Cluster, i: usize) -> usize {
         .count()
 }
 
-#[test]
-fn every_node_compacts_its_journal_and_a_node_killed_after_starts_from_its_checkpoint() {
-    let (mut cluster, leader, mut c, topic_id) =
-        cluster_with_topic(&["--journal-file-size", "64KiB"]);
-    // 150 records of 4 KiB: about ten 64 KiB journal files.
+/// A cluster with 64 KiB journal files whose topic `orders` (its id returned, with a
+/// client on the leader) holds 150 records of 4 KiB (the value returned): about ten
+/// journal files, which every node compacts.
+fn compacting_cluster() -> (Cluster, usize, (Client, u16), String) {
+    let (cluster, leader, mut c, topic_id) = cluster_with_topic(&["--journal-file-size", "64KiB"]);
     let value = "x".repeat(4096);
     for seq in 1..=150 {
         c.publish(&Pub {
@@ -359,6 +359,12 @@ fn every_node_compacts_its_journal_and_a_node_killed_after_starts_from_its_check
         })
         .unwrap();
     }
+    (cluster, leader, (c, topic_id), value)
+}
+
+#[test]
+fn every_node_compacts_its_journal_and_a_node_killed_after_starts_from_its_checkpoint() {
+    let (mut cluster, leader, _, value) = compacting_cluster();
     wait_until("every node to compact its journal", CONVERGE_LIMIT, || {
         (0..3).all(|i| {
             cluster_figure(&cluster, i, "first_index") > 1 && journal_files(&cluster, i) <= 3
@@ -393,20 +399,7 @@ fn every_node_compacts_its_journal_and_a_node_killed_after_starts_from_its_check
 
 #[test]
 fn a_node_whose_data_directory_was_lost_after_compaction_installs_a_snapshot_and_serves() {
-    let (mut cluster, leader, mut c, topic_id) =
-        cluster_with_topic(&["--journal-file-size", "64KiB"]);
-    // 150 records of 4 KiB: about ten 64 KiB journal files, compacted on every node.
-    let value = "x".repeat(4096);
-    for seq in 1..=150 {
-        c.publish(&Pub {
-            topic_id,
-            producer_id: PRODUCER_ID,
-            producer_seq: seq,
-            value: value.as_bytes(),
-            ..Pub::default()
-        })
-        .unwrap();
-    }
+    let (mut cluster, leader, (mut c, topic_id), value) = compacting_cluster();
     wait_until("every node to compact its journal", CONVERGE_LIMIT, || {
         (0..3).all(|i| cluster_figure(&cluster, i, "first_index") > 1)
     });

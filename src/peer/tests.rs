@@ -348,14 +348,21 @@ fn bound_not_listening() -> (rustix::fd::OwnedFd, SocketAddr) {
     (socket, SocketAddr::try_from(addr).unwrap())
 }
 
-#[test]
-fn a_peer_that_is_down_is_redialled_with_backoff_and_messages_flow_once_it_is_up() {
+/// Node 1 running on a clock that stands still at 0, and node 2's port, bound but not
+/// listening yet (its dials are refused).
+fn node_1_with_node_2_down() -> (Net, rustix::fd::OwnedFd, Vec<(u8, SocketAddr)>) {
     let l1 = loopback();
     let (socket2, addr2) = bound_not_listening();
     let nodes = vec![(1, l1.local_addr().unwrap()), (2, addr2)];
     let mut net = Net::new(2);
     net.fake_now_ms = Some(0);
     net.start(1, l1, &nodes);
+    (net, socket2, nodes)
+}
+
+#[test]
+fn a_peer_that_is_down_is_redialled_with_backoff_and_messages_flow_once_it_is_up() {
+    let (mut net, socket2, nodes) = node_1_with_node_2_down();
     assert_eq!(net.node(1).next_deadline_ms(), Some(0), "dials at once");
     let mut now = 0;
     for (dial, gap) in [50, 100, 200, 400, 800, 1000, 1000].into_iter().enumerate() {
@@ -602,12 +609,7 @@ fn busy_links_keep_their_buffers_and_idle_ones_give_them_back() {
 
 #[test]
 fn a_peer_that_dials_in_is_dialled_back_at_once_not_after_the_backoff() {
-    let l1 = loopback();
-    let (socket2, addr2) = bound_not_listening();
-    let nodes = vec![(1, l1.local_addr().unwrap()), (2, addr2)];
-    let mut net = Net::new(2);
-    net.fake_now_ms = Some(0);
-    net.start(1, l1, &nodes);
+    let (mut net, socket2, nodes) = node_1_with_node_2_down();
     net.turn();
     net.run_until("the first dial refused", |n| {
         n.node(1).next_deadline_ms() == Some(BACKOFF_MIN_MS)

@@ -185,12 +185,13 @@ fn encode_registry(r: &RegistryChange, out: &mut Vec<u8>) {
     out.extend_from_slice(name);
 }
 
-struct Reader<'a> {
-    data: &'a [u8],
+/// Big-endian fields off the front of a byte string (also INSTALL's, `install.rs`).
+pub(super) struct Reader<'a> {
+    pub(super) data: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
-    fn bytes(&mut self, n: usize) -> Result<&'a [u8], EntryError> {
+    pub(super) fn bytes(&mut self, n: usize) -> Result<&'a [u8], EntryError> {
         if self.data.len() < n {
             return Err(EntryError("truncated"));
         }
@@ -201,16 +202,16 @@ impl<'a> Reader<'a> {
     fn array<const N: usize>(&mut self) -> Result<[u8; N], EntryError> {
         Ok(self.bytes(N)?.try_into().expect("N bytes"))
     }
-    fn u8(&mut self) -> Result<u8, EntryError> {
+    pub(super) fn u8(&mut self) -> Result<u8, EntryError> {
         Ok(self.bytes(1)?[0])
     }
-    fn u16(&mut self) -> Result<u16, EntryError> {
+    pub(super) fn u16(&mut self) -> Result<u16, EntryError> {
         self.array().map(u16::from_be_bytes)
     }
-    fn u32(&mut self) -> Result<u32, EntryError> {
+    pub(super) fn u32(&mut self) -> Result<u32, EntryError> {
         self.array().map(u32::from_be_bytes)
     }
-    fn u64(&mut self) -> Result<u64, EntryError> {
+    pub(super) fn u64(&mut self) -> Result<u64, EntryError> {
         self.array().map(u64::from_be_bytes)
     }
 }

@@ -47,6 +47,7 @@ use std::io;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
+use super::entry::{EntryError, Reader};
 use super::storage::{write_hard_state, RAFT_JOURNAL_DIR};
 use crate::broker::jobs::{DurableJob, Work};
 use crate::broker::positions::GROUPS_FILE;
@@ -108,21 +109,22 @@ impl Manifest {
     /// A manifest whose every path is the registry, the positions or a file under
     /// `topics/`, with no `..`: nothing else of the follower's may be written.
     pub fn decode(bytes: &[u8]) -> Result<Manifest, String> {
-        let mut r = Reader(bytes);
-        if r.u8()? != MANIFEST_VERSION {
+        let mut r = Reader { data: bytes };
+        if r.u8().map_err(short)? != MANIFEST_VERSION {
             return Err("unknown manifest version".into());
         }
-        let (index, term, count) = (r.u64()?, r.u64()?, r.u32()?);
+        let mut fixed = || Ok::<_, EntryError>((r.u64()?, r.u64()?, r.u32()?));
+        let (index, term, count) = fixed().map_err(short)?;
         let mut files = Vec::new();
         for _ in 0..count {
-            let len = r.u64()?;
-            let path_len = r.u16()? as usize;
-            let path = std::str::from_utf8(r.take(path_len)?)
+            let mut field = || Ok::<_, EntryError>((r.u64()?, r.u16()? as usize));
+            let (len, path_len) = field().map_err(short)?;
+            let path = std::str::from_utf8(r.bytes(path_len).map_err(short)?)
                 .map_err(|_| "a path that is not UTF-8".to_string())?;
             check_path(path)?;
             files.push((path.to_string(), len));
         }
-        if !r.0.is_empty() {
+        if !r.data.is_empty() {
             return Err("bytes past the last file".into());
         }
         Ok(Manifest { index, term, files })
@@ -131,6 +133,10 @@ impl Manifest {
     pub fn total_bytes(&self) -> u64 {
         self.files.iter().map(|(_, len)| len).sum()
     }
+}
+
+fn short(e: EntryError) -> String {
+    e.0.to_string()
 }
 
 fn check_path(path: &str) -> Result<(), String> {
@@ -174,12 +180,13 @@ impl Marker {
     }
 
     fn decode(bytes: &[u8]) -> Result<Marker, String> {
-        let mut r = Reader(bytes);
-        let (leader, term, vote) = (r.u64()?, r.u64()?, r.u64()?);
+        let mut r = Reader { data: bytes };
+        let mut fixed = || Ok::<_, EntryError>((r.u64()?, r.u64()?, r.u64()?));
+        let (leader, term, vote) = fixed().map_err(short)?;
         Ok(Marker {
             leader,
             hard_state: (term, vote),
-            manifest: Manifest::decode(r.0)?,
+            manifest: Manifest::decode(r.data)?,
         })
     }
 }
@@ -241,9 +248,19 @@ impl InstallFrame {
     }
 
     pub fn decode(body: &[u8]) -> Result<InstallFrame, String> {
-        let mut r = Reader(body);
+        let mut r = Reader { data: body };
+        let frame = Self::fields(&mut r).map_err(short)?;
+        let frame = frame.ok_or_else(|| format!("unknown INSTALL frame kind {}", body[0]))?;
+        if !r.data.is_empty() {
+            return Err("bytes past the end of an INSTALL frame".into());
+        }
+        Ok(frame)
+    }
+
+    /// `None`: an unknown kind.
+    fn fields(r: &mut Reader<'_>) -> Result<Option<InstallFrame>, EntryError> {
         let (kind, index) = (r.u8()?, r.u64()?);
-        let frame = match kind {
+        Ok(Some(match kind {
             FRAME_REQUEST => InstallFrame::Request {
                 index,
                 file: r.u32()?,
@@ -254,44 +271,11 @@ impl InstallFrame {
                 index,
                 file: r.u32()?,
                 offset: r.u64()?,
-                data: std::mem::take(&mut r.0).to_vec(),
+                data: std::mem::take(&mut r.data).to_vec(),
             },
             FRAME_REFUSED => InstallFrame::Refused { index },
-            other => return Err(format!("unknown INSTALL frame kind {other}")),
-        };
-        if !r.0.is_empty() {
-            return Err("bytes past the end of an INSTALL frame".into());
-        }
-        Ok(frame)
-    }
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        if self.0.len() < n {
-            return Err("too short".into());
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-
-    fn u8(&mut self) -> Result<u8, String> {
-        Ok(self.take(1)?[0])
-    }
-
-    fn u16(&mut self) -> Result<u16, String> {
-        Ok(u16::from_be_bytes(self.take(2)?.try_into().expect("2")))
-    }
-
-    fn u32(&mut self) -> Result<u32, String> {
-        Ok(u32::from_be_bytes(self.take(4)?.try_into().expect("4")))
-    }
-
-    fn u64(&mut self) -> Result<u64, String> {
-        Ok(u64::from_be_bytes(self.take(8)?.try_into().expect("8")))
+            _ => return Ok(None),
+        }))
     }
 }
 
