@@ -528,13 +528,8 @@ impl Replica {
         self.raw.campaign().map_err(ReplicaError::Raft)
     }
 
-    /// Raft stopped at a snapshot ([`Effect::Install`]) or was never started (an
-    /// install resumed at start-up): no tick, message or Ready reaches it.
-    pub fn is_paused(&self) -> bool {
-        self.paused
-    }
-
-    /// Keeps raft stopped in a process that only installs a snapshot.
+    /// Keeps raft stopped in a process that only installs a snapshot: no tick, message
+    /// or Ready reaches it, as after a snapshot arrived ([`Effect::Install`]).
     pub fn pause(&mut self) {
         self.paused = true;
     }
