@@ -145,8 +145,14 @@ pub struct ClusterFigures {
     /// still holds: compaction's progress.
     pub checkpoint_index: u64,
     pub first_index: u64,
-    /// Entry bytes the journal still holds: a laggard keeps it growing (no INSTALL).
+    /// Entry bytes the journal still holds: a laggard keeps it growing (up to
+    /// `--journal-retain`).
     pub journal_bytes: u64,
+    /// Snapshot chunk bytes this node sent (INSTALL, as a leader), since start.
+    pub snapshot_bytes_sent: u64,
+    /// While this node installs a snapshot: bytes written so far and in all.
+    pub install_bytes_done: u64,
+    pub install_bytes_total: u64,
     pub peers: Vec<PeerFigures>,
 }
 

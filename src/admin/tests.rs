@@ -437,6 +437,9 @@ fn clustered() -> Snapshot {
             checkpoint_index: 30,
             first_index: 25,
             journal_bytes: 65_536,
+            snapshot_bytes_sent: 1 << 20,
+            install_bytes_done: 0,
+            install_bytes_total: 0,
             peers: vec![up, never],
         }),
         ..busy()

@@ -151,6 +151,10 @@ pub struct ClusterStatus {
     pub first_index: u64,
     /// Entry bytes the journal still holds on disk.
     pub journal_bytes: u64,
+    /// INSTALL (`replica::install`): chunk bytes sent as a leader since start, and while
+    /// installing, bytes written of all.
+    pub snapshot_bytes_sent: u64,
+    pub install_bytes: (u64, u64),
     /// While leading: each peer's id and the last entry known in its log.
     pub match_indexes: Vec<(u64, u64)>,
 }
@@ -607,6 +611,8 @@ impl Broker {
             checkpoint_index: c.replica.checkpoint().index,
             first_index: c.replica.first_index(),
             journal_bytes: c.replica.journal_bytes(),
+            snapshot_bytes_sent: c.installs.bytes_sent(),
+            install_bytes: c.installs.progress(),
             match_indexes: c.replica.match_indexes(),
         })
     }

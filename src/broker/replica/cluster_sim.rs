@@ -1063,6 +1063,12 @@ fn a_node_that_lost_its_data_directory_after_compaction_installs_a_snapshot_and_
         c.replica.checkpoint().index > 1,
         "the log starts after the snapshot"
     );
+    let sent = net.nodes[l]
+        .broker
+        .cluster_status()
+        .unwrap()
+        .snapshot_bytes_sent;
+    assert!(sent > 81 * 4_000, "the leader counted {sent} bytes sent");
     for seq in [1, 2, 40, 81] {
         assert_eq!(
             net.record(f, topic, seq),
@@ -1115,6 +1121,10 @@ fn an_install_cut_by_a_power_loss_starts_over_and_completes() {
         ErrorCode::SnapshotInProgress,
         "the marker survived"
     );
+    let status = net.nodes[f].broker.cluster_status().unwrap();
+    assert_eq!(status.role, "installing");
+    let (done, total) = status.install_bytes;
+    assert!(done == 0 && total > 81 * 4_000, "{done} of {total} bytes");
     net.install_frames_left = None;
     net.run_until("the install completed", |net| {
         net.next_sequence(f, topic) == 82

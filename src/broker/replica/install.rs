@@ -565,6 +565,8 @@ pub(super) struct Installs {
     pub(super) beginning: Option<(u64, u64)>,
     /// INSTALL frames to send, by peer.
     out: Vec<(u64, Vec<u8>)>,
+    /// Chunk bytes sent as a leader, since start.
+    bytes_sent: u64,
     /// The process must restart (into the install, or out of it).
     pub(super) restart: bool,
 }
@@ -590,6 +592,30 @@ impl super::cluster::Cluster {
 }
 
 impl Installs {
+    pub(super) fn bytes_sent(&self) -> u64 {
+        self.bytes_sent
+    }
+
+    /// While installing: bytes written and in all; `(0, 0)` otherwise.
+    pub(super) fn progress(&self) -> (u64, u64) {
+        let pull = self.pull.as_ref();
+        pull.map_or((0, 0), |p| {
+            (p.written_bytes, p.marker.manifest.total_bytes())
+        })
+    }
+
+    /// Queues a chunk for `to`, counted as sent.
+    fn send_chunk(&mut self, to: u64, (index, file, offset): (u64, u32, u64), data: Vec<u8>) {
+        self.bytes_sent += data.len() as u64;
+        let frame = InstallFrame::Chunk {
+            index,
+            file,
+            offset,
+            data,
+        };
+        self.out.push((to, frame.encode()));
+    }
+
     /// The gate while a snapshot is on its way in: 0x6009.
     pub(super) fn refusal(&self) -> Option<(ErrorCode, String)> {
         if let Some(pull) = &self.pull {
@@ -725,13 +751,7 @@ impl Broker {
         match listed {
             Some((Source::Bytes(bytes), flen)) if fits(*flen) => {
                 let data = bytes[offset as usize..(offset + u64::from(len)) as usize].to_vec();
-                let frame = InstallFrame::Chunk {
-                    index,
-                    file,
-                    offset,
-                    data,
-                };
-                installs.out.push((to, frame.encode()));
+                installs.send_chunk(to, (index, file, offset), data);
             }
             Some((Source::Disk(path), flen)) if fits(*flen) => {
                 let path = path.clone();
@@ -939,15 +959,7 @@ impl Broker {
                     ..
                 },
                 Ok(()),
-            ) => {
-                let frame = InstallFrame::Chunk {
-                    index,
-                    file,
-                    offset,
-                    data,
-                };
-                self.installs().out.push((to, frame.encode()));
-            }
+            ) => self.installs().send_chunk(to, (index, file, offset), data),
             (
                 InstallJob::Read {
                     to, index, path, ..
