@@ -20,7 +20,7 @@ use crate::log::{Storage, StorageError};
 
 use super::counters::BrokerCounters;
 use super::idhash::IdMap;
-use super::jobs::{DurableJob, SegmentSync, Work};
+use super::jobs::{DurableJob, SegmentSync, SpareJobs, Work};
 use super::partition::Partition;
 use super::PartitionKey;
 
@@ -55,8 +55,7 @@ pub struct GroupCommit {
     checkpoint_bytes: u64,
     /// Segments cut back after a failed write, synced by the next journal sync job.
     undone: Vec<SegmentSync>,
-    /// A spare-making job runs.
-    spare_in_flight: bool,
+    spares: SpareJobs,
     /// Checkpoints completed since start.
     pub checkpoints_done: u64,
     /// Take a checkpoint at the end of the pass whatever the journal's growth (a topic
@@ -89,7 +88,7 @@ impl GroupCommit {
             checkpoint_in_flight: false,
             checkpoint_bytes,
             undone: Vec::new(),
-            spare_in_flight: false,
+            spares: SpareJobs::default(),
             checkpoints_done: 0,
             checkpoint_requested: false,
             checkpoints_blocked: false,
@@ -352,29 +351,14 @@ impl GroupCommit {
     /// none is being made: from `recycle` when given, else by filling one with zeros (only
     /// before the first checkpoint let a file go).
     pub fn take_spare_job(&mut self, recycle: Option<PathBuf>, out: &mut Vec<DurableJob>) {
-        if self.spare_in_flight {
-            return;
-        }
-        let remove = recycle.clone();
-        match self.journal.spare_job(recycle) {
-            Some(write) => {
-                self.spare_in_flight = true;
-                out.push(DurableJob {
-                    storage: Arc::clone(&self.storage),
-                    work: Work::MakeSpare { write },
-                });
-            }
-            // A spare is there already: the file goes like the others.
-            None => out.extend(remove.map(|path| DurableJob {
-                storage: Arc::clone(&self.storage),
-                work: Work::RemoveFiles { paths: vec![path] },
-            })),
-        }
+        let journal = &self.journal;
+        let spare_job = |recycle| journal.spare_job(recycle);
+        self.spares.take(&self.storage, recycle, spare_job, out);
     }
 
     /// A spare job finished.
     pub fn spare_made(&mut self, result: &std::io::Result<()>) {
-        self.spare_in_flight = false;
+        self.spares.done();
         self.journal.spare_made(result);
     }
 
@@ -426,7 +410,7 @@ impl GroupCommit {
                 self.checkpoints_done += 1;
                 counters.checkpoints += 1;
                 let mut paths = self.journal.checkpoint_done(lsn);
-                if !self.spare_in_flight {
+                if !self.spares.in_flight() {
                     if let Some(recycle) = paths.pop() {
                         self.take_spare_job(Some(recycle), out);
                     }

@@ -238,6 +238,50 @@ fn clone_io(e: &io::Error) -> io::Error {
     io::Error::new(e.kind(), e.to_string())
 }
 
+/// Making a journal's next file ahead (`log/journal.rs`, spares), for the owner of either
+/// journal format: one job at a time.
+#[derive(Debug, Default)]
+pub struct SpareJobs {
+    in_flight: bool,
+}
+
+impl SpareJobs {
+    /// A job making the spare from `recycle` (a file a checkpoint let go) or from zeros,
+    /// unless one runs; `spare_job` is the journal's (`None`: a spare is ready). A file
+    /// given to recycle and not needed is removed, like the others a checkpoint let go.
+    pub fn take(
+        &mut self,
+        storage: &Arc<dyn Storage>,
+        recycle: Option<PathBuf>,
+        spare_job: impl FnOnce(Option<PathBuf>) -> Option<SpareWrite>,
+        out: &mut Vec<DurableJob>,
+    ) {
+        let job = match self.in_flight {
+            true => None,
+            false => spare_job(recycle.clone()),
+        };
+        let work = match (job, recycle) {
+            (Some(write), _) => {
+                self.in_flight = true;
+                Work::MakeSpare { write }
+            }
+            (None, Some(path)) => Work::RemoveFiles { paths: vec![path] },
+            (None, None) => return,
+        };
+        let storage = Arc::clone(storage);
+        out.push(DurableJob { storage, work });
+    }
+
+    pub fn in_flight(&self) -> bool {
+        self.in_flight
+    }
+
+    /// The job finished (the journal takes its outcome).
+    pub fn done(&mut self) {
+        self.in_flight = false;
+    }
+}
+
 /// Where the broker sends durable I/O: the fsync worker pool, or a fake in tests that
 /// completes jobs in whatever order the test chooses.
 pub trait JobSink {

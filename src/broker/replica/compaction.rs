@@ -14,7 +14,7 @@ use std::io;
 use std::sync::Arc;
 
 use super::entry::EntryData;
-use crate::broker::jobs::{DurableJob, SegmentSync, Work};
+use crate::broker::jobs::{DurableJob, SegmentSync, SpareJobs, Work};
 use crate::broker::{Broker, Now};
 use crate::log::journal2::Checkpoint2Write;
 
@@ -31,8 +31,7 @@ pub struct Compaction {
     proposed: u64,
     next_proposal_ms: u64,
     in_flight: bool,
-    /// A job making the journal's next file ahead runs.
-    spare_in_flight: bool,
+    spares: SpareJobs,
 }
 
 /// A [`Work::RaftCheckpoint`] back from the pool, taken apart.
@@ -189,32 +188,24 @@ impl Broker {
     }
 
     /// The raft journal's next file made ahead, as a single node's journal does
-    /// (`log/journal.rs`, spares): from `recycle` (a file a checkpoint let go), or by
-    /// zeros when due and none was let go; a recycled file not needed goes.
+    /// (`log/journal.rs`, spares): from `recycle` (a file a checkpoint let go), or from
+    /// zeros when one is due.
     pub(super) fn take_raft_spare(&mut self, recycle: Option<std::path::PathBuf>) {
         let c = self.cluster.as_deref_mut().expect("cluster mode");
-        let due = recycle.is_some() || c.replica.spare_due();
-        let job = (due && !c.compaction.spare_in_flight)
-            .then(|| c.replica.spare_job(recycle.clone()))
-            .flatten();
-        let work = match job {
-            Some(write) => {
-                c.compaction.spare_in_flight = true;
-                Work::MakeSpare { write }
-            }
-            None => match recycle {
-                Some(path) => Work::RemoveFiles { paths: vec![path] },
-                None => return,
-            },
-        };
-        let storage = Arc::clone(&self.storage);
-        self.jobs.push(DurableJob { storage, work });
+        if recycle.is_none() && !c.replica.spare_due() {
+            return;
+        }
+        let replica = &c.replica;
+        let spare_job = |recycle| replica.spare_job(recycle);
+        c.compaction
+            .spares
+            .take(&self.storage, recycle, spare_job, &mut self.jobs);
     }
 
     /// A job making the raft journal's next file finished.
     pub(in crate::broker) fn raft_spare_made(&mut self, result: &io::Result<()>) {
         let c = self.cluster.as_deref_mut().expect("cluster mode");
-        c.compaction.spare_in_flight = false;
+        c.compaction.spares.done();
         c.replica.spare_made(result);
     }
 }
