@@ -895,9 +895,9 @@ impl Broker {
                     self.apply_queued(now);
                 }
                 ReplicaEffect::Answer { waiter, result } => self.answer_waiter(waiter, result),
-                ReplicaEffect::Install {
-                    data, hard_state, ..
-                } => self.begin_install(&data, hard_state),
+                ReplicaEffect::Install { data, hard_state } => {
+                    self.begin_install(&data, hard_state)
+                }
             }
         }
         if let Some(term) = self.cluster_mut().note_leadership() {

@@ -164,12 +164,10 @@ pub enum Effect {
         waiter: Waiter,
         result: Result<Replicated, ErrorCode>,
     },
-    /// A leader's snapshot at `index` of `term` (`replica::install`): raft on this node
-    /// stops here, for good; the broker installs it and restarts the process.
+    /// A leader's snapshot (`replica::install`): raft on this node stops here, for
+    /// good; the broker installs it and restarts the process.
     Install {
-        index: u64,
-        term: u64,
-        /// The manifest.
+        /// The manifest, which names the snapshot's index and term.
         data: Vec<u8>,
         /// Raft's term and vote now, for the `raft-state` the install writes.
         hard_state: (u64, u64),
@@ -873,10 +871,8 @@ impl Replica {
         if rd.snapshot().is_empty() {
             return false;
         }
-        let (meta, hs) = (rd.snapshot().get_metadata(), self.raw.raft.hard_state());
+        let hs = self.raw.raft.hard_state();
         self.effects.push(Effect::Install {
-            index: meta.index,
-            term: meta.term,
             data: rd.snapshot().data.to_vec(),
             hard_state: (hs.term, hs.vote),
         });
