@@ -844,8 +844,10 @@ impl Broker {
     /// Every pass while installing: requests up to the window, requests again what timed
     /// out, the end once all is written; a leader forgets idle offers.
     pub(super) fn pull_turn(&mut self, now: Now) {
-        let data_dir = self.config.data_dir.clone();
-        let installs = self.installs();
+        // Fields apart, not `installs()`: every pass of every node comes here, and the data
+        // directory is copied only for the end of an install.
+        let data_dir = &self.config.data_dir;
+        let installs = &mut self.cluster.as_deref_mut().expect("cluster mode").installs;
         installs
             .offers
             .retain(|_, o| now.mono_ms < o.last_request_ms + OFFER_IDLE_MS);
@@ -890,10 +892,10 @@ impl Broker {
             let files = m
                 .files
                 .iter()
-                .map(|(p, _)| staged_path(&data_dir, p))
+                .map(|(p, _)| staged_path(data_dir, p))
                 .collect();
             let job = InstallJob::Finish {
-                data_dir,
+                data_dir: data_dir.clone(),
                 files,
                 index: m.index,
                 term: m.term,
