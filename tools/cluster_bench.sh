@@ -8,7 +8,8 @@
 # Builds release binaries, starts one single node and a 3-node cluster on free loopback
 # ports with temporary data directories, finds the leader (the node whose probe DECLARE
 # is not answered NOT_LEADER), and runs `mortar-bench publish` 16 connections x 16 in
-# flight, 1 KiB, against each in turn. Prints one line per run and the ratio.
+# flight, 1 KiB, against each in turn. Prints one line per run (with the CPU the brokers
+# used per record, from /proc/PID/stat) and the ratio.
 set -euo pipefail
 ROUNDS=${1:-2}
 DURATION=${2:-5s}
@@ -66,22 +67,35 @@ done
 [ -n "$LEADER" ] || { echo "cluster_bench: no leader" >&2; exit 1; }
 "$BIN/mortarctl" --broker "$SINGLE" topics create bench --partitions 1 >/dev/null
 
-rate() { # ADDR DURABILITY -> msgs/s
-  "$BIN/mortar-bench" --broker "$1" --json publish --connections 16 --pipeline 16 \
-    --value-size 1024 --duration "$DURATION" --durability "$2" --topic bench |
-    python3 -c 'import json,sys
-r = json.load(sys.stdin)
+# ticks PID...: CPU (user + system, 1/100 s) the processes used so far, summed.
+ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo $t; }
+
+rate() { # ADDR DURABILITY PID... -> "msgs/s µs-of-broker-CPU-per-record"
+  local addr=$1 durability=$2 t0
+  shift 2
+  t0=$(ticks "$@")
+  "$BIN/mortar-bench" --broker "$addr" --json publish --connections 16 --pipeline 16 \
+    --value-size 1024 --duration "$DURATION" --durability "$durability" --topic bench \
+    >"$WORK/bench.json"
+  python3 - "$WORK/bench.json" $(($(ticks "$@") - t0)) <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
 if r.get("errors"):
     sys.exit("cluster_bench: %s errors" % r["errors"])
-print(round(r["ops_per_sec"]))'
+print(round(r["ops_per_sec"]), round(int(sys.argv[2]) * 1e4 / r["ops"], 1))
+EOF
 }
 
 single_sum=0
 cluster_sum=0
 for round in $(seq "$ROUNDS"); do
-  s=$(rate "$SINGLE" fsync)
-  c=$(rate "$LEADER" replicated)
-  echo "round $round: single-node FSYNC $s msgs/s, 3-node REPLICATED $c msgs/s"
+  out=$(rate "$SINGLE" fsync "$(cat "$WORK/single/pid")")
+  read -r s s_cpu <<<"$out"
+  # shellcheck disable=SC2046 # one pid per word
+  out=$(rate "$LEADER" replicated $(cat "$WORK"/node*/pid))
+  read -r c c_cpu <<<"$out"
+  echo "round $round: single-node FSYNC $s msgs/s ($s_cpu µs CPU/record)," \
+    "3-node REPLICATED $c msgs/s ($c_cpu µs CPU/record, three nodes)"
   single_sum=$((single_sum + s))
   cluster_sum=$((cluster_sum + c))
 done

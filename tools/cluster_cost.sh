@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What a REPLICATED record costs a 3-node loopback cluster, for two or more mortard
 # binaries alternated round by round (docs/BENCHMARKS.md): CPU ticks (user + system,
-# 1/100 s) and minor page faults per 1,000 records, on the leader and on all three nodes,
+# 1/100 s), minor page faults and (where perf can count them) fdatasync calls per 1,000 records, on the leader and on all three nodes,
 # read from /proc around a `mortar-bench publish` run (16 connections x 16 in flight,
 # 1 KiB, 5 s). On a shared 2-core host the rate is noise; the cost per record is not.
 #
@@ -45,18 +45,30 @@ run_one() {
   [ -n "$leader" ] || { echo "cluster_cost: no leader" >&2; exit 1; }
   local lt0 lf0 at0 af0
   lt0=$(ticks "$lpid"); lf0=$(faults "$lpid"); at0=$(ticks "${pids[@]}"); af0=$(faults "${pids[@]}")
+  # fdatasync calls of all three nodes during the run, where perf can count them.
+  local syncs=-1
+  if perf stat -x, -e syscalls:sys_enter_fdatasync -p "$(IFS=,; echo "${pids[*]}")" \
+    -o "$work/syncs" -- sleep 0.01 >/dev/null 2>&1; then
+    perf stat -x, -e syscalls:sys_enter_fdatasync -p "$(IFS=,; echo "${pids[*]}")" \
+      -o "$work/syncs" -- sleep 5 >/dev/null 2>&1 &
+  fi
+  local perf_pid=$!
   "$BIN/mortar-bench" --broker "$leader" --json publish --connections 16 --pipeline 16 \
     --value-size 1024 --duration 5s --durability replicated --topic bench >"$work/bench.json"
-  python3 - "$work/bench.json" $(($(ticks "$lpid") - lt0)) $(($(faults "$lpid") - lf0)) \
+  wait "$perf_pid" 2>/dev/null || true
+  [ -s "$work/syncs" ] && syncs=$(awk -F, '/fdatasync/ {print $1}' "$work/syncs")
+  python3 - "$work/bench.json" "$syncs" $(($(ticks "$lpid") - lt0)) $(($(faults "$lpid") - lf0)) \
     $(($(ticks "${pids[@]}") - at0)) $(($(faults "${pids[@]}") - af0)) <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
 if r.get("errors"):
     sys.exit("cluster_cost: %s errors" % r["errors"])
 k = r["ops"] / 1000
-lt, lf, at, af = (int(v) for v in sys.argv[2:])
-print("%6d msgs/s  leader %.2f ticks %5.1f faults  all %.2f ticks %5.1f faults /1k"
-      % (r["ops_per_sec"], lt / k, lf / k, at / k, af / k))
+syncs = int(sys.argv[2])
+lt, lf, at, af = (int(v) for v in sys.argv[3:])
+synced = "  all %.1f fdatasyncs" % (syncs / k) if syncs >= 0 else ""
+print("%6d msgs/s  leader %.2f ticks %5.1f faults  all %.2f ticks %5.1f faults%s /1k"
+      % (r["ops_per_sec"], lt / k, lf / k, at / k, af / k, synced))
 EOF
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   rm -rf "$work"

@@ -652,6 +652,11 @@ impl RaftJournal {
         self.written_lsn
     }
 
+    /// Sync jobs taken and not yet done.
+    pub fn syncs_in_flight(&self) -> usize {
+        self.syncs_in_flight.len()
+    }
+
     pub fn synced_lsn(&self) -> u64 {
         self.synced_lsn
     }

@@ -39,6 +39,10 @@ use crate::wire::ErrorCode;
 pub const MSG_BYTES_MAX: u64 = 1024 * 1024;
 /// Append messages in flight to one follower before the leader waits for responses.
 pub const INFLIGHT_MSGS_MAX: usize = 32;
+/// Raft journal fdatasyncs running at once. Past it a Ready's entries wait, written, for
+/// the next sync, which takes everything written by then: group commit, as the single
+/// node's `JOURNAL_SYNCS_IN_FLIGHT_MAX` (`docs/REPLICATION.md` §8).
+pub const RAFT_SYNCS_IN_FLIGHT_MAX: usize = 1;
 /// Committed entry bytes one Ready hands to apply: bounds the reactor's pass (§4).
 pub const COMMITTED_BYTES_PER_READY_MAX: u64 = 4 * 1024 * 1024;
 /// Proposed and not committed bytes before proposals answer BACKPRESSURE (§5.2): the
@@ -174,11 +178,12 @@ pub enum Effect {
     },
 }
 
-/// One Ready's persistence: its entries' fdatasync and, on a new term or vote, the
-/// `raft-state` write.
+/// The persistence of one or more Readies: their entries' fdatasync and, on a new term or
+/// vote, the `raft-state` write.
 #[derive(Debug)]
 pub struct PersistJob {
-    pub ready: u64,
+    /// The Readies it makes persisted: one, or those whose entries waited for a sync.
+    pub readies: Vec<u64>,
     sync: Option<RaftJournalSync>,
     hard_state: Option<HardStateWrite>,
 }
@@ -222,6 +227,17 @@ impl From<StorageError> for ReplicaError {
     }
 }
 
+/// The fdatasync of every entry written by now. Entries written and no sync to take: only
+/// a poisoned journal says so, and nothing may then count as persisted.
+fn take_sync_job(store: &mut JournalStorage) -> Result<RaftJournalSync, ReplicaError> {
+    store.take_sync_job().ok_or_else(|| {
+        ReplicaError::Storage(StorageError::Poisoned {
+            path: store.journal().dir().to_path_buf(),
+            reason: "no fdatasync for entries written".to_string(),
+        })
+    })
+}
+
 /// A waiter and the entry it waits for: proposed in `term`, at `since_ms`.
 struct Pending {
     term: u64,
@@ -232,6 +248,8 @@ struct Pending {
 /// A Ready handed out and not yet known persisted, with the messages that wait for it.
 struct Persisting {
     ready: u64,
+    /// Its entries are written and wait for a sync job (`RAFT_SYNCS_IN_FLIGHT_MAX` ran).
+    wants_sync: bool,
     done: bool,
     messages: Vec<Message>,
 }
@@ -806,8 +824,10 @@ impl Replica {
         if let Some(sync) = &job.sync {
             store.sync_done(sync.job);
         }
-        if let Some(p) = self.persisting.iter_mut().find(|p| p.ready == job.ready) {
-            p.done = true;
+        for p in self.persisting.iter_mut() {
+            if job.readies.contains(&p.ready) {
+                p.done = true;
+            }
         }
         Ok(())
     }
@@ -818,6 +838,7 @@ impl Replica {
         self.now_ms = now_ms;
         while !self.paused {
             self.release_persisted();
+            self.persist_job(None)?;
             if self.is_leader() && self.pinged_term != self.term() {
                 // A new leader's lease starts with a heartbeat round now, not after
                 // `--heartbeat-ticks`: its first OKs wait one round trip, not a tick.
@@ -895,19 +916,6 @@ impl Replica {
         self.fail_replaced(rd.entries());
         let store = self.raw.mut_store();
         store.append(rd.entries())?;
-        let sync = match rd.entries().is_empty() {
-            true => None,
-            // Entries written and no sync to take: only a poisoned journal says so, and
-            // nothing may then count as persisted.
-            false => Some(
-                store
-                    .take_sync_job()
-                    .ok_or_else(|| StorageError::Poisoned {
-                        path: store.journal().dir().to_path_buf(),
-                        reason: "no fdatasync for entries written".to_string(),
-                    })?,
-            ),
-        };
         let hard_state = match rd.hs() {
             Some(hs)
                 if hs.term != store.hard_state().term || hs.vote != store.hard_state().vote =>
@@ -920,8 +928,8 @@ impl Replica {
             }
             None => None,
         };
-        let waits = sync.is_some() || hard_state.is_some();
         let ready = rd.number();
+        let wants_sync = !rd.entries().is_empty();
         let mut messages = rd.take_persisted_messages();
         if cfg!(feature = "sim-bug-ack-before-follower-fsync") {
             // The hole the replica simulator must find: acknowledged before the fsync.
@@ -929,20 +937,56 @@ impl Replica {
         }
         self.persisting.push_back(Persisting {
             ready,
-            done: !waits,
+            wants_sync,
+            done: !wants_sync && hard_state.is_none(),
             messages,
         });
-        if waits {
-            self.effects.push(Effect::Persist(PersistJob {
-                ready,
-                sync,
-                hard_state,
-            }));
-        }
+        self.persist_job(hard_state.map(|hs| (ready, hs)))?;
         let committed = rd.take_committed_entries();
         self.raw.advance_append_async(rd);
         self.apply(committed)?;
         self.raw.advance_apply_to(self.applied);
+        Ok(())
+    }
+
+    /// Readies whose entries wait for a sync get one, once fewer than
+    /// `RAFT_SYNCS_IN_FLIGHT_MAX` run: it covers every entry written by now. A new term or
+    /// vote (`hard_state`, of Ready number `ready`) is written at once, with a sync of
+    /// whatever waits, so that the next sync never finds nothing to do for a Ready.
+    fn persist_job(
+        &mut self,
+        hard_state: Option<(u64, HardStateWrite)>,
+    ) -> Result<(), ReplicaError> {
+        let store = self.raw.mut_store();
+        let waiting = self.persisting.iter().any(|p| p.wants_sync);
+        let sync_now = waiting
+            && (hard_state.is_some()
+                || store.journal().syncs_in_flight() < RAFT_SYNCS_IN_FLIGHT_MAX);
+        if !sync_now && hard_state.is_none() {
+            return Ok(());
+        }
+        let mut readies = Vec::new();
+        let sync = match sync_now {
+            true => Some(take_sync_job(store)?),
+            false => None,
+        };
+        if sync.is_some() {
+            for p in self.persisting.iter_mut().filter(|p| p.wants_sync) {
+                p.wants_sync = false;
+                readies.push(p.ready);
+            }
+        }
+        let hard_state = hard_state.map(|(ready, hs)| {
+            if !readies.contains(&ready) {
+                readies.push(ready);
+            }
+            hs
+        });
+        self.effects.push(Effect::Persist(PersistJob {
+            readies,
+            sync,
+            hard_state,
+        }));
         Ok(())
     }
 

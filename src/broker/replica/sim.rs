@@ -10,6 +10,7 @@ use std::sync::Arc;
 use raft::eraftpb::{Message, MessageType};
 
 use super::entry::{Batch, BatchPart, EntryData, RegistryChange};
+use super::machine::RAFT_SYNCS_IN_FLIGHT_MAX;
 use super::machine::{test_address, test_config};
 use super::machine::{Effect, PersistJob, Replica, ReplicaConfig, Replicated, Waiter};
 use crate::broker::ConnRef;
@@ -314,6 +315,45 @@ fn a_follower_acknowledges_an_append_only_after_its_persist_job_completed() {
     assert!(c.nodes[l].replica.commit_index() >= index);
     let (_, result) = c.nodes[l].answers[0];
     assert_eq!(result.unwrap().index, index);
+}
+
+#[test]
+fn appends_that_arrive_while_a_follower_fsyncs_wait_for_one_sync_that_covers_them_all() {
+    let mut c = Cluster::new();
+    let l = c.settled_leader();
+    let f = (0..c.nodes.len()).find(|&f| f != l).unwrap();
+    c.nodes[f].hold_persist = true;
+    c.nodes[f].sent.clear();
+    let mut last = 0;
+    for n in 0..3 {
+        let now = c.now_ms;
+        last = c.nodes[l]
+            .replica
+            .propose(&proposal(n), vec![waiter(n)], now)
+            .unwrap();
+        c.deliver(); // one append, one Ready on the follower, each time
+    }
+    let acked = |n: &Node| {
+        let append_ack = |m: &&Message| m.get_msg_type() == MessageType::MsgAppendResponse;
+        n.sent.iter().filter(append_ack).map(|m| m.index).max()
+    };
+    assert_eq!(
+        c.nodes[f].jobs.len(),
+        1,
+        "the later appends wait for the sync in flight (RAFT_SYNCS_IN_FLIGHT_MAX)"
+    );
+    assert_eq!(acked(&c.nodes[f]), None, "acknowledged before its fsync");
+    c.complete_jobs(f);
+    c.deliver();
+    assert_eq!(c.nodes[f].jobs.len(), 1, "one sync for all that waited");
+    assert!(
+        acked(&c.nodes[f]).is_some_and(|i| i < last),
+        "only the first synced"
+    );
+    c.complete_jobs(f);
+    c.deliver();
+    assert_eq!(acked(&c.nodes[f]), Some(last));
+    assert!(c.nodes[f].jobs.is_empty());
 }
 
 #[test]
