@@ -10,7 +10,6 @@ use std::sync::Arc;
 use raft::eraftpb::{Message, MessageType};
 
 use super::entry::{Batch, BatchPart, EntryData, RegistryChange};
-use super::machine::RAFT_SYNCS_IN_FLIGHT_MAX;
 use super::machine::{test_address, test_config};
 use super::machine::{Effect, PersistJob, Replica, ReplicaConfig, Replicated, Waiter};
 use crate::broker::ConnRef;
