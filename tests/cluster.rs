@@ -127,6 +127,18 @@ fn a_replicated_pub_is_answered_by_the_leader_held_by_every_node_and_followers_n
             other => panic!("a follower took a DECLARE: {other:?}"),
         }
     }
+    // Admin writes are not replicated: refused on every node rather than made on one.
+    for i in 0..3 {
+        for (method, path) in [
+            ("POST", "/topics/orders/purge"),
+            ("DELETE", "/groups/g?topic=orders"),
+            ("POST", "/groups/g/reset?topic=orders&to=earliest"),
+        ] {
+            let (status, body) = cluster.nodes[i].http(method, path);
+            assert_eq!(status, 501, "{method} {path} on node {i}: {body}");
+            assert!(body.contains("NOT_REPLICATED"), "{body}");
+        }
+    }
     wait_converged(&cluster, &acked);
 }
 

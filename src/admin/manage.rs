@@ -200,6 +200,7 @@ fn manage_error(e: &ManageError) -> Reply {
         K::UnknownGroup => (404, "UNKNOWN_GROUP", None),
         K::GroupHasMembers => (409, "GROUP_HAS_MEMBERS", None),
         K::GroupBusy => (409, "GROUP_BUSY", None),
+        K::NotReplicated => (501, "NOT_REPLICATED", None),
         K::Storage => (500, "", Some(ErrorCode::InternalError)),
     };
     let name = code.map_or(name, ErrorCode::name);

@@ -62,6 +62,9 @@ pub enum ManageErrorKind {
     UnknownGroup,
     GroupHasMembers,
     GroupBusy,
+    /// A cluster node: the change would be this node's alone (it is not replicated), and
+    /// a failover would undo it.
+    NotReplicated,
     /// The change was made in memory but writing it failed.
     Storage,
 }
@@ -203,6 +206,14 @@ impl Broker {
     /// Starts a change; `Err` when it is refused (nothing changed). On `Ok` its outcome
     /// comes from [`Broker::take_manage_done`] under `ticket` once durable.
     pub fn change(&mut self, ticket: u64, change: &Change, now: Now) -> Result<(), ManageError> {
+        if self.cluster.is_some() {
+            return refused(
+                ManageErrorKind::NotReplicated,
+                "a cluster does not replicate purges, group deletes or resets yet: \
+                 made on one node, a failover would undo them (docs/DECISIONS.md)"
+                    .to_string(),
+            );
+        }
         match change {
             Change::DeleteGroup { group, topic } => {
                 let (topic_id, count, _) = self.topic_named(topic)?;
