@@ -507,6 +507,13 @@ impl Broker {
                 // What was made stays as an orphan directory; start-up removes it.
                 log::error!("cannot create topic '{}': {e}", pair.name);
                 self.topics.registry.delete(pair.pair);
+                if self.cluster.is_some() {
+                    // A committed DECLARE: every other node has the topic. Applying on
+                    // without it would skip its records here, and this node could lead
+                    // with a registry of its own; it stops, and a restart applies the
+                    // DECLARE again.
+                    self.cluster_failed(format!("creating topic '{}': {e}", pair.name));
+                }
                 let code = if crate::log::is_no_space_io(e) {
                     ErrorCode::StorageFull
                 } else {

@@ -926,7 +926,7 @@ impl Broker {
     /// node's waiters, whose outcome it can no longer learn, get 0x6005 at once (the
     /// entries may still commit under another leader; an idempotent resend finds out)
     /// rather than waiting for a restart.
-    pub(super) fn cluster_failed(&mut self, why: String) {
+    pub(in crate::broker) fn cluster_failed(&mut self, why: String) {
         let c = self.cluster_mut();
         if c.failed.is_some() {
             return;
@@ -980,7 +980,8 @@ impl Broker {
 
     /// Applies committed entries in order, until one needs a topic still being made.
     fn apply_queued(&mut self, now: Now) {
-        while self.topics.creating.is_none() {
+        // A node that failed applies nothing more: what it would apply rests on what failed.
+        while self.topics.creating.is_none() && self.cluster_mut().failed.is_none() {
             let Some((index, entry)) = self.cluster_mut().applying.pop_front() else {
                 break;
             };

@@ -1003,6 +1003,40 @@ fn a_node_that_lost_its_data_directory_votes_in_no_election_until_it_caught_up()
 }
 
 #[test]
+fn a_follower_that_cannot_create_a_committed_topic_stops_and_a_restart_creates_it() {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    let f = (0..3).find(|&i| i != l).unwrap();
+    // A file where the follower's topic directory goes: its creation fails there only.
+    let pair = net.nodes[l].broker.next_pair().unwrap();
+    let source = crate::broker::topics::source_id(pair);
+    let blocker = crate::broker::topics::topic_dir(Path::new("/data/topics"), source, "orders");
+    net.nodes[f].disk.write(&blocker, b"in the way").unwrap();
+    let topic = net.declare(l, "orders");
+    net.run_until("the follower failed", |net| net.cluster(f).failed.is_some());
+    let applied = |net: &Net| net.nodes[f].broker.cluster_status().unwrap().applied_index;
+    let stopped_at = applied(&net);
+    net.publish(l, 1, topic, (3, 1), "a");
+    assert_eq!(pub_ok(&net.wait_answer(l, 1)).sequence, 1);
+    for _ in 0..5 {
+        net.tick();
+        net.deliver();
+    }
+    assert_eq!(
+        applied(&net),
+        stopped_at,
+        "a failed node applies nothing more"
+    );
+    net.nodes[f].disk.remove_file(&blocker).unwrap();
+    let disk = net.nodes[f].disk.clone();
+    net.nodes[f] = open_node_on(f as u64 + 1, disk);
+    net.run_until("the restarted follower has the record", |net| {
+        net.next_sequence(f, topic) == 2
+    });
+    assert_eq!(net.record(f, topic, 1), Some((3, "a".into())));
+}
+
+#[test]
 fn a_leader_whose_journal_sync_fails_answers_its_waiters_at_once_and_another_node_leads() {
     let mut net = Net::new();
     let l = net.settled_leader();
