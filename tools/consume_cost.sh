@@ -26,12 +26,13 @@ BENCH=target/release/mortar-bench
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
 
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# ticks PID: user and system CPU ticks of the process; faults PID: its minor faults.
+ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
 faults() { awk '{print $10}' "/proc/$1/stat"; }
 
 # run_one MORTARD: one broker, one prefill, one measured consume; prints its figures.
 run_one() {
-  local bin=$1 work pid addr t0 f0
+  local bin=$1 work pid addr u0 s0 u1 s1 f0
   work=$(mktemp -d)
   RUST_LOG=warn "$bin" --listen 127.0.0.1:0 --admin-listen off --data-dir "$work/data" \
     >"$work/out" 2>/dev/null &
@@ -43,12 +44,13 @@ run_one() {
   # Prefill (mortar-bench waits out BACKPRESSURE) and a first, unmeasured consume.
   "$BENCH" --broker "$addr" --json consume --mode push --credit 256 --count "$COUNT" \
     --value-size 1024 --topic c >/dev/null
-  t0=$(ticks "$pid"); f0=$(faults "$pid")
+  read -r u0 s0 <<<"$(ticks "$pid")"; f0=$(faults "$pid")
   for i in $(seq "$REPEAT"); do
     "$BENCH" --broker "$addr" --json consume --mode push --credit 256 --count "$COUNT" \
       --value-size 1024 --topic c >"$work/bench$i.json"
   done
-  python3 - "$work"/bench*.json -- $(($(ticks "$pid") - t0)) $(($(faults "$pid") - f0)) \
+  read -r u1 s1 <<<"$(ticks "$pid")"
+  python3 - "$work"/bench*.json -- $((u1 - u0)) $((s1 - s0)) $(($(faults "$pid") - f0)) \
     "$(cut -d' ' -f1 /proc/loadavg)" <<'EOF'
 import json, sys
 cut = sys.argv.index("--")
@@ -58,9 +60,10 @@ for r in runs:
         sys.exit("consume_cost: %s errors, %s prefilled" % (r["errors"], r["prefilled"]))
 msgs = sum(r["msgs"] for r in runs)
 rate = msgs / sum(r["seconds"] for r in runs)
-t, f = int(sys.argv[cut + 1]), int(sys.argv[cut + 2])
-print("%6d msgs/s  broker %.3f ticks %5.2f faults /1k msgs  (%d ticks)  load %s"
-      % (rate, t / (msgs / 1000), f / (msgs / 1000), t, sys.argv[cut + 3]))
+u, s, f = (int(v) for v in sys.argv[cut + 1:cut + 4])
+k = msgs / 1000
+print("%7d msgs/s  broker %.4f ticks (user %.4f sys %.4f) %5.2f faults /1k msgs"
+      "  (%d ticks)  load %s" % (rate, (u + s) / k, u / k, s / k, f / k, u + s, sys.argv[cut + 4]))
 EOF
   kill "$pid"
   wait "$pid" 2>/dev/null || true
