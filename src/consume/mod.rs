@@ -244,7 +244,9 @@ pub struct CoordinatorSnapshot {
 
 /// One timer. The set holds each live timer exactly once, at its current deadline:
 /// whoever moves or cancels a deadline removes the old entry, so
-/// `next_deadline_ms` is never an already-handled instant (no busy polling).
+/// `next_deadline_ms` is never an already-handled instant (no busy polling). The one
+/// exception is a partition's AckWait, which an ACK leaves where it is: it may fire
+/// once with nothing due, and is then set at the next deadline (`group.rs`).
 /// Handlers still re-check state when a timer fires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Timer {
