@@ -68,6 +68,9 @@ pub struct ConsumeDriver {
     /// position waits for them).
     dead_letter_retries: Vec<(u16, Origin)>,
     positions: Positions,
+    /// Bumped by every pump: a record read for its size in one is not CRC-checked again
+    /// when its MSG is encoded before the next (`PartitionLog::read_one_in_pass`).
+    read_pass: u64,
 }
 
 /// The log as the coordinator sees it: only flushed records are deliverable.
@@ -76,6 +79,7 @@ struct LogRecords<'a> {
     partitions: &'a mut Partitions,
     /// Bumped for every record that fails its CRC on read.
     corrupt: &'a mut u64,
+    read_pass: u64,
 }
 
 impl Records for LogRecords<'_> {
@@ -99,7 +103,7 @@ impl Records for LogRecords<'_> {
         let Some(part) = self.partitions.get_mut((topic_id, partition)) else {
             return RecordBytes::Gone;
         };
-        match part.log.read_one(sequence) {
+        match part.log.read_one_in_pass(sequence, self.read_pass) {
             Ok(Some(r)) => RecordBytes::Size((r.key.len() + r.value.len()) as u32),
             Ok(None) => RecordBytes::Gone,
             Err(e @ StorageError::Corrupt { .. }) => {
@@ -136,6 +140,7 @@ impl ConsumeDriver {
             dead_letters: Vec::new(),
             dead_letter_retries: Vec::new(),
             positions: Positions::new(storage, &config.data_dir, config.commit_interval_ms),
+            read_pass: 0,
         }
     }
 
@@ -452,6 +457,7 @@ impl Broker {
                 topics: &self.topics,
                 partitions: &mut self.partitions,
                 corrupt: &mut self.counters.corrupt_records_found,
+                read_pass: self.consume.read_pass,
             },
         )
     }
@@ -530,6 +536,7 @@ impl Broker {
 
     /// Runs the coordinator's timers and deliveries, then carries out its effects.
     pub(super) fn pump_consume(&mut self, now: Now, room: &dyn OutputRoom) {
+        self.consume.read_pass += 1;
         let (coordinator, mut records) = self.coordinated();
         coordinator.pump(now.mono_ms, &mut records, room);
         self.collect_consume_effects(now);
@@ -610,7 +617,8 @@ impl Broker {
     }
 
     /// Appends MSG for `d` to `out`, reading the record from the log (its mapping: the
-    /// key and value are copied once, into the output buffer). Returns false when the
+    /// key and value are copied once, into the output buffer; its CRC was computed when
+    /// the group took it, if that was in this pass). Returns false when the
     /// record cannot be read (retention removed it, or it is corrupt): nothing is
     /// appended and the delivery expires and is retried or skipped by the coordinator.
     pub fn encode_delivery(&mut self, d: &consume::Delivery, out: &mut Vec<u8>) -> bool {
@@ -618,7 +626,10 @@ impl Broker {
         let Some(part) = self.partitions.get_mut((r.topic_id, r.partition)) else {
             return false;
         };
-        let record = match part.log.read_one(r.sequence) {
+        let record = match part
+            .log
+            .read_one_in_pass(r.sequence, self.consume.read_pass)
+        {
             Ok(Some(record)) => record,
             Ok(None) => return false,
             Err(e) => {

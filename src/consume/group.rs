@@ -43,11 +43,10 @@ use super::{
     OK_EMPTY_FRAME_BYTES, READ_RETRY_MS,
 };
 
-fn ack_timer(group_id: u16, p: usize, seq: u64) -> Timer {
+fn ack_timer(group_id: u16, p: usize) -> Timer {
     Timer::AckWait {
         group_id,
         partition: p as u16,
-        seq,
     }
 }
 
@@ -167,6 +166,16 @@ pub(super) struct Partition {
     /// Restored at start: already in the DLQ, skip when reached. Only entries at or
     /// above `next_seq` are kept.
     restored_dead: BTreeSet<u64>,
+    /// When the partition's one ack-wait timer is set: at or before the earliest
+    /// deadline in `outstanding` whenever that is not empty (see [`Group::arm_ack_wait`]).
+    ack_timer_ms: Option<u64>,
+}
+
+impl Partition {
+    #[cfg(test)]
+    pub(super) fn ack_timer_ms(&self) -> Option<u64> {
+        self.ack_timer_ms
+    }
 }
 
 pub(super) struct PendingPull {
@@ -395,6 +404,7 @@ impl Group {
                     retries: BTreeMap::new(),
                     dead_pending: BTreeMap::new(),
                     restored_dead,
+                    ack_timer_ms: None,
                 }
             })
             .collect();
@@ -577,8 +587,10 @@ impl Group {
         self.clear_phase_timer(sh, p);
         let part = &mut self.partitions[p];
         part.ownership = Ownership::Unowned;
+        if let Some(at_ms) = part.ack_timer_ms.take() {
+            sh.timer_clear(at_ms, ack_timer(self.id, p));
+        }
         for (seq, o) in std::mem::take(&mut part.outstanding) {
-            sh.timer_clear(o.deadline_ms, ack_timer(self.id, p, seq));
             if let Some(m) = self.members.get_mut(&o.member_id) {
                 m.credit_return(o.bytes);
             }
@@ -784,19 +796,46 @@ impl Group {
 
     /// ACK PROGRESS: the deadline restarts from now; nothing is settled.
     pub(super) fn extend_deadline(&mut self, sh: &mut Shared, (p, seq): (usize, u64), now_ms: u64) {
-        let timer = ack_timer(self.id, p, seq);
+        let deadline_ms = now_ms.saturating_add(sh.config.ack_wait_ms);
         let o = self.partitions[p].outstanding.get_mut(&seq).expect("found");
-        sh.timer_clear(o.deadline_ms, timer);
-        o.deadline_ms = now_ms.saturating_add(sh.config.ack_wait_ms);
-        sh.timer_set(o.deadline_ms, timer);
+        o.deadline_ms = deadline_ms;
+        // Rare (a slow consumer's keep-alive): worth a scan so that the poll does not
+        // wake at the old deadline for nothing.
+        self.rearm_ack_wait(sh, p);
+    }
+
+    /// Sets the partition's ack-wait timer at its earliest deadline, or clears it.
+    fn rearm_ack_wait(&mut self, sh: &mut Shared, p: usize) {
+        let part = &mut self.partitions[p];
+        if let Some(at_ms) = part.ack_timer_ms.take() {
+            sh.timer_clear(at_ms, ack_timer(self.id, p));
+        }
+        if let Some(next_ms) = part.outstanding.values().map(|o| o.deadline_ms).min() {
+            self.arm_ack_wait(sh, p, next_ms);
+        }
+    }
+
+    /// Keeps the partition's ack-wait timer at or before `deadline_ms`. One timer per
+    /// partition rather than one per delivery: a delivery and its ACK then cost no
+    /// timer-set insert and remove (docs/DECISIONS.md, "Ack-wait timer"). A settled
+    /// delivery leaves the timer where it is; when it fires early, nothing is due and it
+    /// is set again at the earliest deadline left ([`Group::ack_wait_fired`]).
+    fn arm_ack_wait(&mut self, sh: &mut Shared, p: usize, deadline_ms: u64) {
+        let timer = ack_timer(self.id, p);
+        let part = &mut self.partitions[p];
+        match part.ack_timer_ms {
+            Some(at_ms) if at_ms <= deadline_ms => return,
+            Some(at_ms) => sh.timer_clear(at_ms, timer),
+            None => {}
+        }
+        part.ack_timer_ms = Some(deadline_ms);
+        sh.timer_set(deadline_ms, timer);
     }
 
     /// Ends an outstanding delivery (ACK or NACK) and returns its credit; returns the
     /// delivery's attempt for the caller's failure handling.
     pub(super) fn settle(&mut self, sh: &mut Shared, (p, seq): (usize, u64)) -> u16 {
-        let timer = ack_timer(self.id, p, seq);
         let o = self.partitions[p].outstanding.remove(&seq).expect("found");
-        sh.timer_clear(o.deadline_ms, timer);
         if let Some(m) = self.members.get_mut(&o.member_id) {
             m.credit_return(o.bytes);
         }
@@ -804,16 +843,30 @@ impl Group {
         o.attempt
     }
 
-    /// Ack-wait deadline reached: the credit returns and the record fails.
-    pub(super) fn expire(&mut self, sh: &mut Shared, p: usize, seq: u64, now_ms: u64) {
-        let due = self
-            .partitions
-            .get(p)
-            .and_then(|part| part.outstanding.get(&seq))
-            .is_some_and(|o| o.deadline_ms <= now_ms);
-        if !due {
+    /// The partition's ack-wait timer, set for `at_ms`, fired: the deliveries whose
+    /// deadline is `at_ms` or earlier expire, in sequence order (those of a later
+    /// deadline wait for the timer set again at the earliest of them, so timers of other
+    /// kinds due between the two still run in deadline order).
+    pub(super) fn ack_wait_fired(&mut self, sh: &mut Shared, p: usize, at_ms: u64, now_ms: u64) {
+        let Some(part) = self.partitions.get_mut(p) else {
+            return;
+        };
+        if part.ack_timer_ms != Some(at_ms) {
             return;
         }
+        part.ack_timer_ms = None;
+        let due: Vec<u64> = (part.outstanding.iter())
+            .filter(|(_, o)| o.deadline_ms <= at_ms)
+            .map(|(&seq, _)| seq)
+            .collect();
+        for seq in due {
+            self.expire(sh, p, seq, now_ms);
+        }
+        self.rearm_ack_wait(sh, p);
+    }
+
+    /// Ack-wait deadline reached: the credit returns and the record fails.
+    fn expire(&mut self, sh: &mut Shared, p: usize, seq: u64, now_ms: u64) {
         sh.stats.expired += 1;
         let attempt = self.settle(sh, (p, seq));
         self.fail(sh, p, seq, attempt, now_ms, now_ms);
@@ -1155,7 +1208,6 @@ impl Group {
         for c in candidates {
             let (p, seq) = (c.partition, c.seq);
             let retry_timer = retry_timer(self.id, p, seq);
-            let ack_timer = ack_timer(self.id, p, seq);
             let part = &mut self.partitions[p];
             let attempt = if c.retry {
                 let r = part.retries.remove(&seq).expect("gathered retry");
@@ -1182,7 +1234,6 @@ impl Group {
                     deadline_ms,
                 },
             );
-            sh.timer_set(deadline_ms, ack_timer);
             sh.stats.deliveries += 1;
             if attempt > 1 {
                 sh.stats.redeliveries += 1;
@@ -1201,6 +1252,7 @@ impl Group {
                 },
                 attempt,
             });
+            self.arm_ack_wait(sh, p, deadline_ms);
         }
         out
     }
@@ -1246,7 +1298,6 @@ impl Group {
         let gone: Vec<u64> = part.outstanding.range(..first).map(|(&s, _)| s).collect();
         for seq in gone {
             let o = part.outstanding.remove(&seq).expect("listed");
-            sh.timer_clear(o.deadline_ms, ack_timer(gid, p, seq));
             if let Some(m) = self.members.get_mut(&o.member_id) {
                 m.credit_return(o.bytes);
             }
@@ -1310,6 +1361,7 @@ impl Group {
     /// The bookkeeping rules of the module doc, checked after every test step.
     #[cfg(test)]
     pub(super) fn check_invariants(&self) {
+        // Set in the coordinator's timers too: `Coordinator::check_group_timers`.
         let mut count: BTreeMap<u64, (u32, u64)> = BTreeMap::new();
         for part in &self.partitions {
             if let Some(m) = part.ownership.member() {
@@ -1332,6 +1384,12 @@ impl Group {
             }
             for seq in part.retries.keys() {
                 assert!(*seq < part.next_seq && !part.dead_pending.contains_key(seq));
+            }
+            if let Some(earliest) = part.outstanding.values().map(|o| o.deadline_ms).min() {
+                assert!(
+                    part.ack_timer_ms.is_some_and(|at_ms| at_ms <= earliest),
+                    "an outstanding delivery's deadline before its partition's ack-wait timer"
+                );
             }
         }
         for m in self.members.values() {

@@ -244,7 +244,9 @@ pub struct CoordinatorSnapshot {
 
 /// One timer. The set holds each live timer exactly once, at its current deadline:
 /// whoever moves or cancels a deadline removes the old entry, so
-/// `next_deadline_ms` is never an already-handled instant (no busy polling).
+/// `next_deadline_ms` is never an already-handled instant (no busy polling). The one
+/// exception is a partition's AckWait, which an ACK leaves where it is: it may fire
+/// once with nothing due, and is then set at the next deadline (`group.rs`).
 /// Handlers still re-check state when a timer fires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Timer {
@@ -261,10 +263,10 @@ enum Timer {
         group_id: u16,
         partition: u16,
     },
+    /// One per partition, at or before its earliest ack-wait deadline (`group.rs`).
     AckWait {
         group_id: u16,
         partition: u16,
-        seq: u64,
     },
     Retry {
         group_id: u16,
@@ -955,7 +957,7 @@ impl Coordinator {
                 break;
             }
             self.sh.timers.pop_first();
-            self.fire(timer, now_ms);
+            self.fire(timer, at_ms, now_ms);
         }
         while let Some(gid) = self.sh.dirty.pop_first() {
             if let Some(g) = self.groups.get_mut(&gid) {
@@ -1177,12 +1179,18 @@ impl Coordinator {
         else {
             return;
         };
+        let deadline_ms = now_ms.saturating_add(self.sh.config.session_timeout_ms);
+        // Every ACK lands here: the hundreds a pass carries share one `now_ms`, so the
+        // timer set is only touched when the deadline moves.
+        if deadline_ms == member.session_deadline_ms {
+            return;
+        }
         let timer = Timer::Session {
             group_id: entry.group_id,
             member_id: entry.member_id,
         };
         self.sh.timer_clear(member.session_deadline_ms, timer);
-        member.session_deadline_ms = now_ms.saturating_add(self.sh.config.session_timeout_ms);
+        member.session_deadline_ms = deadline_ms;
         self.sh.timer_set(member.session_deadline_ms, timer);
     }
 
@@ -1237,7 +1245,7 @@ impl Coordinator {
         self.sh.stats.groups_expired += 1;
     }
 
-    fn fire(&mut self, timer: Timer, now_ms: u64) {
+    fn fire(&mut self, timer: Timer, at_ms: u64, now_ms: u64) {
         match timer {
             Timer::Session {
                 group_id,
@@ -1271,10 +1279,9 @@ impl Coordinator {
             Timer::AckWait {
                 group_id,
                 partition,
-                seq,
             } => {
                 if let Some(g) = self.groups.get_mut(&group_id) {
-                    g.expire(&mut self.sh, usize::from(partition), seq, now_ms);
+                    g.ack_wait_fired(&mut self.sh, usize::from(partition), at_ms, now_ms);
                 }
             }
             Timer::GroupExpiry { group_id } => self.expire_group(group_id, now_ms),
@@ -1309,6 +1316,13 @@ impl Coordinator {
         let has = |at_ms, timer| self.sh.timers.contains(&(at_ms, timer));
         for (p, part) in g.partitions.iter().enumerate() {
             let (group_id, partition) = (g.id, p as u16);
+            if let Some(at_ms) = part.ack_timer_ms() {
+                let timer = Timer::AckWait {
+                    group_id,
+                    partition,
+                };
+                assert!(has(at_ms, timer), "an ack-wait time without its timer");
+            }
             match part.ownership {
                 group::Ownership::Assigning { deadline_ms, .. } => {
                     let timer = Timer::Assign {

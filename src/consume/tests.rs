@@ -1124,6 +1124,64 @@ fn ack_wait_expiry_redelivers_with_attempt_plus_one() {
     assert_eq!(h.ack(A, &d2, 0), Ok(()));
 }
 
+/// One ack-wait timer per partition (`group.rs`, `arm_ack_wait`): a delivery settled
+/// before its deadline leaves the timer early, and each other delivery still expires at
+/// its own deadline, neither before nor after.
+#[test]
+fn each_delivery_expires_at_its_own_deadline_after_an_earlier_one_was_acked() {
+    let mut h = H::new(1);
+    h.join(A, 0);
+    let t0 = h.now;
+    h.append(0, 1);
+    let fx = h.effects();
+    let (_, d1) = pushed(&fx)[0];
+    h.advance(1_000);
+    h.append(0, 1);
+    let fx = h.effects();
+    let (_, d2) = pushed(&fx)[0];
+    h.advance(500);
+    h.append(0, 1);
+    let fx = h.effects();
+    let (_, d3) = pushed(&fx)[0];
+    h.ack(A, &d1, 0).unwrap();
+    h.advance(t0 + 5_000 - h.now);
+    assert!(
+        h.c.take_effects().is_empty(),
+        "the acked one's deadline: nothing due"
+    );
+    assert_eq!(h.c.stats().expired, 0);
+    assert_eq!(
+        h.c.next_deadline_ms(),
+        Some(t0 + 6_000),
+        "set again at d2's"
+    );
+    h.advance(999);
+    assert!(pushed(&h.c.take_effects()).is_empty());
+    h.advance(1);
+    let fx = h.c.take_effects();
+    let redelivered: Vec<_> = pushed(&fx)
+        .iter()
+        .map(|(_, d)| d.reference.sequence)
+        .collect();
+    assert_eq!(
+        redelivered,
+        vec![d2.reference.sequence],
+        "d2 alone, at its deadline"
+    );
+    assert_eq!(h.c.stats().expired, 1);
+    h.advance(499);
+    assert!(pushed(&h.c.take_effects()).is_empty(), "d3 is not due yet");
+    h.advance(1);
+    let fx = h.c.take_effects();
+    let redelivered: Vec<_> = pushed(&fx)
+        .iter()
+        .map(|(_, d)| d.reference.sequence)
+        .collect();
+    assert_eq!(redelivered, vec![d3.reference.sequence]);
+    assert_eq!(h.c.stats().expired, 2);
+    h.c.check_invariants();
+}
+
 #[test]
 fn progress_resets_the_deadline_without_settling() {
     let mut h = H::new(1);

@@ -284,8 +284,17 @@ fn decode_mapped<'m>(
     sequence: u64,
     path: &Path,
 ) -> Result<(RecordView<'m>, usize), StorageError> {
+    decode_mapped_checking(bytes, (position, sequence), path, record::Crc::Check)
+}
+
+fn decode_mapped_checking<'m>(
+    bytes: &'m [u8],
+    (position, sequence): (u64, u64),
+    path: &Path,
+    crc: record::Crc,
+) -> Result<(RecordView<'m>, usize), StorageError> {
     let tail = bytes.get(position as usize..).unwrap_or(&[]);
-    record::decode(tail, Some(sequence)).map_err(|e| {
+    record::decode_checking(tail, Some(sequence), crc).map_err(|e| {
         log::error!(
             "{}: corrupt record at byte {position} (sequence {sequence}): {e}",
             path.display()
@@ -408,7 +417,46 @@ pub struct PartitionLog {
     poisoned: Option<String>,
     map_tick: u64,
     mapped_segments: usize,
+    /// What [`PartitionLog::read_one_in_pass`] checked in its caller's current pass.
+    checked: CheckedRun,
     fault: FaultHook,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// CRCs [`PartitionLog::read_one_in_pass`] computed on this thread.
+    static CRCS_IN_PASS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Consecutive records whose CRC one pass of the caller checked, in one map of one
+/// segment (docs/DECISIONS.md, "One CRC check per delivery").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct CheckedRun {
+    pass: u64,
+    segment: u64,
+    /// Where the segment's map starts: a map replaced since is not the one checked.
+    map_at: usize,
+    from: u64,
+    to: u64,
+}
+
+impl CheckedRun {
+    fn covers(&self, at: &CheckedRun, sequence: u64) -> bool {
+        (self.pass, self.segment, self.map_at) == (at.pass, at.segment, at.map_at)
+            && (self.from..self.to).contains(&sequence)
+    }
+
+    /// `sequence` was checked just now: the run grows by it, or starts again at it.
+    fn note(&mut self, at: CheckedRun, sequence: u64) {
+        let same = (self.pass, self.segment, self.map_at) == (at.pass, at.segment, at.map_at);
+        if !(same && self.to == sequence) {
+            *self = CheckedRun {
+                from: sequence,
+                ..at
+            };
+        }
+        self.to = sequence + 1;
+    }
 }
 
 impl PartitionLog {
@@ -482,6 +530,7 @@ impl PartitionLog {
             poisoned: None,
             map_tick: 0,
             mapped_segments: 0,
+            checked: CheckedRun::default(),
             fault: FaultHook::default(),
         };
         Ok((log, report))
@@ -1112,6 +1161,27 @@ impl PartitionLog {
 
     /// The flushed record with `sequence`, or None if it is not retained or not flushed.
     pub fn read_one(&mut self, sequence: u64) -> Result<Option<RecordView<'_>>, StorageError> {
+        self.read_one_checking(sequence, None)
+    }
+
+    /// [`Self::read_one`] for a caller that reads each record twice in one pass of its
+    /// own (consume: the record's size when the group delivers it, then its bytes into
+    /// the MSG): the CRC of a record is computed once per `pass`, on its first read in
+    /// that pass from the same map; every other check is made on every read. A new
+    /// `pass` value starts over (docs/DECISIONS.md, "One CRC check per delivery").
+    pub fn read_one_in_pass(
+        &mut self,
+        sequence: u64,
+        pass: u64,
+    ) -> Result<Option<RecordView<'_>>, StorageError> {
+        self.read_one_checking(sequence, Some(pass))
+    }
+
+    fn read_one_checking(
+        &mut self,
+        sequence: u64,
+        pass: Option<u64>,
+    ) -> Result<Option<RecordView<'_>>, StorageError> {
         if sequence < self.first_sequence() || sequence > self.written_sequence {
             return Ok(None);
         }
@@ -1120,9 +1190,29 @@ impl PartitionLog {
         let seg = &self.segments[i];
         let position = index_position(seg, sequence)?;
         let bytes = seg.log_bytes();
-        Ok(Some(
-            decode_mapped(bytes, position, sequence, &seg.log_path)?.0,
-        ))
+        let Some(pass) = pass else {
+            return Ok(Some(
+                decode_mapped(bytes, position, sequence, &seg.log_path)?.0,
+            ));
+        };
+        let at = CheckedRun {
+            pass,
+            segment: seg.first_sequence,
+            map_at: bytes.as_ptr() as usize,
+            from: 0,
+            to: 0,
+        };
+        if self.checked.covers(&at, sequence) {
+            let crc = record::Crc::CheckedBefore;
+            let (r, _) = decode_mapped_checking(bytes, (position, sequence), &seg.log_path, crc)?;
+            return Ok(Some(r));
+        }
+        #[cfg(test)]
+        CRCS_IN_PASS.with(|n| n.set(n.get() + 1));
+        let crc = record::Crc::Check;
+        let (r, _) = decode_mapped_checking(bytes, (position, sequence), &seg.log_path, crc)?;
+        self.checked.note(at, sequence);
+        Ok(Some(r))
     }
 
     /// Calls `f(sequence, timestamp_ms, producer_id, producer_seq)` for every flushed

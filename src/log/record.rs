@@ -158,6 +158,24 @@ pub fn decode(
     bytes: &[u8],
     expected_sequence: Option<u64>,
 ) -> Result<(RecordView<'_>, usize), DecodeError> {
+    decode_checking(bytes, expected_sequence, Crc::Check)
+}
+
+/// Whether [`decode_checking`] computes the CRC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Crc {
+    Check,
+    /// These very bytes passed the check moments ago (`PartitionLog::read_one_in_pass`):
+    /// every other check is still made.
+    CheckedBefore,
+}
+
+/// [`decode`], with the CRC computed or not.
+pub(crate) fn decode_checking(
+    bytes: &[u8],
+    expected_sequence: Option<u64>,
+    crc: Crc,
+) -> Result<(RecordView<'_>, usize), DecodeError> {
     if bytes.len() < RECORD_LENGTH_BYTES {
         return Err(DecodeError::Torn {
             needed: RECORD_LENGTH_BYTES,
@@ -172,12 +190,14 @@ pub fn decode(
         });
     }
     let rec = &bytes[..total];
-    let stored_crc = be_u32(rec, RECORD_LENGTH_BYTES);
-    let actual_crc = crc32fast::hash(&rec[RECORD_LENGTH_BYTES + RECORD_CRC_BYTES..]);
-    if stored_crc != actual_crc {
-        return Err(DecodeError::Invalid(format!(
-            "crc mismatch: stored {stored_crc:#010x}, computed {actual_crc:#010x}"
-        )));
+    if crc == Crc::Check {
+        let stored_crc = be_u32(rec, RECORD_LENGTH_BYTES);
+        let actual_crc = crc32fast::hash(&rec[RECORD_LENGTH_BYTES + RECORD_CRC_BYTES..]);
+        if stored_crc != actual_crc {
+            return Err(DecodeError::Invalid(format!(
+                "crc mismatch: stored {stored_crc:#010x}, computed {actual_crc:#010x}"
+            )));
+        }
     }
     let key_len = be_u16(rec, 42) as usize;
     // value_len sits after the key; the length field bounds it, so check before indexing.

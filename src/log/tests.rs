@@ -1066,3 +1066,58 @@ fn a_damaged_last_durable_record_is_kept_by_check_as_by_start_up() {
         assert_eq!(log.read_one(s).unwrap().unwrap().value, &value_for(s)[..]);
     }
 }
+
+/// `read_one_in_pass` computes a record's CRC on its first read in a pass only
+/// (docs/DECISIONS.md, "One CRC check per delivery"): a record not read yet in the pass,
+/// or read in an earlier pass, is checked, so damage is caught there.
+/// Flips a byte inside the value (after the key "key") of the record at `position` of
+/// segment 1, in place: only the CRC can tell.
+fn flip_in_value(dir: &Path, position: u32) {
+    use std::os::unix::fs::FileExt;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(segment_path(dir, 1));
+    let file = file.unwrap();
+    let at = u64::from(position) + (RECORD_OVERHEAD_BYTES + 3 + 1) as u64;
+    let mut byte = [0u8];
+    file.read_exact_at(&mut byte, at).unwrap();
+    file.write_all_at(&[byte[0] ^ 0x01], at).unwrap();
+}
+
+#[test]
+fn a_read_in_pass_checks_a_record_once_per_pass() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let (mut log, _) = open(dir, cfg(1 << 20));
+    append_range(&mut log, 6, 6);
+    let positions = decode_index(&fs::read(index_path(dir, 1)).unwrap()).entries;
+    let read = |log: &mut PartitionLog, s: u64, pass: u64| {
+        log.read_one_in_pass(s, pass)
+            .map(|r| r.map(|r| r.value.to_vec()))
+    };
+    for s in 1..=3 {
+        assert_eq!(read(&mut log, s, 1).unwrap(), Some(value_for(s)));
+    }
+    let crcs = || CRCS_IN_PASS.with(|n| n.get());
+    assert_eq!(crcs(), 3);
+    for s in 1..=3 {
+        assert_eq!(read(&mut log, s, 1).unwrap(), Some(value_for(s)));
+    }
+    assert_eq!(crcs(), 3, "each record's CRC once in the pass");
+    flip_in_value(dir, positions[3]);
+    assert!(read(&mut log, 4, 1).is_err(), "not read before in the pass");
+    flip_in_value(dir, positions[1]);
+    let r = read(&mut log, 2, 1);
+    assert!(r.is_ok(), "checked once in this pass: {r:?}");
+    assert!(read(&mut log, 2, 2).is_err(), "a new pass checks again");
+    assert!(log.read_one(2).is_err());
+    // A run is consecutive: 1 then 5 leave 3 unchecked.
+    flip_in_value(dir, positions[2]);
+    assert_eq!(read(&mut log, 1, 3).unwrap(), Some(value_for(1)));
+    assert_eq!(read(&mut log, 5, 3).unwrap(), Some(value_for(5)));
+    assert!(
+        read(&mut log, 3, 3).is_err(),
+        "after a gap, the run starts again"
+    );
+}
