@@ -41,7 +41,7 @@ pub const MSG_BYTES_MAX: u64 = 1024 * 1024;
 pub const INFLIGHT_MSGS_MAX: usize = 32;
 /// Raft journal fdatasyncs running at once. Past it a Ready's entries wait, written, for
 /// the next sync, which takes everything written by then: group commit, as the single
-/// node's `JOURNAL_SYNCS_IN_FLIGHT_MAX` (`docs/REPLICATION.md` §8).
+/// node's `JOURNAL_SYNCS_IN_FLIGHT_MAX` (`docs/REPLICATION.md` §5.2).
 pub const RAFT_SYNCS_IN_FLIGHT_MAX: usize = 1;
 /// Committed entry bytes one Ready hands to apply: bounds the reactor's pass (§4).
 pub const COMMITTED_BYTES_PER_READY_MAX: u64 = 4 * 1024 * 1024;
