@@ -299,6 +299,14 @@ fn pushed(fx: &[Effect]) -> Vec<(ConnId, Delivery)> {
         .collect()
 }
 
+/// The sequences of the records pushed in `fx`, in order.
+fn pushed_sequences(fx: &[Effect]) -> Vec<u64> {
+    pushed(fx)
+        .iter()
+        .map(|(_, d)| d.reference.sequence)
+        .collect()
+}
+
 fn seqs(fx: &[Effect]) -> Vec<u64> {
     pushed(fx)
         .iter()
@@ -1158,13 +1166,8 @@ fn each_delivery_expires_at_its_own_deadline_after_an_earlier_one_was_acked() {
     h.advance(999);
     assert!(pushed(&h.c.take_effects()).is_empty());
     h.advance(1);
-    let fx = h.c.take_effects();
-    let redelivered: Vec<_> = pushed(&fx)
-        .iter()
-        .map(|(_, d)| d.reference.sequence)
-        .collect();
     assert_eq!(
-        redelivered,
+        pushed_sequences(&h.c.take_effects()),
         vec![d2.reference.sequence],
         "d2 alone, at its deadline"
     );
@@ -1172,12 +1175,10 @@ fn each_delivery_expires_at_its_own_deadline_after_an_earlier_one_was_acked() {
     h.advance(499);
     assert!(pushed(&h.c.take_effects()).is_empty(), "d3 is not due yet");
     h.advance(1);
-    let fx = h.c.take_effects();
-    let redelivered: Vec<_> = pushed(&fx)
-        .iter()
-        .map(|(_, d)| d.reference.sequence)
-        .collect();
-    assert_eq!(redelivered, vec![d3.reference.sequence]);
+    assert_eq!(
+        pushed_sequences(&h.c.take_effects()),
+        vec![d3.reference.sequence]
+    );
     assert_eq!(h.c.stats().expired, 2);
     h.c.check_invariants();
 }
