@@ -965,12 +965,9 @@ impl Replica {
         if !sync_now && hard_state.is_none() {
             return Ok(());
         }
-        let mut readies = Vec::new();
-        let sync = match sync_now {
-            true => Some(take_sync_job(store)?),
-            false => None,
-        };
-        if sync.is_some() {
+        let (mut readies, mut sync) = (Vec::new(), None);
+        if sync_now {
+            sync = Some(take_sync_job(store)?);
             for p in self.persisting.iter_mut().filter(|p| p.wants_sync) {
                 p.wants_sync = false;
                 readies.push(p.ready);
