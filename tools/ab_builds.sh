@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Throughput of two mortard builds, alternating, a fresh broker per round (issue 14: what
 # the small build costs against the default one). Per round and build: publish 16x16 1 KiB
-# WRITTEN (300,000) and FSYNC (150,000), then push consume with credit 256 and an ACK per
-# message (300,000, prefilled by mortar-bench). Prints one line per round and build, and
-# the ratio B / A of each figure over all rounds.
+# WRITTEN (300,000) and FSYNC (150,000), FSYNC over 64 partitions (150,000), then push
+# consume with credit 256 and an ACK per message (300,000, prefilled by mortar-bench).
+# Prints one line per round and build, and the ratio B / A of each figure over all rounds.
 #
 # usage: tools/ab_builds.sh A B [ROUNDS]
 #   e.g. cargo build --release && tools/build_small.sh &&
@@ -19,9 +19,9 @@ trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
 
 field() { python3 -c 'import json,sys; print(round(json.load(sys.stdin)[sys.argv[1]]))' "$1"; }
 
-# run BINARY: prints "written fsync consume" (msgs/s).
+# run BINARY: prints "written fsync fsync_p64 consume" (msgs/s).
 run() {
-  local d pid addr w f c
+  local d pid addr w f p c
   d=$(mktemp -d)
   RUST_LOG=warn "$1" --listen 127.0.0.1:0 --admin-listen off --data-dir "$d/data" \
     >"$d/out" 2>/dev/null &
@@ -34,27 +34,35 @@ run() {
     --durability written --value-size 1024 --count 300000 --topic w | field ops_per_sec)
   f=$("$BENCH" --broker "$addr" --json publish --connections 16 --pipeline 16 \
     --durability fsync --value-size 1024 --count 150000 --topic f | field ops_per_sec)
+  p=$("$BENCH" --broker "$addr" --json publish --connections 16 --pipeline 16 \
+    --durability fsync --value-size 1024 --count 150000 --topic p --partitions 64 |
+    field ops_per_sec)
   c=$("$BENCH" --broker "$addr" --json consume --mode push --credit 256 --count 300000 \
     --topic c | field msgs_per_sec)
   kill "$pid"
   wait "$pid" 2>/dev/null || true
   rm -rf "$d"
-  echo "$w $f $c"
+  echo "$w $f $p $c"
 }
 
-declare -a SUM_A=(0 0 0) SUM_B=(0 0 0)
+names=(written_16x16 fsync_16x16 fsync_16x16_p64 consume_push)
+declare -a SUM_A=(0 0 0 0) SUM_B=(0 0 0 0)
+line() {
+  local out="round $1 $2" i
+  for i in 0 1 2 3; do out+=" ${names[i]}=$(eval "echo \${$3[i]}")"; done
+  echo "$out"
+}
 for r in $(seq "$ROUNDS"); do
   read -r -a a <<<"$(run "$A")"
-  echo "round $r A written_16x16=${a[0]} fsync_16x16=${a[1]} consume_push=${a[2]}"
+  line "$r" A a
   read -r -a b <<<"$(run "$B")"
-  echo "round $r B written_16x16=${b[0]} fsync_16x16=${b[1]} consume_push=${b[2]}"
-  for i in 0 1 2; do
+  line "$r" B b
+  for i in 0 1 2 3; do
     SUM_A[i]=$((SUM_A[i] + a[i]))
     SUM_B[i]=$((SUM_B[i] + b[i]))
   done
 done
-names=(written_16x16 fsync_16x16 consume_push)
-for i in 0 1 2; do
+for i in 0 1 2 3; do
   python3 -c 'import sys; print(f"{sys.argv[1]} B/A={int(sys.argv[3])/int(sys.argv[2]):.2f}")' \
     "${names[i]}" "${SUM_A[i]}" "${SUM_B[i]}"
 done

@@ -11,8 +11,9 @@
 //! 1. [`PartitionLog::append`] encodes the record into an in-memory write buffer and gives
 //!    it the next sequence. No syscall: the reactor appends every PUB of a loop pass.
 //! 2. [`PartitionLog::flush`] writes the buffer to the active segment with one `write_all`
-//!    (one per segment when the batch crosses a roll), then the index entries. Now the
-//!    records are WRITTEN (page cache) and readable. A failed write is undone whole.
+//!    (one per segment when the batch crosses a roll); their index entries wait in memory
+//!    until a page of them gathers (`segment.rs`). Now the records are WRITTEN (page
+//!    cache) and readable. A failed write is undone whole.
 //! 3. [`PartitionLog::take_sync_job`] hands a [`SyncJob`] to the fsync pool, which calls
 //!    [`SyncJob::run`] on a worker thread; the reactor then calls `sync_done` (records
 //!    are FSYNCED) or `sync_failed` (the partition is poisoned for good: see
@@ -77,7 +78,7 @@ pub use storage::{FsStorage, Storage};
 
 use checkpoint::{PointWrite, RecoveryPoint, RECOVERY_POINT_FILE};
 use recovery::VerifyMode;
-use segment::{encode_header, Segment, Writer};
+use segment::{encode_header, Segment, Writer, INDEX_UNWRITTEN_BYTES_MAX};
 use std::collections::VecDeque;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -459,6 +460,18 @@ impl CheckedRun {
     }
 }
 
+/// A log closed in an orderly way leaves its index whole, so the next open has nothing to
+/// rebuild. A crash loses the unwritten entries, which recovery rebuilds from the records.
+impl Drop for PartitionLog {
+    fn drop(&mut self) {
+        if self.poisoned.is_none() {
+            if let Err(e) = self.write_index_tail() {
+                log::warn!("{}: index entries not written: {e}", self.dir.display());
+            }
+        }
+    }
+}
+
 impl PartitionLog {
     /// Opens (creating if missing) the partition in `dir` and recovers it: checks every
     /// closed segment cheaply, verifies the last segment's tail record by record,
@@ -585,11 +598,12 @@ impl PartitionLog {
     }
 
     /// Writes every buffered record: one `write_all` per segment touched (one in the
-    /// common case), then the index entries. Rolls to a new segment when the next record
-    /// would pass `segment_size_bytes`. On failure (ENOSPC -> `NoSpace`, EIO -> `Io`) the
-    /// files are cut back to their last good length, new segments are removed, the
-    /// buffered records are dropped and `next_sequence` goes back to
-    /// `written_sequence + 1`: the caller fails every append since the last flush.
+    /// common case); the index entries are written once a page of them gathers. Rolls to
+    /// a new segment when the next record would pass `segment_size_bytes`. On failure
+    /// (ENOSPC -> `NoSpace`, EIO -> `Io`) the files are cut back to their last good
+    /// length, new segments are removed, the buffered records are dropped and
+    /// `next_sequence` goes back to `written_sequence + 1`: the caller fails every append
+    /// since the last flush.
     pub fn flush(&mut self) -> Result<(), StorageError> {
         self.flush_with(|_, _, _| {})
     }
@@ -661,10 +675,10 @@ impl PartitionLog {
         let mut i = 0;
         let mut buf_pos = 0usize;
         while i < self.pending.len() {
-            let active = self.active();
+            let active = self.segments.last_mut().expect("active segment");
+            let unwritten_before = active.idx_unwritten.len();
             let mut chunk_bytes = 0u64;
             let mut j = i;
-            let mut idx_bytes = Vec::new();
             while j < self.pending.len() {
                 let rec = self.pending[j].len as u64;
                 let records_before = active.record_count + (j - i) as u64;
@@ -674,7 +688,9 @@ impl PartitionLog {
                 }
                 let position = active.len_bytes + chunk_bytes;
                 debug_assert!(position <= u32::MAX as u64);
-                idx_bytes.extend_from_slice(&(position as u32).to_be_bytes());
+                active
+                    .idx_unwritten
+                    .extend_from_slice(&(position as u32).to_be_bytes());
                 chunk_bytes += rec;
                 j += 1;
             }
@@ -683,21 +699,22 @@ impl PartitionLog {
                 self.flush_roll()?;
                 continue;
             }
-            let active = self.segments.last_mut().expect("active segment");
             let w = active
                 .writer
                 .as_ref()
                 .expect("the active segment has a writer");
             let bytes = &self.write_buf[buf_pos..buf_pos + chunk_bytes as usize];
-            write_at(
+            let written = write_at(
                 &self.fault,
                 &w.log,
                 &active.log_path,
                 active.len_bytes,
                 bytes,
-            )?;
-            let idx_at = active.record_count * INDEX_ENTRY_BYTES as u64;
-            write_at(&self.fault, &w.idx, &active.idx_path, idx_at, &idx_bytes)?;
+            );
+            if let Err(e) = written {
+                active.idx_unwritten.truncate(unwritten_before);
+                return Err(e);
+            }
             if !touched.iter().any(|f| Arc::ptr_eq(f, &w.log)) {
                 touched.push(Arc::clone(&w.log));
             }
@@ -706,24 +723,55 @@ impl PartitionLog {
             active.last_timestamp_ms = Some(self.pending[j - 1].timestamp_ms);
             buf_pos += chunk_bytes as usize;
             i = j;
+            if active.idx_unwritten.len() >= INDEX_UNWRITTEN_BYTES_MAX {
+                self.write_index_tail()?;
+            }
         }
         Ok(touched)
     }
 
-    /// Seals the index of the active segment before it closes (`segment.rs`): the crc of
-    /// its entries, read back from the page cache the flushes just wrote them to.
-    fn seal_active_index(&mut self) -> Result<(), StorageError> {
-        let active = self.active();
+    /// Writes the active segment's unwritten index entries to its index file.
+    fn write_index_tail(&mut self) -> Result<(), StorageError> {
+        let active = self.segments.last_mut().expect("active segment");
+        if active.idx_unwritten.is_empty() {
+            return Ok(());
+        }
         let w = active
             .writer
             .as_ref()
             .expect("the active segment has a writer");
-        let len = active.record_count as usize * INDEX_ENTRY_BYTES;
-        let mut entries = vec![0u8; len];
+        let at = active.index_file_bytes() as u64;
+        write_at(
+            &self.fault,
+            &w.idx,
+            &active.idx_path,
+            at,
+            &active.idx_unwritten,
+        )?;
+        active.idx_unwritten.clear();
+        Ok(())
+    }
+
+    /// Seals the index of the active segment before it closes (`segment.rs`): writes its
+    /// unwritten entries and, in the same write, the crc of all of them (those in the
+    /// file read back from the page cache the earlier writes left them in).
+    fn seal_active_index(&mut self) -> Result<(), StorageError> {
+        let active = self.segments.last_mut().expect("active segment");
+        let w = active
+            .writer
+            .as_ref()
+            .expect("the active segment has a writer");
+        let in_file = active.index_file_bytes();
+        let mut entries = vec![0u8; in_file];
         storage::read_exact_at(&*w.idx, 0, &mut entries)
             .map_err(|e| StorageError::from_io(&active.idx_path, Some(0), e))?;
+        entries.extend_from_slice(&active.idx_unwritten);
         let seal = segment::index_seal(&entries);
-        write_at(&self.fault, &w.idx, &active.idx_path, len as u64, &seal)
+        entries.extend_from_slice(&seal);
+        let tail = &entries[in_file..];
+        write_at(&self.fault, &w.idx, &active.idx_path, in_file as u64, tail)?;
+        active.idx_unwritten.clear();
+        Ok(())
     }
 
     /// Starts a new segment after the active one. The old one keeps its writer until the
@@ -776,11 +824,16 @@ impl PartitionLog {
             }
         }
         let active = self.segments.last_mut().expect("active segment");
+        // Entries of the undone records go, in memory or in the file; the file keeps any
+        // of the older records' that a full tail or a seal put there.
+        let in_file = active.index_file_bytes();
+        let kept = undo.record_count as usize * INDEX_ENTRY_BYTES;
+        active.idx_unwritten.truncate(kept.saturating_sub(in_file));
         if let Some(w) = &active.writer {
             if let Err(e) = w.log.set_len(undo.len_bytes) {
                 failure = Some(format!("truncating {}: {e}", active.log_path.display()));
             }
-            let idx_len = undo.record_count * INDEX_ENTRY_BYTES as u64;
+            let idx_len = in_file.min(kept) as u64;
             if let Err(e) = w.idx.set_len(idx_len) {
                 failure = Some(format!("truncating {}: {e}", active.idx_path.display()));
             }
@@ -910,11 +963,19 @@ impl PartitionLog {
         if self.poisoned.is_some() || self.written_sequence <= self.sync_taken_sequence {
             return None;
         }
+        // The point vouches for index entries too: they go to the file first. Should that
+        // write fail, the point stops where the file's entries do (recovery reads the rest).
+        if let Err(e) = self.write_index_tail() {
+            log::warn!("{}: index entries not written: {e}", self.dir.display());
+        }
         let active = self.active();
         let at = RecoveryPoint {
             segment_first: active.first_sequence,
-            records: active.record_count,
-            end_position: active.len_bytes,
+            records: active.record_count - (active.idx_unwritten.len() / INDEX_ENTRY_BYTES) as u64,
+            end_position: match active.idx_unwritten.first_chunk::<INDEX_ENTRY_BYTES>() {
+                Some(first) => u64::from(u32::from_be_bytes(*first)),
+                None => active.len_bytes,
+            },
         };
         let point = match (&active.writer, self.syncs_in_flight.is_empty()) {
             (Some(writer), true) => Some(PointWrite {
@@ -1067,6 +1128,21 @@ impl PartitionLog {
             self.write_buf.len() as u64,
             "write buffer holds the pending records"
         );
+        for seg in &self.segments[..self.segments.len() - 1] {
+            assert!(
+                seg.idx_unwritten.is_empty(),
+                "a closed segment's index is written"
+            );
+        }
+        let active = self.active();
+        let unwritten = active.idx_unwritten.len();
+        assert!(unwritten <= active.record_count as usize * INDEX_ENTRY_BYTES);
+        if self.pending.is_empty() {
+            assert!(
+                unwritten < INDEX_UNWRITTEN_BYTES_MAX,
+                "a full tail is written"
+            );
+        }
         // A recovery point claims only what completed jobs made durable.
         let (at, sent) = (self.synced_at, self.point_sent);
         assert!(sent.segment_first < at.segment_first || sent.end_position <= at.end_position);

@@ -628,6 +628,12 @@ impl IndexFile {
         })
     }
 
+    /// The active segment keeps its newest entries in memory (`segment.rs`): after a
+    /// crash its index lists the first positions only.
+    fn is_short_prefix_of(&self, positions: &[u32]) -> bool {
+        self.entries.len() < positions.len() && positions.starts_with(&self.entries)
+    }
+
     /// Rewrites the index of `seg` when it does not list exactly `positions` (sealed when
     /// the segment is closed).
     fn settle(
@@ -645,8 +651,8 @@ impl IndexFile {
         report.indexes_rebuilt += 1;
         report.note_change(path, ChangeKind::RewriteIndex);
         if !expected_gap {
-            // A last segment one entry short is the ordinary crash between writing records
-            // and writing their index entries; anything else is worth a line in the log.
+            // A last segment whose index is short is the ordinary crash before its newest
+            // entries were written; anything else is worth a line in the log.
             log::info!(
                 "{}: index {} ({} entries, {} records); rewriting it",
                 path.display(),
@@ -761,7 +767,7 @@ fn recover_segment(
         seg.cut(&end, records, report)?;
     }
     let cut = end.stop.is_some() && !whole;
-    let expected_gap = is_last && idx_whole && index.entries.len() + 1 == positions.len();
+    let expected_gap = is_last && idx_whole && index.is_short_prefix_of(&positions);
     let closed = !is_last && !cut;
     index.settle(&seg, &positions, (closed, expected_gap), report)?;
     let ts = end.last_timestamp_ms;

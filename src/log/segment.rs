@@ -26,8 +26,12 @@
 //!                                 first_sequence + i (so entry 0 is always 16)
 //! ```
 //!
-//! The index is dense (sequences are contiguous, so no sequence is stored), written after
-//! the records with every flush. When the segment closes (a roll) the index gets a seal,
+//! The index is dense (sequences are contiguous, so no sequence is stored). The active
+//! segment's newest entries wait in memory (`Segment::idx_unwritten`) and are written
+//! once `INDEX_UNWRITTEN_BYTES_MAX` of them gather, before a sync job fdatasyncs the
+//! index, and when the segment closes: a write per partition per flush cost as much as
+//! the records' own write (`docs/STORAGE.md`). When the segment closes (a roll) the index
+//! gets a seal,
 //!
 //! ```text
 //! 4*n     4      0xFFFFFFFF       no position is this large: marks the seal
@@ -57,6 +61,9 @@ pub const SEGMENT_NAME_DIGITS: usize = 20;
 pub const SEGMENT_BYTES_MAX: u64 = 1024 * 1024 * 1024;
 /// Width of one index entry.
 pub const INDEX_ENTRY_BYTES: usize = 4;
+/// The active segment's index entries held in memory before one write puts them in the
+/// file: a page's worth, 1,024 records.
+pub const INDEX_UNWRITTEN_BYTES_MAX: usize = 4096;
 
 const _: () = assert!(SEGMENT_BYTES_MAX + RECORD_BYTES_MAX as u64 <= u32::MAX as u64);
 const _: () = assert!(SEGMENT_HEADER_BYTES == 4 + 2 + 2 + 8);
@@ -205,6 +212,9 @@ pub(crate) struct Segment {
     /// Timestamp of the last record, when known without a read (set on flush).
     pub last_timestamp_ms: Option<u64>,
     pub writer: Option<Writer>,
+    /// Index entries of the last records, not in the index file yet (the active segment
+    /// only; empty once it closes). The file holds the entries before them.
+    pub idx_unwritten: Vec<u8>,
     pub log_map: Option<Mapped>,
     pub idx_map: Option<Mapped>,
     /// Tick of the last read through the maps; the least recent are unmapped first.
@@ -221,6 +231,7 @@ impl Segment {
             record_count,
             last_timestamp_ms: None,
             writer: None,
+            idx_unwritten: Vec::new(),
             log_map: None,
             idx_map: None,
             map_used_tick: 0,
@@ -250,15 +261,16 @@ impl Segment {
         if self.log_map.as_ref().is_none_or(|m| m.len() < log_len) {
             self.log_map = Some(self.map_file(storage, false, log_len)?);
         }
-        let idx_len = self.index_len_bytes();
+        let idx_len = self.index_file_bytes();
         if idx_len > 0 && self.idx_map.as_ref().is_none_or(|m| m.len() < idx_len) {
             self.idx_map = Some(self.map_file(storage, true, idx_len)?);
         }
         Ok(())
     }
 
-    fn index_len_bytes(&self) -> usize {
-        self.record_count as usize * INDEX_ENTRY_BYTES
+    /// Bytes of index entries in the file: every flushed record's but the unwritten ones.
+    pub fn index_file_bytes(&self) -> usize {
+        self.record_count as usize * INDEX_ENTRY_BYTES - self.idx_unwritten.len()
     }
 
     /// The flushed bytes of the segment file, from its map (empty when not mapped). A map
@@ -269,10 +281,10 @@ impl Segment {
         &m[..m.len().min(self.len_bytes as usize)]
     }
 
-    /// The index entries of the flushed records, from the index map.
+    /// The index entries in the file, from the index map.
     pub fn idx_bytes(&self) -> &[u8] {
         let m = self.idx_map.as_deref().unwrap_or(&[]);
-        &m[..m.len().min(self.index_len_bytes())]
+        &m[..m.len().min(self.index_file_bytes())]
     }
 
     fn map_file(&self, storage: &dyn Storage, index: bool, len: usize) -> io::Result<Mapped> {
@@ -284,11 +296,17 @@ impl Segment {
         }
     }
 
-    /// Byte position of `sequence` from the mapped index; the caller mapped first.
+    /// Byte position of `sequence` from the mapped index, or from the unwritten entries;
+    /// the caller mapped first.
     pub fn position_of(&self, sequence: u64) -> Result<u64, String> {
         debug_assert!(sequence >= self.first_sequence && sequence < self.end_sequence());
         let i = (sequence - self.first_sequence) as usize * INDEX_ENTRY_BYTES;
-        let Some(b) = self.idx_bytes().get(i..i + INDEX_ENTRY_BYTES) else {
+        let in_file = self.index_file_bytes();
+        let entry = match i.checked_sub(in_file) {
+            None => self.idx_bytes().get(i..i + INDEX_ENTRY_BYTES),
+            Some(j) => self.idx_unwritten.get(j..j + INDEX_ENTRY_BYTES),
+        };
+        let Some(b) = entry else {
             return Err(format!("index has no entry for sequence {sequence}"));
         };
         let pos = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as u64;

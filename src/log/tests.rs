@@ -1,6 +1,6 @@
 //! Tests of the partition log against real files in temporary directories.
 
-use super::segment::{decode_index, index_path, segment_path};
+use super::segment::{decode_index, index_path, segment_path, INDEX_UNWRITTEN_BYTES_MAX};
 use super::*;
 use proptest::prelude::*;
 use std::fs::{self, OpenOptions};
@@ -263,6 +263,45 @@ fn reopen_after_clean_close_keeps_everything() {
     drop(log);
     let (mut log, _) = open(tmp.path(), cfg(256));
     assert_holds(&mut log, 1, 45);
+}
+
+/// The active segment's index entries wait in memory: reads find them there, a page of
+/// them or a sync job writes them, and a crash before that costs only a rebuild.
+#[test]
+fn index_entries_wait_in_memory_until_a_page_of_them_or_a_sync() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let idx_entries = || fs::metadata(index_path(dir, 1)).unwrap().len() / 4;
+    let (mut log, _) = open(dir, cfg(1 << 20));
+    append_range(&mut log, 10, 1);
+    assert_eq!(idx_entries(), 0, "ten flushes, no index write");
+    assert_holds(&mut log, 1, 10);
+    let job = log.take_sync_job().expect("records to sync");
+    assert_eq!(
+        idx_entries(),
+        10,
+        "the point's index sync covers every entry"
+    );
+    job.run().unwrap();
+    log.sync_done(job.upto_sequence);
+
+    let page = INDEX_UNWRITTEN_BYTES_MAX as u64 / 4;
+    append_range(&mut log, page + 5, page + 5);
+    assert_eq!(
+        idx_entries(),
+        10 + page + 5,
+        "a full page is written with its flush"
+    );
+    append_range(&mut log, 7, 7);
+    assert_eq!(idx_entries(), 10 + page + 5);
+    assert_holds(&mut log, 1, page + 22);
+
+    std::mem::forget(log); // a crash: the unwritten entries are gone, the records are not
+    let (mut log, report) = open(dir, cfg(1 << 20));
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.indexes_rebuilt, 1);
+    assert_eq!(idx_entries(), page + 22);
+    assert_holds(&mut log, 1, page + 22);
 }
 
 #[test]
@@ -671,7 +710,8 @@ fn no_space_during_flush_undoes_the_whole_batch() {
             len_before
         );
         let idx_len = fs::metadata(index_path(dir, last_before)).unwrap().len();
-        assert_eq!(idx_len, log.segments.last().unwrap().record_count * 4);
+        let in_file = log.segments.last().unwrap().index_file_bytes();
+        assert_eq!(idx_len, in_file as u64, "the index file is cut back too");
         assert_holds(&mut log, 1, 5);
     }
     log.fail_write_after(0, EIO);
@@ -1091,6 +1131,7 @@ fn a_read_in_pass_checks_a_record_once_per_pass() {
     let dir = tmp.path();
     let (mut log, _) = open(dir, cfg(1 << 20));
     append_range(&mut log, 6, 6);
+    log.write_index_tail().unwrap();
     let positions = decode_index(&fs::read(index_path(dir, 1)).unwrap()).entries;
     let read = |log: &mut PartitionLog, s: u64, pass: u64| {
         log.read_one_in_pass(s, pass)

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# What a published record costs the broker, on 1 and on 64 partitions, for two or more
+# mortard binaries alternated round by round (docs/BENCHMARKS.md, "Index entries written
+# once a page"): CPU ticks (user + system, 1/100 s) of the broker per 1,000 records, read
+# from /proc around a `mortar-bench publish` run (FSYNC, 16 connections x 16 in flight,
+# 1 KiB values: the publish of tools/compare.sh). On a shared 2-core host the rate is
+# noise; the cost per record much less so.
+#
+#   bash tools/publish_cost.sh ROUNDS [COUNT] -- MORTARD...
+#
+# Each run starts a fresh broker with a temporary data directory and publishes COUNT
+# (300,000) records to a topic of 1 partition, then COUNT to a topic of 64.
+set -euo pipefail
+ROUNDS=${1:?usage: publish_cost.sh ROUNDS [COUNT] -- MORTARD...}
+shift
+COUNT=300000
+if [ "${1:-}" != "--" ]; then COUNT=${1:?}; shift; fi
+[ "${1:-}" = "--" ] && shift
+[ $# -ge 1 ] || { echo "publish_cost: name at least one mortard binary" >&2; exit 2; }
+cd "$(dirname "$0")/.."
+cargo build --release --quiet --bin mortar-bench
+BENCH=target/release/mortar-bench
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
+
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+# measure PID ADDR PARTITIONS: one publish run; prints "msgs/s ticks/1k".
+measure() {
+  local t0 t1 js
+  t0=$(ticks "$1")
+  js=$("$BENCH" --broker "$2" --json publish --connections 16 --pipeline 16 \
+    --durability fsync --value-size 1024 --count "$COUNT" --topic "p$3" --partitions "$3")
+  t1=$(ticks "$1")
+  python3 -c 'import json, sys
+r = json.loads(sys.argv[1])
+if r.get("errors"): sys.exit("publish_cost: %s errors" % r["errors"])
+print("%7d msgs/s %.3f ticks/1k" % (r["ops_per_sec"], int(sys.argv[2]) / (r["ops"] / 1000)))' \
+    "$js" $((t1 - t0))
+}
+
+# run_one MORTARD: one broker; prints the 1- and 64-partition figures.
+run_one() {
+  local bin=$1 work pid addr one many
+  work=$(mktemp -d)
+  RUST_LOG=warn "$bin" --listen 127.0.0.1:0 --admin-listen off --data-dir "$work/data" \
+    >"$work/out" 2>/dev/null &
+  pid=$!
+  PIDS+=("$pid")
+  for _ in $(seq 100); do grep -q '^listening ' "$work/out" && break; sleep 0.1; done
+  addr=$(awk '/^listening /{print $2; exit}' "$work/out")
+  [ -n "$addr" ] || { echo "publish_cost: $bin did not start" >&2; exit 1; }
+  one=$(measure "$pid" "$addr" 1)
+  many=$(measure "$pid" "$addr" 64)
+  echo "p1 $one | p64 $many  load $(cut -d' ' -f1 /proc/loadavg)"
+  kill "$pid"
+  wait "$pid" 2>/dev/null || true
+  rm -rf "$work"
+}
+
+for round in $(seq "$ROUNDS"); do
+  for bin in "$@"; do
+    echo "round $round $bin: $(run_one "$bin")"
+  done
+done
