@@ -203,9 +203,7 @@ fn manage_error(e: &ManageError) -> Reply {
         // 421 Misdirected Request: the leader, which the message names, takes it.
         K::Cluster(ErrorCode::NotLeader) => (421, "", Some(ErrorCode::NotLeader)),
         // The entry may still commit and apply: as the admin thread's own 504.
-        K::Cluster(ErrorCode::ReplicationTimeout) => {
-            (504, "", Some(ErrorCode::ReplicationTimeout))
-        }
+        K::Cluster(ErrorCode::ReplicationTimeout) => (504, "", Some(ErrorCode::ReplicationTimeout)),
         K::Cluster(code) => (503, "", Some(code)),
         K::Storage => (500, "", Some(ErrorCode::InternalError)),
     };

@@ -186,7 +186,10 @@ impl Broker {
     /// The sequence the next record of `key` proposed after now takes, on a serving
     /// leader that proposed its pass: past what is applied and what is proposed.
     fn proposed_next(&self, key: PartitionKey) -> u64 {
-        let applied = self.partitions.get(key).map_or(0, |p| p.log.next_sequence());
+        let applied = self
+            .partitions
+            .get(key)
+            .map_or(0, |p| p.log.next_sequence());
         let c = self.cluster.as_deref().expect("cluster mode");
         applied.max(c.proposed_end(key).unwrap_or(0))
     }

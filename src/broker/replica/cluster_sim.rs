@@ -1394,7 +1394,12 @@ fn cluster_with_records(records: u64) -> (Net, usize, u16) {
 
 /// Node `i`'s first sequence of `topic` partition 0.
 fn first_sequence(net: &Net, i: usize, topic: u16) -> u64 {
-    net.nodes[i].broker.partition(topic, 0).unwrap().log.first_sequence()
+    net.nodes[i]
+        .broker
+        .partition(topic, 0)
+        .unwrap()
+        .log
+        .first_sequence()
 }
 
 #[test]
@@ -1409,14 +1414,20 @@ fn a_purge_on_the_leader_removes_the_records_on_every_node_and_a_restart_keeps_l
         (0..3).all(|i| first_sequence(n, i, topic) == 4)
     });
     for i in 0..3 {
-        assert_eq!(net.record(i, topic, 3), None, "node {i} kept a purged record");
+        assert_eq!(
+            net.record(i, topic, 3),
+            None,
+            "node {i} kept a purged record"
+        );
     }
     // Sequences go on; a follower restarted applies the log again from its start,
     // the purge included, and keeps the record that came after it.
     net.publish(l, 4, topic, (3, 4), "after");
     assert_eq!(pub_ok(&net.wait_answer(l, 4)).sequence, 4);
     let f = (0..3).find(|&i| i != l).unwrap();
-    net.run_until("the follower applied it", |n| n.next_sequence(f, topic) == 5);
+    net.run_until("the follower applied it", |n| {
+        n.next_sequence(f, topic) == 5
+    });
     let disk = net.nodes[f].disk.clone();
     net.nodes[f] = open_node_on(f as u64 + 1, disk);
     net.run_until("the restarted follower applied the log again", |n| {
@@ -1439,7 +1450,10 @@ fn a_group_reset_moves_the_position_back_on_every_node_and_a_new_leader_delivers
         to: ResetTo::Sequence(2),
         partition: None,
     };
-    assert_eq!(net.change(l, 1, reset), Ok(ChangeDone::GroupReset(vec![(0, 2)])));
+    assert_eq!(
+        net.change(l, 1, reset),
+        Ok(ChangeDone::GroupReset(vec![(0, 2)]))
+    );
     // Later BATCHes carry positions again: none of them raises it back.
     for _ in 0..ELECTION_TICKS {
         net.tick();
@@ -1449,7 +1463,9 @@ fn a_group_reset_moves_the_position_back_on_every_node_and_a_new_leader_delivers
         assert_eq!(net.position(i, topic), Some(1), "node {i}");
     }
     net.nodes[l].isolated = true;
-    net.run_until("another node leads", |n| n.serving_leader(Some(l)).is_some());
+    net.run_until("another node leads", |n| {
+        n.serving_leader(Some(l)).is_some()
+    });
     let n = net.serving_leader(Some(l)).unwrap();
     assert_eq!(net.first_delivery(n, topic).sequence, 2);
 }
@@ -1502,7 +1518,11 @@ fn a_follower_refuses_admin_changes_naming_the_leader() {
     for (ticket, change) in (1..).zip(changes) {
         let refused = net.nodes[f].broker.change(ticket, &change, net.now);
         let e = refused.unwrap_err();
-        assert_eq!(e.kind, ManageErrorKind::Cluster(ErrorCode::NotLeader), "{change:?}");
+        assert_eq!(
+            e.kind,
+            ManageErrorKind::Cluster(ErrorCode::NotLeader),
+            "{change:?}"
+        );
         assert!(e.message.contains(&leader), "{}", e.message);
     }
     net.deliver();
