@@ -1529,3 +1529,100 @@ fn a_follower_refuses_admin_changes_naming_the_leader() {
     assert!(net.nodes[f].changes.is_empty());
     assert_eq!(first_sequence(&net, f, topic), 1, "nothing purged");
 }
+
+#[test]
+fn a_reset_holds_through_a_snapshot_install_and_a_restart_from_a_checkpoint() {
+    let (mut net, l, topic) = cluster_with_records(3);
+    net.consume_upto(l, topic, 3);
+    net.run_until("every node has the position", |n| {
+        (0..3).all(|i| n.position(i, topic) == Some(3))
+    });
+    let reset = Change::ResetGroup {
+        group: "g".into(),
+        topic: "orders".into(),
+        to: ResetTo::Earliest,
+        partition: None,
+    };
+    assert_eq!(
+        net.change(l, 1, reset),
+        Ok(ChangeDone::GroupReset(vec![(0, 1)]))
+    );
+    // About five 64 KiB journal files: every node compacts past the reset's entry.
+    net.publish_many(l, topic, 4, 80);
+    let reset_applied = net.cluster(l).applied_index;
+    net.run_until("every node checkpointed past the reset", |n| {
+        (0..3).all(|i| n.cluster(i).replica.checkpoint().index > reset_applied)
+    });
+    let f = (0..3).find(|&i| i != l).unwrap();
+    let other = (0..3).find(|&i| i != l && i != f).unwrap();
+    // One follower loses power and starts from its checkpoint's positions file...
+    let disk = net.nodes[other].disk.clone();
+    disk.power_cut();
+    net.nodes[other] = open_node_on(other as u64 + 1, disk);
+    assert_eq!(net.position(other, topic), Some(0), "after a restart");
+    // ...the other loses its data directory and installs the leader's snapshot.
+    net.nodes[f] = open_node_on(f as u64 + 1, SimDisk::seeded(99));
+    net.nodes[l].broker.peer_up(f as u64 + 1, None, Some(0));
+    net.run_until("the wiped node installed and holds every record", |n| {
+        n.nodes[f].restarts.len() >= 2 && n.next_sequence(f, topic) == 84
+    });
+    assert_eq!(net.position(f, topic), Some(0), "after an install");
+}
+
+#[test]
+fn a_reset_refused_while_the_group_has_members_and_acks_after_it_land_on_every_node() {
+    let (mut net, l, topic) = cluster_with_records(3);
+    net.consume_upto(l, topic, 3);
+    net.publish(l, 4, topic, (3, 4), "v4");
+    assert_eq!(pub_ok(&net.wait_answer(l, 4)).sequence, 4);
+    let reset = |to| Change::ResetGroup {
+        group: "g".into(),
+        topic: "orders".into(),
+        to,
+        partition: None,
+    };
+    // A member with a delivery outstanding: refused before anything is proposed.
+    let last = net.cluster(l).replica.last_index();
+    assert_eq!(net.first_delivery(l, topic).sequence, 4);
+    let refused = net.nodes[l]
+        .broker
+        .change(1, &reset(ResetTo::Earliest), net.now);
+    assert_eq!(refused.unwrap_err().kind, ManageErrorKind::GroupHasMembers);
+    let now = net.now;
+    net.nodes[l].broker.connection_closed(CONN, now);
+    net.deliver();
+    // The followers cannot commit the reset for a while; meanwhile a member joins at the
+    // reset position and acknowledges a record after it.
+    for f in (0..3).filter(|&i| i != l) {
+        net.nodes[f].isolated = true;
+    }
+    net.nodes[l]
+        .broker
+        .change(2, &reset(ResetTo::Earliest), net.now)
+        .unwrap();
+    assert!(net.cluster(l).replica.last_index() > last, "proposed");
+    assert_eq!(
+        net.position(l, topic),
+        Some(0),
+        "made on the leader at once"
+    );
+    let delivery = net.first_delivery(l, topic);
+    assert_eq!(delivery.sequence, 1);
+    let _ = (net.nodes[l].broker).ack(CONN, &delivery.ack(AckFlags::empty()), net.now);
+    assert_eq!(net.position(l, topic), Some(1));
+    for f in (0..3).filter(|&i| i != l) {
+        assert_eq!(net.position(f, topic), Some(3), "node {f} before commit");
+        net.nodes[f].isolated = false;
+    }
+    net.run_until("the reset's answer", |n| {
+        n.nodes[l].changes.contains_key(&2)
+    });
+    assert_eq!(
+        net.nodes[l].changes[&2],
+        Ok(ChangeDone::GroupReset(vec![(0, 1)]))
+    );
+    // Every node: the reset, then the acknowledgement after it, in log order.
+    net.run_until("every node has the acknowledged position", |n| {
+        (0..3).all(|i| n.position(i, topic) == Some(1))
+    });
+}
