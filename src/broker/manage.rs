@@ -81,7 +81,7 @@ pub struct ManageError {
     pub message: String,
 }
 
-pub(super) fn refused<T>(kind: ManageErrorKind, message: String) -> Result<T, ManageError> {
+fn refused<T>(kind: ManageErrorKind, message: String) -> Result<T, ManageError> {
     Err(ManageError { kind, message })
 }
 

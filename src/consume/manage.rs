@@ -131,7 +131,8 @@ impl Coordinator {
                 }
             }
             // Only a serving leader has live groups, and it made its own changes when it
-            // proposed them: not reached, unless a leader skipped its follower pass.
+            // proposed them. One that led again with no pass as a follower in between
+            // kept its groups: their live state wins, as over any replicated position.
             Err(why) => log::warn!(
                 "reset of group {} not applied to its live state: {why:?}",
                 String::from_utf8_lossy(name)
