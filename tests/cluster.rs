@@ -127,19 +127,55 @@ fn a_replicated_pub_is_answered_by_the_leader_held_by_every_node_and_followers_n
             other => panic!("a follower took a DECLARE: {other:?}"),
         }
     }
-    // Admin writes are not replicated: refused on every node rather than made on one.
-    for i in 0..3 {
+    // Admin writes go to the leader: a follower names it, and changes nothing.
+    for i in (0..3).filter(|&i| i != leader) {
         for (method, path) in [
             ("POST", "/topics/orders/purge"),
             ("DELETE", "/groups/g?topic=orders"),
             ("POST", "/groups/g/reset?topic=orders&to=earliest"),
         ] {
             let (status, body) = cluster.nodes[i].http(method, path);
-            assert_eq!(status, 501, "{method} {path} on node {i}: {body}");
-            assert!(body.contains("NOT_REPLICATED"), "{body}");
+            assert_eq!(status, 421, "{method} {path} on node {i}: {body}");
+            assert!(
+                body.contains("NOT_LEADER") && body.contains(&want),
+                "{body}"
+            );
         }
     }
     wait_converged(&cluster, &acked);
+}
+
+/// `mortarctl topics purge orders` against node `i`'s listeners.
+fn mortarctl_purge(cluster: &Cluster, i: usize) -> std::process::Output {
+    let mut cmd = common::mortarctl::against(&cluster.nodes[i]);
+    cmd.args(["topics", "purge", "orders"]);
+    common::mortarctl::run_to_end(cmd, b"", Duration::from_secs(30)).expect("mortarctl ended")
+}
+
+#[test]
+fn a_purge_through_mortarctl_on_the_leader_empties_the_topic_on_every_node() {
+    let (cluster, leader, mut c, topic_id, acked) = cluster_with_orders(5);
+    wait_converged(&cluster, &acked);
+    let out = mortarctl_purge(&cluster, leader);
+    assert!(out.status.success(), "{out:?}");
+    wait_converged(&cluster, &[]);
+    // Sequences go on after the purge, on every node.
+    let after = publish(&mut c, topic_id, 6, None);
+    assert_eq!(after.sequence, acked[4].0 + 1);
+    wait_converged(&cluster, &[(after.sequence, "v6".to_string())]);
+    // On a follower mortarctl says where the leader is.
+    let f = (0..3).find(|&i| i != leader).unwrap();
+    let out = mortarctl_purge(&cluster, f);
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let want = format!(
+        "leader {} {}",
+        cluster.id(leader),
+        cluster.nodes[leader].addr
+    );
+    assert!(err.contains("NOT_LEADER") && err.contains(&want), "{err}");
+    assert!(err.contains("hint:"), "{err}");
+    wait_converged(&cluster, &[(after.sequence, "v6".to_string())]);
 }
 
 #[test]

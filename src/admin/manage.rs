@@ -200,7 +200,11 @@ fn manage_error(e: &ManageError) -> Reply {
         K::UnknownGroup => (404, "UNKNOWN_GROUP", None),
         K::GroupHasMembers => (409, "GROUP_HAS_MEMBERS", None),
         K::GroupBusy => (409, "GROUP_BUSY", None),
-        K::NotReplicated => (501, "NOT_REPLICATED", None),
+        // 421 Misdirected Request: the leader, which the message names, takes it.
+        K::Cluster(ErrorCode::NotLeader) => (421, "", Some(ErrorCode::NotLeader)),
+        // The entry may still commit and apply: as the admin thread's own 504.
+        K::Cluster(ErrorCode::ReplicationTimeout) => (504, "", Some(ErrorCode::ReplicationTimeout)),
+        K::Cluster(code) => (503, "", Some(code)),
         K::Storage => (500, "", Some(ErrorCode::InternalError)),
     };
     let name = code.map_or(name, ErrorCode::name);

@@ -91,9 +91,10 @@ pub enum Work {
         bytes: Vec<u8>,
         generation: u64,
     },
-    /// Partitions' purges (`log/purge.rs`): answers the operator's `ticket` once done.
+    /// Partitions' purges (`log/purge.rs`): answers the operator's `ticket` once done
+    /// (`None`: a cluster node applying a purge no operator waits for here).
     Purge {
-        ticket: u64,
+        ticket: Option<u64>,
         files: Vec<(PartitionKey, PurgeFiles)>,
     },
     /// A partition's producer-state snapshot.

@@ -6,11 +6,16 @@
 //! and its outcome comes back from [`Broker::take_manage_done`] after the positions
 //! write (group changes) or the purge job (`log/purge.rs`) completed. A change refused
 //! up front is answered at once, and changes nothing.
+//!
+//! A cluster node takes a change only as the serving leader, and through the raft log
+//! (`broker::replica::admin`): every node applies it, and the leader answers it once
+//! applied here and durable as above.
 
 use std::collections::HashMap;
 
 use crate::consume::GroupRefusal;
-use crate::log::{PartitionLog, StorageError};
+use crate::log::{PartitionLog, PurgeFiles, StorageError};
+use crate::wire::ErrorCode;
 
 use super::jobs::{DurableJob, Work};
 use super::positions::GroupTombstone;
@@ -62,9 +67,10 @@ pub enum ManageErrorKind {
     UnknownGroup,
     GroupHasMembers,
     GroupBusy,
-    /// A cluster node: the change would be this node's alone (it is not replicated), and
-    /// a failover would undo it.
-    NotReplicated,
+    /// A cluster node that cannot take the change now, with the code its client ops get:
+    /// NOT_LEADER (the message names the leader), LEADER_UNKNOWN, NOT_ENOUGH_REPLICAS,
+    /// or, once proposed, what the raft entry met (`man/mortarmq.7`, the 0x6xxx codes).
+    Cluster(ErrorCode),
     /// The change was made in memory but writing it failed.
     Storage,
 }
@@ -128,11 +134,14 @@ pub struct TopicDescription {
 pub struct ManageWaits {
     waiting: HashMap<u64, ChangeDone>,
     done: Vec<(u64, Result<ChangeDone, ManageError>)>,
+    /// Purge file jobs submitted and not back: a cluster checkpoint waits for them, or
+    /// a crash could bring back records whose purge entry it compacted.
+    purges_running: usize,
 }
 
 impl Broker {
     /// The topic `name` (a source or a twin): (topic id, partition count, is twin).
-    fn topic_named(&self, name: &str) -> Result<(u16, u16, bool), ManageError> {
+    pub(super) fn topic_named(&self, name: &str) -> Result<(u16, u16, bool), ManageError> {
         let registry = self.topics.registry();
         let found = match name.strip_suffix(crate::wire::DLQ_SUFFIX) {
             Some(source) => registry.lookup(source).map(|p| (p.twin_id(), p, true)),
@@ -207,12 +216,7 @@ impl Broker {
     /// comes from [`Broker::take_manage_done`] under `ticket` once durable.
     pub fn change(&mut self, ticket: u64, change: &Change, now: Now) -> Result<(), ManageError> {
         if self.cluster.is_some() {
-            return refused(
-                ManageErrorKind::NotReplicated,
-                "a cluster does not replicate purges, group deletes or resets yet: \
-                 made on one node, a failover would undo them (docs/DECISIONS.md)"
-                    .to_string(),
-            );
+            return self.change_replicated(ticket, change, now);
         }
         match change {
             Change::DeleteGroup { group, topic } => {
@@ -246,7 +250,7 @@ impl Broker {
     /// The deleted group's tombstone (`positions.rs`), so start-up does not read it back
     /// from the dead letters it left in the twin; it is on disk with the write the delete
     /// waits for. Spent tombstones are dropped here, at the rate of operator deletes.
-    fn bury_group(&mut self, group: &[u8], topic_id: u16, partition_count: u16) {
+    pub(super) fn bury_group(&mut self, group: &[u8], topic_id: u16, partition_count: u16) {
         let twin_id = crate::wire::dlq_twin_id(topic_id);
         let marks = (0..partition_count)
             .filter_map(|p| {
@@ -265,7 +269,7 @@ impl Broker {
     }
 
     /// Per partition (all, or the one named), the next sequence `to` means now.
-    fn reset_targets(
+    pub(super) fn reset_targets(
         &mut self,
         topic: &str,
         to: ResetTo,
@@ -298,7 +302,7 @@ impl Broker {
     }
 
     /// The change is made; it is answered once the positions file holds it.
-    fn wait_for_positions(&mut self, ticket: u64, done: ChangeDone, now: Now) {
+    pub(super) fn wait_for_positions(&mut self, ticket: u64, done: ChangeDone, now: Now) {
         self.manage.waiting.insert(ticket, done);
         let (_, positions) = self.consume.parts_mut();
         positions.wait(ticket);
@@ -347,26 +351,57 @@ impl Broker {
             report.push((p, first, purged.as_ref().map_or(0, |f| f.records)));
             files.extend(purged.map(|f| (key, f)));
         }
+        self.submit_purge(Some(ticket), report, files);
+        Ok(())
+    }
+
+    /// The file work of a purge made in memory; `ticket`, if someone waits, is answered
+    /// with `report` once it is done (at once when no file was involved).
+    pub(super) fn submit_purge(
+        &mut self,
+        ticket: Option<u64>,
+        report: Vec<(u16, u64, u64)>,
+        files: Vec<(PartitionKey, PurgeFiles)>,
+    ) {
         if files.is_empty() {
-            self.manage
-                .done
-                .push((ticket, Ok(ChangeDone::Purged(report))));
-            return Ok(());
+            if let Some(ticket) = ticket {
+                let done = Ok(ChangeDone::Purged(report));
+                self.manage.done.push((ticket, done));
+            }
+            return;
         }
-        self.manage
-            .waiting
-            .insert(ticket, ChangeDone::Purged(report));
+        if let Some(ticket) = ticket {
+            let done = ChangeDone::Purged(report);
+            self.manage.waiting.insert(ticket, done);
+        }
+        self.manage.purges_running += 1;
         let job = DurableJob {
             storage: std::sync::Arc::clone(&self.storage),
             work: Work::Purge { ticket, files },
         };
         self.sink.submit(job);
-        Ok(())
+    }
+
+    /// Purge file jobs not back yet.
+    pub(super) fn purges_running(&self) -> bool {
+        self.manage.purges_running > 0
+    }
+
+    /// Answers `ticket` now (a cluster change refused or failed after its proposal).
+    pub(super) fn manage_answer(&mut self, ticket: u64, result: Result<ChangeDone, ManageError>) {
+        self.manage.waiting.remove(&ticket);
+        self.manage.done.push((ticket, result));
     }
 
     /// The purge job of `ticket` finished.
-    pub(super) fn purge_done(&mut self, ticket: u64, result: &std::io::Result<()>) {
-        let Some(done) = self.manage.waiting.remove(&ticket) else {
+    pub(super) fn purge_done(&mut self, ticket: Option<u64>, result: &std::io::Result<()>) {
+        self.manage.purges_running = self.manage.purges_running.saturating_sub(1);
+        let Some((ticket, done)) = ticket.and_then(|t| Some((t, self.manage.waiting.remove(&t)?)))
+        else {
+            if let Err(e) = result {
+                // A cluster node's purge that no operator waits for here.
+                log::error!("removing the files of purged records failed: {e}");
+            }
             return;
         };
         let result = match result {
@@ -386,7 +421,7 @@ impl Broker {
     }
 }
 
-fn group_refusal(r: GroupRefusal, group: &str, topic: &str) -> ManageError {
+pub(super) fn group_refusal(r: GroupRefusal, group: &str, topic: &str) -> ManageError {
     let (kind, message) = match r {
         GroupRefusal::Unknown => (
             ManageErrorKind::UnknownGroup,

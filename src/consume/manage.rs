@@ -102,6 +102,56 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Whether [`Coordinator::reset_group`] or [`Coordinator::delete_group`] would take
+    /// the group now (a cluster leader asks before it proposes the change).
+    pub fn check_changeable(&self, name: &[u8], topic_id: u16) -> Result<(), GroupRefusal> {
+        self.changeable(name, topic_id).map(|_| ())
+    }
+
+    /// A reset applied from the raft log (`broker::replica::admin`) on a node that did
+    /// not make it when proposing it: the positions are set to the targets, lower or
+    /// higher, not raised as replicated positions are (`restore_position`), so a reset
+    /// backwards holds until a later entry moves them. A group this node does not know
+    /// (its positions were not replicated yet) is restored at the targets.
+    pub fn replicated_reset(
+        &mut self,
+        (name, topic_id): (&[u8], u16),
+        targets: &[(u16, u64)],
+        now_ms: u64,
+    ) {
+        match self.changeable(name, topic_id) {
+            Ok(_) => self
+                .reset_group((name, topic_id), targets)
+                .expect("changeable"),
+            Err(GroupRefusal::Unknown) => {
+                let r = self.restored_entry(name, topic_id, now_ms);
+                let r = r.expect("not a live group");
+                for &(p, next) in targets {
+                    r.committed.insert(p, next.saturating_sub(1));
+                }
+            }
+            // Only a serving leader has live groups, and it made its own changes when it
+            // proposed them. One that led again with no pass as a follower in between
+            // kept its groups: their live state wins, as over any replicated position.
+            Err(why) => log::warn!(
+                "reset of group {} not applied to its live state: {why:?}",
+                String::from_utf8_lossy(name)
+            ),
+        }
+    }
+
+    /// A group delete applied from the raft log on a node that did not make it when
+    /// proposing it (as [`Coordinator::replicated_reset`]).
+    pub fn replicated_delete(&mut self, (name, topic_id): (&[u8], u16)) {
+        match self.delete_group((name, topic_id)) {
+            Ok(()) | Err(GroupRefusal::Unknown) => {}
+            Err(why) => log::warn!(
+                "delete of group {} not applied to its live state: {why:?}",
+                String::from_utf8_lossy(name)
+            ),
+        }
+    }
+
     /// The records of `(topic_id, partition)` below `first` were purged: every group on
     /// the topic moves past them (`Group::purged`), restored positions too.
     pub fn purged(&mut self, topic_id: u16, partition: u16, first: u64) {

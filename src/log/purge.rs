@@ -58,15 +58,32 @@ impl PartitionLog {
     /// Drops every flushed record: the first sequence becomes the next one. Returns the
     /// files to sync and unlink ([`PurgeFiles::run`]), or `None` when nothing was kept.
     pub fn purge(&mut self) -> Result<Option<PurgeFiles>, StorageError> {
+        self.purge_below(u64::MAX)
+    }
+
+    /// Drops the segments whose records all lie below `below`, the active one too once
+    /// every record it holds is below (it is sealed, and a new one starts at the next
+    /// sequence): [`PartitionLog::purge`] with a bound. A cluster node applies a purge
+    /// entry with it (`broker::replica::admin`): `below` is where the log ended when the
+    /// entry was applied first, so applying it again after a restart, with the records
+    /// of later entries held, drops the same segments and no later record. A segment
+    /// that holds records on both sides of `below` is kept whole.
+    pub fn purge_below(&mut self, below: u64) -> Result<Option<PurgeFiles>, StorageError> {
         self.check_poisoned()?;
-        if self.first_sequence() > self.written_sequence {
+        if self.first_sequence() > self.written_sequence || self.first_sequence() >= below {
             return Ok(None);
         }
-        if self.active().record_count > 0 {
+        if self.active().record_count > 0 && self.written_sequence < below {
             self.seal_active_index()?;
             self.flush_roll()?;
         }
-        let keep = self.segments.len() - 1;
+        let last = self.segments.len() - 1;
+        let keep = (0..last)
+            .find(|&i| self.segments[i + 1].first_sequence > below)
+            .unwrap_or(last);
+        if keep == 0 {
+            return Ok(None);
+        }
         let old: Vec<_> = self.segments.drain(..keep).collect();
         let mut remove = Vec::with_capacity(2 * old.len());
         let (mut records, mut bytes) = (0, 0);
@@ -169,5 +186,29 @@ mod tests {
         drop(log);
         let (log, _) = PartitionLog::open(&storage, dir.path(), config).unwrap();
         assert_eq!((log.first_sequence(), log.next_sequence()), (1, 5));
+    }
+
+    #[test]
+    fn a_purge_below_a_bound_applied_again_drops_the_same_records_and_no_later_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = FsStorage::shared();
+        let config = LogConfig::default();
+        let (mut log, _) = PartitionLog::open(&storage, dir.path(), config).unwrap();
+        append(&mut log, 4);
+        let files = log.purge_below(5).unwrap().expect("records to purge");
+        assert_eq!(files.records, 4);
+        assert_eq!((log.first_sequence(), log.next_sequence()), (5, 5));
+        append(&mut log, 2);
+        // The unlinks never ran: the old segment comes back beside the new records.
+        drop(files);
+        drop(log);
+        let (mut log, _) = PartitionLog::open(&storage, dir.path(), config).unwrap();
+        assert_eq!((log.first_sequence(), log.next_sequence()), (1, 7));
+        let files = log.purge_below(5).unwrap().expect("the old segment again");
+        assert_eq!(files.records, 4);
+        assert_eq!((log.first_sequence(), log.next_sequence()), (5, 7));
+        assert_eq!(log.read_one(6).unwrap().unwrap().sequence, 6, "kept");
+        assert!(log.purge_below(5).unwrap().is_none(), "nothing below 5");
+        log.check_invariants();
     }
 }

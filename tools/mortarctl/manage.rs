@@ -112,6 +112,14 @@ fn request(ctx: &Ctx, method: &str, path: &str) -> Result<Value, Failure> {
         }
         401 => "\nhint: the token given is not in the broker's --token-file",
         409 => "\nhint: stop the group's consumers, then run the command again",
+        421 => {
+            "\nhint: a cluster takes these changes on its leader: run the command with \
+                --admin set to the admin listener of the node named"
+        }
+        503 if err["code"].is_string() => {
+            "\nhint: the cluster cannot take the change now (no reachable leader or \
+             majority); try again in a moment"
+        }
         _ => "",
     };
     runtime_err(format!(

@@ -128,6 +128,12 @@ pub struct Cluster {
     pub(super) failed: Option<String>,
     pub(super) compaction: Compaction,
     pub(super) installs: Installs,
+    /// Operator changes proposed here and waited for: ticket → the entry's index
+    /// (`replica::admin`).
+    pub(super) admin_tickets: HashMap<u64, u64>,
+    /// Entries whose group change this leader made when it proposed them, in this
+    /// leadership: applying them leaves its live groups alone.
+    pub(super) admin_made: std::collections::HashSet<u64>,
 }
 
 /// A cluster node's place in the group, for /stats.
@@ -183,6 +189,8 @@ impl Cluster {
             failed: None,
             compaction: Compaction::from_checkpoint(checkpoint),
             installs: Installs::default(),
+            admin_tickets: HashMap::new(),
+            admin_made: std::collections::HashSet::new(),
         }
     }
 
@@ -217,7 +225,7 @@ impl Cluster {
     }
 
     /// The role gate: leader, applied up to its term's start, log healthy.
-    fn gate(&self, now_ms: u64) -> Result<(), (ErrorCode, String)> {
+    pub(super) fn gate(&self, now_ms: u64) -> Result<(), (ErrorCode, String)> {
         if let Some(why) = &self.failed {
             // It takes no part in raft any more, so it does not lead; NOT_LEADER naming
             // no leader sends a client with other addresses to them (man/mortarmq.7).
@@ -365,6 +373,13 @@ impl Cluster {
         })
     }
 
+    /// The group's positions go into the next BATCH whatever they are: an operator
+    /// change moved them on every node, perhaps back to what was sent last.
+    pub(super) fn resend_positions(&mut self, group: &[u8], topic_id: u16) {
+        self.positions_sent
+            .retain(|(g, t, _), _| !(g == group && *t == topic_id));
+    }
+
     /// A truncated or never-proposed entry's sequences may be handed out again.
     fn drop_overlay(&mut self) {
         self.overlay.clear();
@@ -402,6 +417,9 @@ impl Cluster {
             return None;
         }
         self.drop_overlay();
+        // Its groups become restored ones (`Coordinator::stop_leading`), or a new term's
+        // leader applies its earlier entries: the changes go to whatever groups it holds.
+        self.admin_made.clear();
         if leader {
             self.leading_term = term;
             self.catching_up = Some(self.replica.last_index());
@@ -440,7 +458,7 @@ fn pub_err(code: ErrorCode, text: String) -> Handled {
 }
 
 /// The text of a waiter's failure (`man/mortarmq.7`, the 0x6xxx codes).
-fn waiter_text(code: ErrorCode) -> String {
+pub(super) fn waiter_text(code: ErrorCode) -> String {
     match code {
         ErrorCode::LogTruncated => "the entry was replaced by a newer leader's; resend".into(),
         ErrorCode::NotEnoughReplicasAfterAppend => {
@@ -497,7 +515,7 @@ impl Broker {
         Ok((broker, report))
     }
 
-    fn cluster_mut(&mut self) -> &mut Cluster {
+    pub(super) fn cluster_mut(&mut self) -> &mut Cluster {
         self.cluster.as_deref_mut().expect("cluster mode")
     }
 
@@ -799,7 +817,7 @@ impl Broker {
     }
 
     /// The pass's records become one BATCH proposal waited on by the pass's PUBs.
-    fn propose_pass(&mut self, now: Now) {
+    pub(super) fn propose_pass(&mut self, now: Now) {
         let positions = self.moved_positions(now);
         let c = self.cluster.as_deref_mut().expect("cluster mode");
         if c.pass.is_empty() && c.pass_waiters.is_empty() && positions.is_empty() {
@@ -942,6 +960,9 @@ impl Broker {
     }
 
     fn answer_waiter(&mut self, waiter: Waiter, result: Result<Replicated, ErrorCode>) {
+        if waiter.conn == super::admin::ADMIN_CONN {
+            return self.admin_waiter(waiter.slot, result);
+        }
         let c = self.cluster_mut();
         let key = (waiter.conn, waiter.slot);
         let response = if let Some(w) = c.pubs.remove(&key) {
@@ -989,6 +1010,7 @@ impl Broker {
                 EntryData::Batch(batch) => self.apply_batch(&batch, now),
                 EntryData::Registry(change) => self.apply_registry(index, change, now),
                 EntryData::Floor(floor) => self.apply_floor(floor),
+                EntryData::Admin(change) => self.apply_admin(index, change, now),
                 EntryData::Noop => {}
             }
             self.cluster_mut().applied_index = index;

@@ -12,6 +12,7 @@ use std::time::Duration;
 use super::machine::{test_address, test_config, ReplicaConfig, ReplicaOptions};
 use super::PeerMessage;
 use crate::broker::dlq::split_origin;
+use crate::broker::manage::{Change, ChangeDone, ManageError, ManageErrorKind, ResetTo};
 use crate::broker::{
     unlimited_room, Broker, BrokerConfig, ConnRef, DurableJob, Effect, Handled, JobSink, Now,
 };
@@ -66,6 +67,8 @@ struct Node {
     answers: BTreeMap<u64, Response>,
     /// NOTICEs and MSGs pushed, in order.
     pushes: Vec<Effect>,
+    /// Operator changes answered, by ticket.
+    changes: BTreeMap<u64, Result<ChangeDone, ManageError>>,
 }
 
 fn open_node_on(id: u64, disk: SimDisk) -> Node {
@@ -114,6 +117,7 @@ fn open_node_retaining(
         isolated: false,
         answers: BTreeMap::new(),
         pushes: Vec::new(),
+        changes: BTreeMap::new(),
     }
 }
 
@@ -166,6 +170,10 @@ impl Net {
                     }
                     Effect::PullAnswer { .. } => {}
                 }
+            }
+            for (ticket, result) in node.broker.take_manage_done() {
+                let twice = node.changes.insert(ticket, result);
+                assert!(twice.is_none(), "ticket {ticket} answered twice");
             }
             let mut out = Vec::new();
             node.broker.drain_peer_messages(&mut out);
@@ -443,6 +451,52 @@ impl Net {
 
     fn term(&self, i: usize) -> u64 {
         self.nodes[i].broker.cluster_status().unwrap().term
+    }
+
+    /// An operator change on node `i` as `ticket`, and its answer once durable.
+    fn change(&mut self, i: usize, ticket: u64, change: Change) -> Result<ChangeDone, ManageError> {
+        self.nodes[i].broker.change(ticket, &change, self.now)?;
+        self.run_until("the change's answer", |n| {
+            n.nodes[i].changes.contains_key(&ticket)
+        });
+        self.nodes[i].changes.remove(&ticket).unwrap()
+    }
+
+    /// Joins group `g` on leader `l` and acknowledges every record delivered until its
+    /// committed position is `upto`; then the member's connection closes, leaving a group
+    /// without members that an operator may change.
+    fn consume_upto(&mut self, l: usize, topic: u16, upto: u64) {
+        let sub = Sub {
+            group: b"g",
+            topic_id: topic,
+            partition: SUB_PARTITION_ANY,
+            ..Sub::default()
+        };
+        let _ = self.nodes[l].broker.subscribe(CONN, &sub, self.now);
+        for _ in 0..ROUNDS_MAX {
+            self.deliver();
+            if self.position(l, topic) == Some(upto) {
+                let now = self.now;
+                self.nodes[l].broker.connection_closed(CONN, now);
+                return self.deliver();
+            }
+            for push in std::mem::take(&mut self.nodes[l].pushes) {
+                let (broker, now) = (&mut self.nodes[l].broker, self.now);
+                match push {
+                    Effect::Notice { notice, .. } => {
+                        let answer = ControlAck::answering(&notice, ControlResult::Ok);
+                        let _ = broker.control_ack(CONN, &answer, now);
+                    }
+                    Effect::Deliver { delivery, .. } => {
+                        let ack = delivery.reference.ack(AckFlags::empty());
+                        let _ = broker.ack(CONN, &ack, now);
+                    }
+                    _ => {}
+                }
+            }
+            self.tick();
+        }
+        panic!("never acknowledged up to {upto}");
     }
 }
 
@@ -1320,4 +1374,255 @@ fn a_leader_that_forgot_the_snapshot_refuses_its_chunks_and_the_install_is_given
         restarts, 4,
         "given up once (out), into the second install, out of it"
     );
+}
+
+/// A 3-node cluster with `orders` and records 1..=`records` on every node, each
+/// acknowledged to its producer: (net, leader, topic id).
+fn cluster_with_records(records: u64) -> (Net, usize, u16) {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    for seq in 1..=records {
+        net.publish(l, seq, topic, (3, seq), &format!("v{seq}"));
+        assert_eq!(pub_ok(&net.wait_answer(l, seq)).sequence, seq);
+    }
+    net.run_until("every node holds the records", |n| {
+        n.all_at(topic, records + 1)
+    });
+    (net, l, topic)
+}
+
+/// Node `i`'s first sequence of `topic` partition 0.
+fn first_sequence(net: &Net, i: usize, topic: u16) -> u64 {
+    net.nodes[i]
+        .broker
+        .partition(topic, 0)
+        .unwrap()
+        .log
+        .first_sequence()
+}
+
+#[test]
+fn a_purge_on_the_leader_removes_the_records_on_every_node_and_a_restart_keeps_later_ones() {
+    let (mut net, l, topic) = cluster_with_records(3);
+    let purge = Change::Purge {
+        topic: "orders".into(),
+    };
+    let done = net.change(l, 1, purge);
+    assert_eq!(done, Ok(ChangeDone::Purged(vec![(0, 4, 3)])));
+    net.run_until("every node purged", |n| {
+        (0..3).all(|i| first_sequence(n, i, topic) == 4)
+    });
+    for i in 0..3 {
+        assert_eq!(
+            net.record(i, topic, 3),
+            None,
+            "node {i} kept a purged record"
+        );
+    }
+    // Sequences go on; a follower restarted applies the log again from its start,
+    // the purge included, and keeps the record that came after it.
+    net.publish(l, 4, topic, (3, 4), "after");
+    assert_eq!(pub_ok(&net.wait_answer(l, 4)).sequence, 4);
+    let f = (0..3).find(|&i| i != l).unwrap();
+    net.run_until("the follower applied it", |n| {
+        n.next_sequence(f, topic) == 5
+    });
+    let disk = net.nodes[f].disk.clone();
+    net.nodes[f] = open_node_on(f as u64 + 1, disk);
+    net.run_until("the restarted follower applied the log again", |n| {
+        n.cluster(f).applied_index == n.cluster(l).applied_index
+    });
+    assert_eq!(first_sequence(&net, f, topic), 4);
+    assert_eq!(net.record(f, topic, 4), Some((3, "after".into())));
+}
+
+#[test]
+fn a_group_reset_moves_the_position_back_on_every_node_and_a_new_leader_delivers_from_it() {
+    let (mut net, l, topic) = cluster_with_records(3);
+    net.consume_upto(l, topic, 3);
+    net.run_until("every node has the position", |n| {
+        (0..3).all(|i| n.position(i, topic) == Some(3))
+    });
+    let reset = Change::ResetGroup {
+        group: "g".into(),
+        topic: "orders".into(),
+        to: ResetTo::Sequence(2),
+        partition: None,
+    };
+    assert_eq!(
+        net.change(l, 1, reset),
+        Ok(ChangeDone::GroupReset(vec![(0, 2)]))
+    );
+    // Later BATCHes carry positions again: none of them raises it back.
+    for _ in 0..ELECTION_TICKS {
+        net.tick();
+        net.deliver();
+    }
+    for i in 0..3 {
+        assert_eq!(net.position(i, topic), Some(1), "node {i}");
+    }
+    net.nodes[l].isolated = true;
+    net.run_until("another node leads", |n| {
+        n.serving_leader(Some(l)).is_some()
+    });
+    let n = net.serving_leader(Some(l)).unwrap();
+    assert_eq!(net.first_delivery(n, topic).sequence, 2);
+}
+
+#[test]
+fn a_group_delete_is_gone_on_every_node_and_after_a_restart() {
+    let (mut net, l, topic) = cluster_with_records(2);
+    net.consume_upto(l, topic, 2);
+    net.run_until("every node has the position", |n| {
+        (0..3).all(|i| n.position(i, topic) == Some(2))
+    });
+    let delete = Change::DeleteGroup {
+        group: "g".into(),
+        topic: "orders".into(),
+    };
+    assert_eq!(net.change(l, 1, delete), Ok(ChangeDone::GroupDeleted));
+    net.run_until("every node deleted it", |n| {
+        (0..3).all(|i| n.position(i, topic).is_none())
+    });
+    // A restart applies the BATCH that carried the position, then the delete.
+    let f = (0..3).find(|&i| i != l).unwrap();
+    let disk = net.nodes[f].disk.clone();
+    net.nodes[f] = open_node_on(f as u64 + 1, disk);
+    net.run_until("the restarted follower applied the log again", |n| {
+        n.cluster(f).applied_index == n.cluster(l).applied_index
+    });
+    assert_eq!(net.position(f, topic), None);
+}
+
+#[test]
+fn a_follower_refuses_admin_changes_naming_the_leader() {
+    let (mut net, l, topic) = cluster_with_records(1);
+    let leader = format!("leader {} {}", l + 1, test_address(l as u64 + 1));
+    let f = (0..3).find(|&i| i != l).unwrap();
+    let changes = [
+        Change::Purge {
+            topic: "orders".into(),
+        },
+        Change::DeleteGroup {
+            group: "g".into(),
+            topic: "orders".into(),
+        },
+        Change::ResetGroup {
+            group: "g".into(),
+            topic: "orders".into(),
+            to: ResetTo::Earliest,
+            partition: None,
+        },
+    ];
+    for (ticket, change) in (1..).zip(changes) {
+        let refused = net.nodes[f].broker.change(ticket, &change, net.now);
+        let e = refused.unwrap_err();
+        assert_eq!(
+            e.kind,
+            ManageErrorKind::Cluster(ErrorCode::NotLeader),
+            "{change:?}"
+        );
+        assert!(e.message.contains(&leader), "{}", e.message);
+    }
+    net.deliver();
+    assert!(net.nodes[f].changes.is_empty());
+    assert_eq!(first_sequence(&net, f, topic), 1, "nothing purged");
+}
+
+#[test]
+fn a_reset_holds_through_a_snapshot_install_and_a_restart_from_a_checkpoint() {
+    let (mut net, l, topic) = cluster_with_records(3);
+    net.consume_upto(l, topic, 3);
+    net.run_until("every node has the position", |n| {
+        (0..3).all(|i| n.position(i, topic) == Some(3))
+    });
+    let reset = Change::ResetGroup {
+        group: "g".into(),
+        topic: "orders".into(),
+        to: ResetTo::Earliest,
+        partition: None,
+    };
+    assert_eq!(
+        net.change(l, 1, reset),
+        Ok(ChangeDone::GroupReset(vec![(0, 1)]))
+    );
+    // About five 64 KiB journal files: every node compacts past the reset's entry.
+    net.publish_many(l, topic, 4, 80);
+    let reset_applied = net.cluster(l).applied_index;
+    net.run_until("every node checkpointed past the reset", |n| {
+        (0..3).all(|i| n.cluster(i).replica.checkpoint().index > reset_applied)
+    });
+    let f = (0..3).find(|&i| i != l).unwrap();
+    let other = (0..3).find(|&i| i != l && i != f).unwrap();
+    // One follower loses power and starts from its checkpoint's positions file...
+    let disk = net.nodes[other].disk.clone();
+    disk.power_cut();
+    net.nodes[other] = open_node_on(other as u64 + 1, disk);
+    assert_eq!(net.position(other, topic), Some(0), "after a restart");
+    // ...the other loses its data directory and installs the leader's snapshot.
+    net.nodes[f] = open_node_on(f as u64 + 1, SimDisk::seeded(99));
+    net.nodes[l].broker.peer_up(f as u64 + 1, None, Some(0));
+    net.run_until("the wiped node installed and holds every record", |n| {
+        n.nodes[f].restarts.len() >= 2 && n.next_sequence(f, topic) == 84
+    });
+    assert_eq!(net.position(f, topic), Some(0), "after an install");
+}
+
+#[test]
+fn a_reset_refused_while_the_group_has_members_and_acks_after_it_land_on_every_node() {
+    let (mut net, l, topic) = cluster_with_records(3);
+    net.consume_upto(l, topic, 3);
+    net.publish(l, 4, topic, (3, 4), "v4");
+    assert_eq!(pub_ok(&net.wait_answer(l, 4)).sequence, 4);
+    let reset = |to| Change::ResetGroup {
+        group: "g".into(),
+        topic: "orders".into(),
+        to,
+        partition: None,
+    };
+    // A member with a delivery outstanding: refused before anything is proposed.
+    let last = net.cluster(l).replica.last_index();
+    assert_eq!(net.first_delivery(l, topic).sequence, 4);
+    let refused = net.nodes[l]
+        .broker
+        .change(1, &reset(ResetTo::Earliest), net.now);
+    assert_eq!(refused.unwrap_err().kind, ManageErrorKind::GroupHasMembers);
+    let now = net.now;
+    net.nodes[l].broker.connection_closed(CONN, now);
+    net.deliver();
+    // The followers cannot commit the reset for a while; meanwhile a member joins at the
+    // reset position and acknowledges a record after it.
+    for f in (0..3).filter(|&i| i != l) {
+        net.nodes[f].isolated = true;
+    }
+    net.nodes[l]
+        .broker
+        .change(2, &reset(ResetTo::Earliest), net.now)
+        .unwrap();
+    assert!(net.cluster(l).replica.last_index() > last, "proposed");
+    assert_eq!(
+        net.position(l, topic),
+        Some(0),
+        "made on the leader at once"
+    );
+    let delivery = net.first_delivery(l, topic);
+    assert_eq!(delivery.sequence, 1);
+    let _ = (net.nodes[l].broker).ack(CONN, &delivery.ack(AckFlags::empty()), net.now);
+    assert_eq!(net.position(l, topic), Some(1));
+    for f in (0..3).filter(|&i| i != l) {
+        assert_eq!(net.position(f, topic), Some(3), "node {f} before commit");
+        net.nodes[f].isolated = false;
+    }
+    net.run_until("the reset's answer", |n| {
+        n.nodes[l].changes.contains_key(&2)
+    });
+    assert_eq!(
+        net.nodes[l].changes[&2],
+        Ok(ChangeDone::GroupReset(vec![(0, 1)]))
+    );
+    // Every node: the reset, then the acknowledgement after it, in log order.
+    net.run_until("every node has the acknowledged position", |n| {
+        (0..3).all(|i| n.position(i, topic) == Some(1))
+    });
 }

@@ -133,7 +133,10 @@ impl Broker {
         if !due || c.compaction.in_flight || c.failed.is_some() {
             return;
         }
+        // A purge's files not gone yet could come back after a crash, and its entry
+        // would not be applied again from past this checkpoint.
         let busy = !self.topics.settled()
+            || self.purges_running()
             || self.consume.positions_writing()
             || self.partitions.checkpoints_blocked();
         if busy {

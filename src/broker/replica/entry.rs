@@ -13,6 +13,12 @@
 //!           name_len u16, name
 //! FLOOR     kind u8 = 3, floor u64: every node held every entry up to `floor` when the
 //!           leader proposed it, so each may forget what lies below (§5.4)
+//! ADMIN     kind u8 = 4, op u8 (1 PURGE, 2 GROUP_DELETE, 3 GROUP_RESET), topic_id u16,
+//!           topic_len u16, topic (as the operator named it, source or `.dlq` twin),
+//!           group_len u16, group (empty for PURGE),
+//!           targets u16, each: partition u16, sequence u64
+//!           (PURGE: the records below `sequence` go; GROUP_RESET: the next delivery;
+//!           GROUP_DELETE: none), resolved by the leader when it proposed it
 //! ```
 //!
 //! Pure code: no I/O, no raft types.
@@ -22,8 +28,12 @@ use std::fmt;
 const ENTRY_BATCH: u8 = 1;
 const ENTRY_REGISTRY: u8 = 2;
 const ENTRY_FLOOR: u8 = 3;
+const ENTRY_ADMIN: u8 = 4;
 const OP_DECLARE: u8 = 1;
 const OP_DELETE: u8 = 2;
+const OP_PURGE: u8 = 1;
+const OP_GROUP_DELETE: u8 = 2;
+const OP_GROUP_RESET: u8 = 3;
 
 /// One committed (or proposed) entry's meaning.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +45,7 @@ pub enum EntryData {
     /// The lowest match index of every voter, as the leader knew it: no node will need
     /// an entry at or below it again, so journals may be compacted up to it.
     Floor(u64),
+    Admin(AdminChange),
 }
 
 /// A reactor pass's records of every partition and the group positions it moved (§4).
@@ -86,6 +97,30 @@ pub enum RegistryChange {
     },
 }
 
+/// An operator change (`broker::manage`) with the numbers every node applies: the
+/// leader resolved them when it proposed it, so no node reads its own log for them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminChange {
+    /// Per partition: the records below this sequence go.
+    Purge {
+        topic_id: u16,
+        topic: Vec<u8>,
+        below: Vec<(u16, u64)>,
+    },
+    GroupDelete {
+        topic_id: u16,
+        topic: Vec<u8>,
+        group: Vec<u8>,
+    },
+    /// Per partition: the group's next delivery.
+    GroupReset {
+        topic_id: u16,
+        topic: Vec<u8>,
+        group: Vec<u8>,
+        targets: Vec<(u16, u64)>,
+    },
+}
+
 /// Entry data that does not decode: a bug or an entry from a newer version.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntryError(pub &'static str);
@@ -109,6 +144,7 @@ impl EntryData {
                 out.push(ENTRY_FLOOR);
                 out.extend_from_slice(&floor.to_be_bytes());
             }
+            EntryData::Admin(a) => encode_admin(a, &mut out),
         }
         out
     }
@@ -122,6 +158,7 @@ impl EntryData {
             ENTRY_BATCH => EntryData::Batch(decode_batch(&mut r)?),
             ENTRY_REGISTRY => EntryData::Registry(decode_registry(&mut r)?),
             ENTRY_FLOOR => EntryData::Floor(r.u64()?),
+            ENTRY_ADMIN => EntryData::Admin(decode_admin(&mut r)?),
             _ => return Err(EntryError("unknown kind")),
         };
         if !r.data.is_empty() {
@@ -183,6 +220,40 @@ fn encode_registry(r: &RegistryChange, out: &mut Vec<u8>) {
     out.extend_from_slice(&count.to_be_bytes());
     out.extend_from_slice(&(name.len() as u16).to_be_bytes());
     out.extend_from_slice(name);
+}
+
+fn encode_admin(a: &AdminChange, out: &mut Vec<u8>) {
+    let none: &[(u16, u64)] = &[];
+    let (op, topic_id, topic, group, targets) = match a {
+        AdminChange::Purge {
+            topic_id,
+            topic,
+            below,
+        } => (OP_PURGE, topic_id, topic, &[][..], &below[..]),
+        AdminChange::GroupDelete {
+            topic_id,
+            topic,
+            group,
+        } => (OP_GROUP_DELETE, topic_id, topic, &group[..], none),
+        AdminChange::GroupReset {
+            topic_id,
+            topic,
+            group,
+            targets,
+        } => (OP_GROUP_RESET, topic_id, topic, &group[..], &targets[..]),
+    };
+    out.push(ENTRY_ADMIN);
+    out.push(op);
+    out.extend_from_slice(&topic_id.to_be_bytes());
+    out.extend_from_slice(&(topic.len() as u16).to_be_bytes());
+    out.extend_from_slice(topic);
+    out.extend_from_slice(&(group.len() as u16).to_be_bytes());
+    out.extend_from_slice(group);
+    out.extend_from_slice(&(targets.len() as u16).to_be_bytes());
+    for (partition, sequence) in targets {
+        out.extend_from_slice(&partition.to_be_bytes());
+        out.extend_from_slice(&sequence.to_be_bytes());
+    }
 }
 
 /// Big-endian fields off the front of a byte string (also INSTALL's, `install.rs`).
@@ -265,6 +336,38 @@ fn decode_registry(r: &mut Reader<'_>) -> Result<RegistryChange, EntryError> {
     }
 }
 
+fn decode_admin(r: &mut Reader<'_>) -> Result<AdminChange, EntryError> {
+    let (op, topic_id) = (r.u8()?, r.u16()?);
+    let len = r.u16()? as usize;
+    let topic = r.bytes(len)?.to_vec();
+    let len = r.u16()? as usize;
+    let group = r.bytes(len)?.to_vec();
+    let mut targets = Vec::new();
+    for _ in 0..r.u16()? {
+        targets.push((r.u16()?, r.u64()?));
+    }
+    match op {
+        OP_PURGE if group.is_empty() => Ok(AdminChange::Purge {
+            topic_id,
+            topic,
+            below: targets,
+        }),
+        OP_GROUP_DELETE if targets.is_empty() => Ok(AdminChange::GroupDelete {
+            topic_id,
+            topic,
+            group,
+        }),
+        OP_GROUP_RESET => Ok(AdminChange::GroupReset {
+            topic_id,
+            topic,
+            group,
+            targets,
+        }),
+        OP_PURGE | OP_GROUP_DELETE => Err(EntryError("admin fields its op does not take")),
+        _ => Err(EntryError("unknown admin op")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -311,9 +414,31 @@ mod tests {
         ]
     }
 
+    fn admin() -> [EntryData; 3] {
+        [
+            EntryData::Admin(AdminChange::Purge {
+                topic_id: 2,
+                topic: b"orders".to_vec(),
+                below: vec![(0, 41), (1, 1)],
+            }),
+            EntryData::Admin(AdminChange::GroupDelete {
+                topic_id: 0x8002,
+                topic: b"orders.dlq".to_vec(),
+                group: b"billing".to_vec(),
+            }),
+            EntryData::Admin(AdminChange::GroupReset {
+                topic_id: 2,
+                topic: b"orders".to_vec(),
+                group: b"billing".to_vec(),
+                targets: vec![(3, 1 << 40)],
+            }),
+        ]
+    }
+
     #[test]
     fn every_kind_round_trips_and_the_empty_entry_is_the_noop() {
         let [declare, delete] = registry();
+        let [purge, group_delete, reset] = admin();
         let floor = EntryData::Floor(1 << 40);
         for e in [
             batch(),
@@ -321,6 +446,9 @@ mod tests {
             delete,
             EntryData::Batch(Batch::default()),
             floor,
+            purge,
+            group_delete,
+            reset,
         ] {
             let bytes = e.encode();
             assert_eq!(EntryData::decode(&bytes), Ok(e));
@@ -347,12 +475,32 @@ mod tests {
         assert_eq!(&b[13..15], &2u16.to_be_bytes(), "topic id first");
         let floor = EntryData::Floor(0x0102).encode();
         assert_eq!(floor, [ENTRY_FLOOR, 0, 0, 0, 0, 0, 0, 1, 2]);
+        let [purge, _, reset] = admin();
+        let mut want = vec![ENTRY_ADMIN, OP_PURGE, 0, 2, 0, 6];
+        want.extend_from_slice(b"orders");
+        want.extend_from_slice(&[0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 41]);
+        want.extend_from_slice(&[0, 1, 0, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(purge.encode(), want);
+        let mut want = vec![ENTRY_ADMIN, OP_GROUP_RESET, 0, 2, 0, 6];
+        want.extend_from_slice(b"orders");
+        want.extend_from_slice(&[0, 7]);
+        want.extend_from_slice(b"billing");
+        want.extend_from_slice(&[0, 1, 0, 3, 0, 0, 1, 0, 0, 0, 0, 0]);
+        assert_eq!(reset.encode(), want);
     }
 
     #[test]
     fn every_cut_short_or_padded_entry_is_refused() {
         let [declare, _] = registry();
-        for e in [batch(), declare, EntryData::Floor(7)] {
+        let [purge, group_delete, reset] = admin();
+        for e in [
+            batch(),
+            declare,
+            EntryData::Floor(7),
+            purge,
+            group_delete,
+            reset,
+        ] {
             let bytes = e.encode();
             for len in 1..bytes.len() {
                 assert!(EntryData::decode(&bytes[..len]).is_err(), "cut at {len}");
@@ -365,5 +513,18 @@ mod tests {
             );
         }
         assert_eq!(EntryData::decode(&[9]), Err(EntryError("unknown kind")));
+        let [purge, group_delete, _] = admin();
+        let mut bytes = purge.encode();
+        bytes[1] = 9;
+        let unknown = Err(EntryError("unknown admin op"));
+        assert_eq!(EntryData::decode(&bytes), unknown);
+        // A purge naming a group, a group delete carrying targets: not what either takes.
+        let mut bytes = group_delete.encode();
+        bytes[1] = OP_PURGE;
+        let refused = Err(EntryError("admin fields its op does not take"));
+        assert_eq!(EntryData::decode(&bytes), refused);
+        let mut bytes = purge.encode();
+        bytes[1] = OP_GROUP_DELETE;
+        assert_eq!(EntryData::decode(&bytes), refused);
     }
 }

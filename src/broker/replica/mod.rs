@@ -6,17 +6,19 @@
 //!
 //! Built so far (`docs/REPLICATION.md` §10): the logger raft writes to ([`logger`]),
 //! `raft::Storage` over journal format 2 and `raft-state` ([`storage`]), what entry data
-//! means ([`entry`]: BATCH, REGISTRY, FLOOR) and the sans-IO state machine ([`machine`]: the
+//! means ([`entry`]: BATCH, REGISTRY, FLOOR, ADMIN) and the sans-IO state machine ([`machine`]: the
 //! Ready loop, the role gate, REPLICATED waiters, the lease), tested by a three-node
 //! in-process harness (`sim`) and the seeded simulator of §9.3 (`simnet`: faults and a
 //! checker); and the broker's cluster mode ([`cluster`]: a `Broker` owning a `Replica`,
 //! PUB and DECLARE as proposals, apply into partitions, registry and producers), tested
 //! by three in-process brokers (`cluster_sim`) and, driven by `mortard --peers`, by
 //! `tests/cluster.rs`; journal compaction up to what every node holds ([`compaction`]:
-//! FLOOR entries, checkpoints) and INSTALL for a node whose log is gone ([`install`]).
+//! FLOOR entries, checkpoints), INSTALL for a node whose log is gone ([`install`]) and
+//! the operator's purges and group changes as ADMIN entries ([`admin`]).
 //!
 //! Depends on what `broker` may, plus `raft` and `slog` (raft's logging interface).
 
+pub mod admin;
 pub mod cluster;
 pub mod compaction;
 pub mod entry;
