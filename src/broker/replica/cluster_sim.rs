@@ -1392,6 +1392,16 @@ fn cluster_with_records(records: u64) -> (Net, usize, u16) {
     (net, l, topic)
 }
 
+/// [`cluster_with_records`], all consumed by group "g", whose position every node holds.
+fn cluster_with_consumed(records: u64) -> (Net, usize, u16) {
+    let (mut net, l, topic) = cluster_with_records(records);
+    net.consume_upto(l, topic, records);
+    net.run_until("every node has the position", |n| {
+        (0..3).all(|i| n.position(i, topic) == Some(records))
+    });
+    (net, l, topic)
+}
+
 /// Node `i`'s first sequence of `topic` partition 0.
 fn first_sequence(net: &Net, i: usize, topic: u16) -> u64 {
     net.nodes[i]
@@ -1439,11 +1449,7 @@ fn a_purge_on_the_leader_removes_the_records_on_every_node_and_a_restart_keeps_l
 
 #[test]
 fn a_group_reset_moves_the_position_back_on_every_node_and_a_new_leader_delivers_from_it() {
-    let (mut net, l, topic) = cluster_with_records(3);
-    net.consume_upto(l, topic, 3);
-    net.run_until("every node has the position", |n| {
-        (0..3).all(|i| n.position(i, topic) == Some(3))
-    });
+    let (mut net, l, topic) = cluster_with_consumed(3);
     let reset = Change::ResetGroup {
         group: "g".into(),
         topic: "orders".into(),
@@ -1472,11 +1478,7 @@ fn a_group_reset_moves_the_position_back_on_every_node_and_a_new_leader_delivers
 
 #[test]
 fn a_group_delete_is_gone_on_every_node_and_after_a_restart() {
-    let (mut net, l, topic) = cluster_with_records(2);
-    net.consume_upto(l, topic, 2);
-    net.run_until("every node has the position", |n| {
-        (0..3).all(|i| n.position(i, topic) == Some(2))
-    });
+    let (mut net, l, topic) = cluster_with_consumed(2);
     let delete = Change::DeleteGroup {
         group: "g".into(),
         topic: "orders".into(),
@@ -1532,11 +1534,7 @@ fn a_follower_refuses_admin_changes_naming_the_leader() {
 
 #[test]
 fn a_reset_holds_through_a_snapshot_install_and_a_restart_from_a_checkpoint() {
-    let (mut net, l, topic) = cluster_with_records(3);
-    net.consume_upto(l, topic, 3);
-    net.run_until("every node has the position", |n| {
-        (0..3).all(|i| n.position(i, topic) == Some(3))
-    });
+    let (mut net, l, topic) = cluster_with_consumed(3);
     let reset = Change::ResetGroup {
         group: "g".into(),
         topic: "orders".into(),
