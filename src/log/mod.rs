@@ -971,7 +971,7 @@ impl PartitionLog {
         let active = self.active();
         let at = RecoveryPoint {
             segment_first: active.first_sequence,
-            records: active.record_count - (active.idx_unwritten.len() / INDEX_ENTRY_BYTES) as u64,
+            records: (active.index_file_bytes() / INDEX_ENTRY_BYTES) as u64,
             end_position: match active.idx_unwritten.first_chunk::<INDEX_ENTRY_BYTES>() {
                 Some(first) => u64::from(u32::from_be_bytes(*first)),
                 None => active.len_bytes,
