@@ -14,6 +14,9 @@ cd "$(dirname "$0")/.."
 A=$1 B=$2 ROUNDS=${3:-3}
 BENCH=target/release/mortar-bench
 [ -x "$BENCH" ] || cargo build --release --bin mortar-bench
+NAME=ab_builds
+# shellcheck source=cost_common.sh
+source tools/cost_common.sh
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
 
@@ -21,15 +24,9 @@ field() { python3 -c 'import json,sys; print(round(json.load(sys.stdin)[sys.argv
 
 # run BINARY: prints "written fsync fsync_p64 consume" (msgs/s).
 run() {
-  local d pid addr w f p c
-  d=$(mktemp -d)
-  RUST_LOG=warn "$1" --listen 127.0.0.1:0 --admin-listen off --data-dir "$d/data" \
-    >"$d/out" 2>/dev/null &
-  pid=$!
-  PIDS+=("$pid")
-  for _ in $(seq 100); do grep -q '^listening ' "$d/out" && break; sleep 0.1; done
-  addr=$(awk '/^listening /{print $2; exit}' "$d/out")
-  [ -n "$addr" ] || { echo "ab_builds: $1 did not start" >&2; exit 1; }
+  local w f p c
+  start_broker "$1"
+  local addr=$BROKER_ADDR
   w=$("$BENCH" --broker "$addr" --json publish --connections 16 --pipeline 16 \
     --durability written --value-size 1024 --count 300000 --topic w | field ops_per_sec)
   f=$("$BENCH" --broker "$addr" --json publish --connections 16 --pipeline 16 \
@@ -39,9 +36,7 @@ run() {
     field ops_per_sec)
   c=$("$BENCH" --broker "$addr" --json consume --mode push --credit 256 --count 300000 \
     --topic c | field msgs_per_sec)
-  kill "$pid"
-  wait "$pid" 2>/dev/null || true
-  rm -rf "$d"
+  stop_broker
   echo "$w $f $p $c"
 }
 

@@ -13,18 +13,11 @@
 # more consumes of all of them (mortar-bench subscribes a new group each time, from the
 # earliest record): 900,000 messages, about 80 ticks, per figure.
 set -euo pipefail
-ROUNDS=${1:?usage: consume_cost.sh ROUNDS [COUNT] -- MORTARD...}
-shift
-COUNT=300000
+NAME=consume_cost
 REPEAT=${REPEAT:-3}
-if [ "${1:-}" != "--" ]; then COUNT=${1:?}; shift; fi
-[ "${1:-}" = "--" ] && shift
-[ $# -ge 1 ] || { echo "consume_cost: name at least one mortard binary" >&2; exit 2; }
-cd "$(dirname "$0")/.."
-cargo build --release --quiet --bin mortar-bench
-BENCH=target/release/mortar-bench
-PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
+# shellcheck source=cost_common.sh
+source "$(dirname "$0")/cost_common.sh"
+cost_args "$@"
 
 # ticks PID: user and system CPU ticks of the process; faults PID: its minor faults.
 ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
@@ -32,15 +25,9 @@ faults() { awk '{print $10}' "/proc/$1/stat"; }
 
 # run_one MORTARD: one broker, one prefill, one measured consume; prints its figures.
 run_one() {
-  local bin=$1 work pid addr u0 s0 u1 s1 f0
-  work=$(mktemp -d)
-  RUST_LOG=warn "$bin" --listen 127.0.0.1:0 --admin-listen off --data-dir "$work/data" \
-    >"$work/out" 2>/dev/null &
-  pid=$!
-  PIDS+=("$pid")
-  for _ in $(seq 100); do grep -q '^listening ' "$work/out" && break; sleep 0.1; done
-  addr=$(awk '/^listening /{print $2; exit}' "$work/out")
-  [ -n "$addr" ] || { echo "consume_cost: $bin did not start" >&2; exit 1; }
+  local u0 s0 u1 s1 f0
+  start_broker "$1"
+  local pid=$BROKER_PID addr=$BROKER_ADDR work=$BROKER_WORK
   # Prefill (mortar-bench waits out BACKPRESSURE) and a first, unmeasured consume.
   "$BENCH" --broker "$addr" --json consume --mode push --credit 256 --count "$COUNT" \
     --value-size 1024 --topic c >/dev/null
@@ -65,13 +52,7 @@ k = msgs / 1000
 print("%7d msgs/s  broker %.4f ticks (user %.4f sys %.4f) %5.2f faults /1k msgs"
       "  (%d ticks)  load %s" % (rate, (u + s) / k, u / k, s / k, f / k, u + s, sys.argv[cut + 4]))
 EOF
-  kill "$pid"
-  wait "$pid" 2>/dev/null || true
-  rm -rf "$work"
+  stop_broker
 }
 
-for round in $(seq "$ROUNDS"); do
-  for bin in "$@"; do
-    echo "round $round $bin: $(run_one "$bin")"
-  done
-done
+cost_rounds run_one

@@ -12,17 +12,10 @@
 # Each run starts a fresh broker with a temporary data directory and publishes COUNT
 # (300,000) records to a topic of 1 partition, then COUNT to a topic of 64.
 set -euo pipefail
-ROUNDS=${1:?usage: publish_cost.sh ROUNDS [COUNT] -- MORTARD...}
-shift
-COUNT=300000
-if [ "${1:-}" != "--" ]; then COUNT=${1:?}; shift; fi
-[ "${1:-}" = "--" ] && shift
-[ $# -ge 1 ] || { echo "publish_cost: name at least one mortard binary" >&2; exit 2; }
-cd "$(dirname "$0")/.."
-cargo build --release --quiet --bin mortar-bench
-BENCH=target/release/mortar-bench
-PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
+NAME=publish_cost
+# shellcheck source=cost_common.sh
+source "$(dirname "$0")/cost_common.sh"
+cost_args "$@"
 
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
@@ -57,25 +50,12 @@ print("%7d msgs/s %.3f ticks/1k%s" % (r["ops_per_sec"], int(sys.argv[2]) / k, ca
 
 # run_one MORTARD: one broker; prints the 1- and 64-partition figures.
 run_one() {
-  local bin=$1 work pid addr one many
-  work=$(mktemp -d)
-  RUST_LOG=warn "$bin" --listen 127.0.0.1:0 --admin-listen off --data-dir "$work/data" \
-    >"$work/out" 2>/dev/null &
-  pid=$!
-  PIDS+=("$pid")
-  for _ in $(seq 100); do grep -q '^listening ' "$work/out" && break; sleep 0.1; done
-  addr=$(awk '/^listening /{print $2; exit}' "$work/out")
-  [ -n "$addr" ] || { echo "publish_cost: $bin did not start" >&2; exit 1; }
-  one=$(measure "$pid" "$addr" 1)
-  many=$(measure "$pid" "$addr" 64)
+  local one many
+  start_broker "$1"
+  one=$(measure "$BROKER_PID" "$BROKER_ADDR" 1)
+  many=$(measure "$BROKER_PID" "$BROKER_ADDR" 64)
   echo "p1 $one | p64 $many  load $(cut -d' ' -f1 /proc/loadavg)"
-  kill "$pid"
-  wait "$pid" 2>/dev/null || true
-  rm -rf "$work"
+  stop_broker
 }
 
-for round in $(seq "$ROUNDS"); do
-  for bin in "$@"; do
-    echo "round $round $bin: $(run_one "$bin")"
-  done
-done
+cost_rounds run_one
