@@ -380,9 +380,8 @@ impl Net {
         });
     }
 
-    /// Joins group `g` on node `i` and returns its first MSG, CONTROL_ACKing the
-    /// NOTICEs that come before it.
-    fn first_delivery(&mut self, i: usize, topic: u16) -> DeliveryRef {
+    /// Subscribes `CONN` to group `g` of `topic` on node `i`, any partition.
+    fn join_g(&mut self, i: usize, topic: u16) {
         let sub = Sub {
             group: b"g",
             topic_id: topic,
@@ -390,6 +389,12 @@ impl Net {
             ..Sub::default()
         };
         let _ = self.nodes[i].broker.subscribe(CONN, &sub, self.now);
+    }
+
+    /// Joins group `g` on node `i` and returns its first MSG, CONTROL_ACKing the
+    /// NOTICEs that come before it.
+    fn first_delivery(&mut self, i: usize, topic: u16) -> DeliveryRef {
+        self.join_g(i, topic);
         loop {
             self.deliver();
             for push in std::mem::take(&mut self.nodes[i].pushes) {
@@ -466,13 +471,7 @@ impl Net {
     /// committed position is `upto`; then the member's connection closes, leaving a group
     /// without members that an operator may change.
     fn consume_upto(&mut self, l: usize, topic: u16, upto: u64) {
-        let sub = Sub {
-            group: b"g",
-            topic_id: topic,
-            partition: SUB_PARTITION_ANY,
-            ..Sub::default()
-        };
-        let _ = self.nodes[l].broker.subscribe(CONN, &sub, self.now);
+        self.join_g(l, topic);
         for _ in 0..ROUNDS_MAX {
             self.deliver();
             if self.position(l, topic) == Some(upto) {
