@@ -82,6 +82,11 @@ pub const JOURNAL_ENTRY_BYTES_MAX: usize = 1024 * 1024 * 1024;
 pub const SPARE_FILE: &str = "spare.jnl";
 /// Zeros written per call when a spare is filled.
 const SPARE_FILL_CHUNK_BYTES: usize = 1024 * 1024;
+/// Filled bytes synced at a time while a spare is filled. The fill is background work
+/// beside the journal's own fdatasyncs on the same disk and, on a small host, beside the
+/// reactor on the same core: one 64 MiB sync at the end queued the journal's syncs behind
+/// it and held the core for milliseconds (e2e p999 and max, `docs/BENCHMARKS.md`).
+const SPARE_FILL_SYNC_BYTES: u64 = 4 * 1024 * 1024;
 const ENTRY_BOUNDS: EntryBounds =
     EntryBounds::new(JOURNAL_ENTRY_HEADER_BYTES, JOURNAL_ENTRY_BYTES_MAX);
 
@@ -333,6 +338,11 @@ impl SpareWrite {
                     let n = (self.bytes - at).min(zeros.len() as u64) as usize;
                     file.write_at(at, &zeros[..n])?;
                     at += n as u64;
+                    if at % SPARE_FILL_SYNC_BYTES == 0 {
+                        file.sync_data()?;
+                    }
+                    // Lets a runnable reactor on this core go first between chunks.
+                    std::thread::yield_now();
                 }
                 file.sync_data()?;
                 self.storage.rename(&tmp, &spare)?;

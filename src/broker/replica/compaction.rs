@@ -5,8 +5,9 @@
 //! journal's checkpoint; the journal files wholly below it are removed, and start-up
 //! applies from it on. No node compacts past what every voter held when the FLOOR was
 //! proposed, so no leader, this one or a later one, has to send an entry it no longer
-//! has. A voter that stays behind holds the floor, and so every journal, where it was;
-//! INSTALL (snapshots, which `--journal-retain` would then bound) is not built.
+//! has. A voter that stays behind holds the floor, and so every journal, where it was,
+//! until the journal passes `--journal-retain`: then the floor is the commit index and
+//! that voter gets a snapshot (INSTALL, `docs/REPLICATION.md` §5.5).
 //!
 //! Depends on what `broker::replica::cluster` may.
 
