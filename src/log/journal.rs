@@ -80,13 +80,12 @@ pub const JOURNAL_ENTRY_BYTES_MAX: usize = 1024 * 1024 * 1024;
 /// here (`docs/BENCHMARKS.md`). A journal file a checkpoint let go becomes the next spare;
 /// the first one is filled with zeros by a job.
 pub const SPARE_FILE: &str = "spare.jnl";
-/// Zeros written per call when a spare is filled.
+/// Zeros written per call when a spare is filled. Each chunk is written back before the
+/// next (`StorageFile::write_back`): the fill is background work beside the journal's own
+/// fdatasyncs on the same disk and, on a small host, beside the reactor on the same core,
+/// and one 64 MiB sync at the end queued the journal's syncs behind it and held the core
+/// for milliseconds (e2e p999 and max, `docs/BENCHMARKS.md`).
 const SPARE_FILL_CHUNK_BYTES: usize = 1024 * 1024;
-/// Filled bytes synced at a time while a spare is filled. The fill is background work
-/// beside the journal's own fdatasyncs on the same disk and, on a small host, beside the
-/// reactor on the same core: one 64 MiB sync at the end queued the journal's syncs behind
-/// it and held the core for milliseconds (e2e p999 and max, `docs/BENCHMARKS.md`).
-const SPARE_FILL_SYNC_BYTES: u64 = 4 * 1024 * 1024;
 const ENTRY_BOUNDS: EntryBounds =
     EntryBounds::new(JOURNAL_ENTRY_HEADER_BYTES, JOURNAL_ENTRY_BYTES_MAX);
 
@@ -337,10 +336,8 @@ impl SpareWrite {
                 while at < self.bytes {
                     let n = (self.bytes - at).min(zeros.len() as u64) as usize;
                     file.write_at(at, &zeros[..n])?;
+                    file.write_back(at)?;
                     at += n as u64;
-                    if at % SPARE_FILL_SYNC_BYTES == 0 {
-                        file.sync_data()?;
-                    }
                     // Lets a runnable reactor on this core go first between chunks.
                     std::thread::yield_now();
                 }

@@ -1,13 +1,32 @@
-//! The only `unsafe` in the log: read-only memory maps of segment and index files.
+//! The only `unsafe` in the log: read-only memory maps of segment and index files, and
+//! the one system call std lacks (`sync_file_range`).
 //!
 //! memmap2 marks every file-backed constructor unsafe because touching a mapping whose file
 //! was truncated underneath it raises SIGBUS, and a file modified by someone else changes
 //! bytes a `&[u8]` promised were fixed. Keeping the calls in this one file keeps that
-//! argument in one place. Depends on std and memmap2 only.
+//! argument in one place. Depends on std, memmap2 and libc only.
 
 use memmap2::{Mmap, MmapOptions};
 use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
+
+/// Writes the file's dirty pages in `[offset, offset + len)` to the device and waits for
+/// them, without the device cache flush of an fdatasync (so it makes nothing durable by
+/// itself). Blocks: fsync workers only.
+pub(crate) fn write_back_range(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+        | libc::SYNC_FILE_RANGE_WRITE
+        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    let (offset, len) = (offset as libc::off64_t, len as libc::off64_t);
+    // SAFETY: the descriptor is borrowed from a live `File` for the whole call, and no
+    // memory of this process is passed: the kernel only reads the arguments.
+    let rc = unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, flags) };
+    match rc {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
 
 /// Maps the first `len` bytes of `file` read-only. `len` must be > 0; it may reach past
 /// the end of a file still being appended to.

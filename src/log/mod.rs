@@ -202,6 +202,7 @@ impl SyncJob {
     /// `sync_failed` and never run the same job again as if nothing happened.
     pub fn run(&self) -> io::Result<()> {
         for file in &self.files {
+            file.write_back(0)?;
             file.sync_data()?;
         }
         if let Some(dir) = &self.sync_dir {

@@ -61,6 +61,15 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     fn set_len(&self, len: u64) -> io::Result<()>;
     /// fdatasync: the file's data written so far survives a power cut.
     fn sync_data(&self) -> io::Result<()>;
+    /// Writes the dirty data from `from` to the end of the file to the device in slices,
+    /// waiting for each, ahead of a `sync_data` that then has little left to write: a
+    /// sync of many MiB would otherwise put all of it on the device queue at once, ahead
+    /// of the journal's own small fdatasyncs that acknowledgements wait for. Makes nothing
+    /// durable by itself (no device cache flush, no metadata).
+    fn write_back(&self, from: u64) -> io::Result<()> {
+        let _ = from;
+        Ok(())
+    }
     /// The first `len` bytes (> 0, within the file) for reading. A memory map may reach
     /// up to `reach` bytes (>= `len`, possibly past the end of the file), so that it
     /// shows bytes appended later without a new map; a copy holds exactly `len`.
@@ -218,6 +227,19 @@ impl Storage for FsStorage {
     }
 }
 
+/// Dirty bytes a [`StorageFile::write_back`] puts on the device at a time: how long the
+/// journal's fdatasync may wait behind it (about half a millisecond on the disk of
+/// `docs/BENCHMARKS.md`), against one more system call per slice.
+const WRITE_BACK_SLICE_BYTES: u64 = 1024 * 1024;
+
+fn write_back_unsupported(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::Unsupported
+        || matches!(
+            e.raw_os_error(),
+            Some(libc::EINVAL | libc::ENOSYS | libc::ESPIPE)
+        )
+}
+
 impl StorageFile for FsFile {
     fn write_at(&self, position: u64, bytes: &[u8]) -> io::Result<()> {
         self.0.write_all_at(bytes, position)
@@ -239,7 +261,45 @@ impl StorageFile for FsFile {
         self.0.sync_data()
     }
 
+    fn write_back(&self, from: u64) -> io::Result<()> {
+        let len = self.0.metadata()?.len();
+        let mut at = from;
+        while at < len {
+            let n = WRITE_BACK_SLICE_BYTES.min(len - at);
+            match super::mmap::write_back_range(&self.0, at, n) {
+                Ok(()) => at += n,
+                // A file system without it: the fdatasync that follows writes it all.
+                Err(e) if write_back_unsupported(&e) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     fn map(&self, len: usize, reach: usize) -> io::Result<Mapped> {
         super::mmap::map_prefix(&self.0, reach.max(len)).map(Mapped::Map)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_back_runs_to_the_end_of_a_file_from_any_offset_and_keeps_its_bytes() {
+        let tmp = tempfile::TempDir::new().unwrap();
+        let path = tmp.path().join("f");
+        let file = FsStorage.open(&path, Open::Create).unwrap();
+        // Two and a half slices, so the last slice is a short one.
+        let len = WRITE_BACK_SLICE_BYTES * 5 / 2;
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        file.write_at(0, &bytes).unwrap();
+        for from in [0, 1, WRITE_BACK_SLICE_BYTES + 5, len, len + 1] {
+            file.write_back(from).unwrap();
+        }
+        file.sync_data().unwrap();
+        let mut back = vec![0; len as usize];
+        read_exact_at(&*file, 0, &mut back).unwrap();
+        assert!(back == bytes);
     }
 }
