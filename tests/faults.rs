@@ -14,6 +14,10 @@
 //! (answering included) happens before that syscall's exit stamp. The client's clock is
 //! the same wall clock.
 //!
+//! One more test fails every `sync_file_range` instead (the write-back before a
+//! checkpoint's segment fdatasync, `docs/STORAGE.md`): that partition must refuse writes
+//! and still answer, and keep, what it took.
+//!
 //! `tools/test.sh` installs strace where it is missing.
 
 mod common;
@@ -309,6 +313,63 @@ fn an_fdatasync_eio_acknowledges_nothing_it_did_not_cover() {
             .iter()
             .all(|(_, a)| a.is_ok() || *a == Err(ErrorCode::InternalError.code())),
         "{answers:?}"
+    );
+}
+
+/// `strace` failing every `sync_file_range` of the broker: the write-back of a segment
+/// before a checkpoint's fdatasync, and of each chunk of a spare journal file.
+fn failing_write_back(_data_dir: &Path) -> Vec<String> {
+    let words = [
+        "strace",
+        "-f",
+        "-qq",
+        "-e",
+        "trace=sync_file_range",
+        "-e",
+        "inject=sync_file_range:error=EIO",
+        "-o",
+        "/dev/null",
+    ];
+    words.iter().map(|w| w.to_string()).collect()
+}
+
+#[test]
+fn a_failed_write_back_at_a_checkpoint_stops_the_partition_and_keeps_what_was_acknowledged() {
+    // A checkpoint once the journal grew 64 KiB: a few hundred records in.
+    let broker = Mortard::start_wrapped(failing_write_back, &["--journal-file-size", "64KiB"]);
+    let mut client = broker.client();
+    let declared = client.declare(TOPIC, 1, DeclareFlags::empty()).unwrap();
+    let value = [7u8; VALUE_BYTES];
+    let mut acknowledged = 0;
+    let refused = loop {
+        assert!(
+            acknowledged < 20_000,
+            "no PUB refused: the write-back never failed"
+        );
+        match client.publish_value(declared.topic_id, 0, &value, Some(Durability::Fsynced)) {
+            Ok(ok) => {
+                acknowledged += 1;
+                assert_eq!(ok.sequence, acknowledged);
+            }
+            Err(ClientError::Broker { code, .. }) => break code,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    // Failed like a failed segment fdatasync: that partition takes no more writes.
+    assert_eq!(refused, ErrorCode::InternalError.code());
+    assert!(acknowledged > 0);
+    wait_for("the failed checkpoint in the log", || {
+        broker.log_text().contains("checkpoint at journal lsn")
+    });
+    // What was acknowledged is still there (in the journal and the page cache).
+    let path = format!("/topics/{TOPIC}/partitions/0/records?from={acknowledged}&max=1");
+    let (status, body) = broker.http("GET", &path);
+    assert_eq!(status, 200, "{body}");
+    let page: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        page["records"][0]["sequence"].as_u64(),
+        Some(acknowledged),
+        "{body}"
     );
 }
 

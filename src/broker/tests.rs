@@ -294,6 +294,52 @@ fn a_failed_segment_sync_at_a_checkpoint_poisons_only_its_partition() {
 }
 
 #[test]
+fn a_pub_waiting_when_a_checkpoint_fails_is_answered_once_the_journal_covers_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut broker, jobs) = open(dir.path());
+    let topic = declare(&mut broker, &jobs, "t", 1);
+    publish(&mut broker, 0, topic, 0, (0, 0));
+    broker.end_pass(Now::default(), &unlimited_room);
+    jobs.run(&mut broker, |_| false);
+    assert_eq!(answers(&mut broker).len(), 1);
+    broker.partitions.request_checkpoint();
+    broker.end_pass(Now::default(), &unlimited_room);
+    let mut checkpoint = jobs.0.borrow_mut().pop().expect("a checkpoint");
+    // A PUB written while the checkpoint runs: its journal sync is taken, not yet run.
+    assert!(matches!(
+        publish(&mut broker, 1, topic, 0, (0, 0)),
+        Handled::Wait
+    ));
+    broker.end_pass(Now::default(), &unlimited_room);
+    assert_eq!(jobs.len(), 1, "the PUB's journal sync");
+    // The checkpoint's segment sync fails: the partition takes no more writes...
+    crate::fsync::Job::run(&mut checkpoint).unwrap();
+    let Work::Checkpoint { syncs, .. } = &mut checkpoint.work else {
+        panic!("expected a checkpoint, got {checkpoint:?}");
+    };
+    syncs[0].result = Some(Err(io::Error::other("injected EIO")));
+    let result = Err(io::Error::other("injected EIO"));
+    let elapsed = Duration::from_micros(50);
+    let done = Completion {
+        job: checkpoint,
+        result,
+        elapsed,
+    };
+    broker.job_done(done, Now::default());
+    broker.check_invariants();
+    // ...but the record it took is in the journal, whose sync makes it durable.
+    jobs.run(&mut broker, |_| false);
+    let got = answers(&mut broker);
+    assert_eq!(got.len(), 1, "the waiting PUB is answered: {got:?}");
+    assert_eq!(got[0].1.error_code(), None, "{got:?}");
+    assert_eq!(pub_result(&got[0].1).sequence, 2);
+    match publish(&mut broker, 2, topic, 0, (0, 0)) {
+        Handled::Answer(a) => assert_eq!(a.error_code(), Some(ErrorCode::InternalError)),
+        Handled::Wait => panic!("a poisoned partition accepted a write"),
+    }
+}
+
+#[test]
 fn a_duplicate_waits_for_its_original_to_be_durable() {
     let dir = tempfile::tempdir().unwrap();
     let (mut broker, jobs) = open(dir.path());

@@ -897,12 +897,13 @@ impl PartitionLog {
         self.synced_sequence.max(self.journaled_sequence)
     }
 
-    /// The journal made every record up to `upto` durable.
+    /// The journal made every record up to `upto` durable. Poisoned or not: a segment
+    /// whose own sync failed still had these records handed to the journal, whose sync
+    /// succeeded, and a restart replays them from it; their PUBs wait for this (they
+    /// went unanswered when a checkpoint's segment sync failed while they waited).
     pub fn journal_durable(&mut self, upto: u64) {
-        if self.poisoned.is_none() {
-            let upto = upto.min(self.written_sequence);
-            self.journaled_sequence = self.journaled_sequence.max(upto);
-        }
+        let upto = upto.min(self.written_sequence);
+        self.journaled_sequence = self.journaled_sequence.max(upto);
     }
 
     /// Start-up replay of a journal entry: appends those of its records (`first_sequence`
