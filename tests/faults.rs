@@ -14,9 +14,10 @@
 //! (answering included) happens before that syscall's exit stamp. The client's clock is
 //! the same wall clock.
 //!
-//! One more test fails every `sync_file_range` instead (the write-back before a
+//! Two more fail other calls: every `sync_file_range` (the write-back before a
 //! checkpoint's segment fdatasync, `docs/STORAGE.md`): that partition must refuse writes
-//! and still answer, and keep, what it took.
+//! and still answer, and keep, what it took; and a few segment `pwrite64`s with ENOSPC
+//! (a full disk): their PUBs get STORAGE_FULL and take no sequence, the rest are stored.
 //!
 //! `tools/test.sh` installs strace where it is missing.
 
@@ -34,7 +35,7 @@ use mortarmq::client::ClientError;
 use mortarmq::log::journal::{
     journal_file_path, JOURNAL_ENTRY_HEADER_BYTES, JOURNAL_FILE_HEADER_BYTES, SPARE_FILE,
 };
-use mortarmq::log::RECORD_OVERHEAD_BYTES;
+use mortarmq::log::{FsStorage, LogConfig, PartitionLog, RECORD_OVERHEAD_BYTES};
 use mortarmq::wire::ops::{Frame, Ping, Pub};
 use mortarmq::wire::{DeclareFlags, Durability, ErrorCode, Op, PubFlags};
 
@@ -371,6 +372,75 @@ fn a_failed_write_back_at_a_checkpoint_stops_the_partition_and_keeps_what_was_ac
         Some(acknowledged),
         "{body}"
     );
+}
+
+/// `strace` failing calls `when` (strace's `N..M`, counted per thread) of `pwrite64` on
+/// the first segment of the test topic's partition 0 with ENOSPC: a disk that fills up
+/// under the records and then has room again.
+fn full_segment_writes(when: &'static str) -> impl FnOnce(&Path) -> Vec<String> {
+    move |data_dir| {
+        let topic = format!("{TOPIC_ID}-{:08x}", crc32fast::hash(TOPIC.as_bytes()));
+        let segment = data_dir.join("topics").join(topic).join("0");
+        let segment = segment.join(format!("{:020}.log", 1));
+        let inject = format!("inject=pwrite64:error=ENOSPC:when={when}");
+        let words = [
+            "strace",
+            "-f",
+            "-qq",
+            "-e",
+            "trace=pwrite64",
+            "-e",
+            &inject,
+            "-P",
+        ];
+        let mut words: Vec<String> = words.iter().map(|w| w.to_string()).collect();
+        words.push(segment.to_str().unwrap().to_string());
+        words.extend(["-o".to_string(), "/dev/null".to_string()]);
+        words
+    }
+}
+
+#[test]
+fn segment_writes_that_hit_a_full_disk_refuse_their_pubs_and_lose_nothing_acknowledged() {
+    const PUBS: usize = 40;
+    let mut broker = Mortard::start_wrapped(full_segment_writes("6..8"), &[]);
+    let mut client = broker.client();
+    let declared = client.declare(TOPIC, 1, DeclareFlags::empty()).unwrap();
+    assert_eq!(declared.topic_id, TOPIC_ID);
+    let mut acknowledged: Vec<Vec<u8>> = Vec::new();
+    let mut refused = 0;
+    for i in 0..PUBS {
+        let value = format!("record {i}").into_bytes();
+        match client.publish_value(TOPIC_ID, 0, &value, Some(Durability::Fsynced)) {
+            Ok(ok) => {
+                acknowledged.push(value);
+                // A refused record took no sequence.
+                assert_eq!(ok.sequence, acknowledged.len() as u64);
+            }
+            Err(ClientError::Broker { code, .. }) => {
+                assert_eq!(code, ErrorCode::StorageFull.code(), "PUB {i}");
+                refused += 1;
+            }
+            Err(e) => panic!("PUB {i}: {e}"),
+        }
+    }
+    assert_eq!(
+        refused, 3,
+        "the three failed writes refuse their PUBs, and only them"
+    );
+    assert_eq!(broker.terminate().code(), Some(0));
+    // On disk: every acknowledged record at its sequence, and nothing else.
+    let dir = broker.data_dir().join("topics");
+    let dir = dir.join(format!(
+        "{TOPIC_ID}-{:08x}",
+        crc32fast::hash(TOPIC.as_bytes())
+    ));
+    let config = LogConfig::default();
+    let (mut log, _) = PartitionLog::open(&FsStorage::shared(), &dir.join("0"), config).unwrap();
+    let mut stored = Vec::new();
+    log.read(1, PUBS, usize::MAX, |r| stored.push(r.value.to_vec()))
+        .unwrap();
+    assert_eq!(stored, acknowledged);
 }
 
 /// Waits until `ready` holds, polling (the trace and the log are files another process
