@@ -14,10 +14,12 @@
 //! (answering included) happens before that syscall's exit stamp. The client's clock is
 //! the same wall clock.
 //!
-//! Two more fail other calls: every `sync_file_range` (the write-back before a
+//! Three more fail other calls: every `sync_file_range` (the write-back before a
 //! checkpoint's segment fdatasync, `docs/STORAGE.md`): that partition must refuse writes
-//! and still answer, and keep, what it took; and a few segment `pwrite64`s with ENOSPC
-//! (a full disk): their PUBs get STORAGE_FULL and take no sequence, the rest are stored.
+//! and still answer, and keep, what it took; a few segment `pwrite64`s with ENOSPC (a
+//! full disk): their PUBs get STORAGE_FULL and take no sequence, the rest are stored;
+//! and a journal `pwrite64` with ENOSPC: the node refuses writes at once, counts one
+//! failure, and a producer backs off between its resends.
 //!
 //! `tools/test.sh` installs strace where it is missing.
 
@@ -31,7 +33,7 @@ use std::time::{Duration, SystemTime};
 use common::mortard::Mortard;
 use common::wait;
 use mortarmq::broker::JOURNAL_DIR;
-use mortarmq::client::ClientError;
+use mortarmq::client::{ClientError, Producer};
 use mortarmq::log::journal::{
     journal_file_path, JOURNAL_ENTRY_HEADER_BYTES, JOURNAL_FILE_HEADER_BYTES, SPARE_FILE,
 };
@@ -441,6 +443,83 @@ fn segment_writes_that_hit_a_full_disk_refuse_their_pubs_and_lose_nothing_acknow
     log.read(1, PUBS, usize::MAX, |r| stored.push(r.value.to_vec()))
         .unwrap();
     assert_eq!(stored, acknowledged);
+}
+
+/// `strace` failing calls `when` of `pwrite64` on the first journal file with ENOSPC.
+fn full_journal_writes(when: &'static str) -> impl FnOnce(&Path) -> Vec<String> {
+    move |data_dir| {
+        let journal = journal_file(data_dir);
+        let inject = format!("inject=pwrite64:error=ENOSPC:when={when}");
+        let words = [
+            "strace",
+            "-f",
+            "-qq",
+            "-e",
+            "trace=pwrite64",
+            "-e",
+            &inject,
+            "-P",
+        ];
+        let mut words: Vec<String> = words.iter().map(|w| w.to_string()).collect();
+        words.push(journal.to_str().unwrap().to_string());
+        words.extend(["-o".to_string(), "/dev/null".to_string()]);
+        words
+    }
+}
+
+/// `fsync.failures` of the broker's `/stats`.
+fn fsync_failures(broker: &Mortard) -> u64 {
+    let (status, body) = broker.http("GET", "/stats");
+    assert_eq!(status, 200, "{body}");
+    let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+    stats["fsync"]["failures"].as_u64().expect("fsync.failures")
+}
+
+#[test]
+fn a_journal_write_that_hits_a_full_disk_fails_pubs_at_once_and_producers_back_off() {
+    // The journal's write for the second record fails; the journal refuses writes from
+    // then on, until a restart (`docs/STORAGE.md`).
+    let broker = Mortard::start_wrapped(full_journal_writes("3..3"), &[]);
+    wait_for_spare(&broker);
+    let mut client = broker.client();
+    client.declare(TOPIC, 1, DeclareFlags::empty()).unwrap();
+    let value = [7u8; VALUE_BYTES];
+    let fsync = Some(Durability::Fsynced);
+    assert!(client.publish_value(TOPIC_ID, 0, &value, fsync).is_ok());
+    for i in 0..3 {
+        match client.publish_value(TOPIC_ID, 0, &value, fsync) {
+            Err(ClientError::Broker { code, .. }) => {
+                assert_eq!(code, ErrorCode::InternalError.code(), "PUB {i}")
+            }
+            other => panic!("PUB {i} after the failed journal write: {other:?}"),
+        }
+    }
+    // One failure, not one more per pass of a broker with nothing to write.
+    for _ in 0..20 {
+        client.ping().unwrap();
+    }
+    assert_eq!(fsync_failures(&broker), 1);
+    // A producer resends an INTERNAL_ERROR's record idempotently, after a backoff that
+    // doubles: a handful of resends within its retry timeout, not a storm of them.
+    let errors = |broker: &Mortard| {
+        let (_, body) = broker.http("GET", "/metrics");
+        let name = "mortar_errors_total{code=\"INTERNAL_ERROR\"}";
+        let line = body.lines().find(|l| l.starts_with(name));
+        line.and_then(|l| l[name.len()..].trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in {body}"))
+    };
+    let before = errors(&broker);
+    let mut producer = Producer::builder(broker.addr)
+        .retry_timeout(Duration::from_millis(500))
+        .connect()
+        .unwrap();
+    let failed = producer.publish(TOPIC, b"", value, fsync).unwrap_err();
+    assert_eq!(failed.code(), Some(ErrorCode::InternalError), "{failed}");
+    let refused = errors(&broker) - before;
+    assert!(
+        (2..=12).contains(&refused),
+        "{refused} PUBs refused in 500 ms"
+    );
 }
 
 /// Waits until `ready` holds, polling (the trace and the log are files another process

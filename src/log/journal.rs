@@ -469,13 +469,15 @@ impl Journal {
     /// starting a new file when the next entry would pass the file size. A failure
     /// poisons the journal: entries after a hole could never be replayed.
     pub fn write(&mut self) -> Result<(), StorageError> {
+        // Nothing queued is nothing refused: a poisoned journal answered every later pass
+        // with an error, and each counted as one more failed fdatasync.
+        if self.buf.is_empty() {
+            return Ok(());
+        }
         if let Err(refused) = journal_files::refuse_if_poisoned(&self.poisoned, &self.files.dir) {
             self.buf.clear();
             self.entry_lens.clear();
             return Err(refused);
-        }
-        if self.buf.is_empty() {
-            return Ok(());
         }
         let result = self.write_entries();
         self.buf.clear();

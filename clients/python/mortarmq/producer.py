@@ -478,8 +478,9 @@ class Producer:
             self._retry.append(rec)
             return
         if err.retry == "backoff" or (err.retry == "idempotent" and self.idempotent):
-            if err.retry == "backoff":
-                rec.backoffs += 1
+            # INTERNAL_ERROR too waits before the resend: a broker whose disk failed
+            # answers every resend the same way, and at full speed it is a storm.
+            rec.backoffs += 1
             self._retry.append(rec)
             return
         if err.name in ("UNKNOWN_TOPIC", "UNKNOWN_PARTITION"):

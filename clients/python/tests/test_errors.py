@@ -31,6 +31,24 @@ def man_registry():
     return rows
 
 
+class Refusals(unittest.TestCase):
+    def test_an_internal_error_is_resent_after_a_backoff_that_doubles(self):
+        # A broker whose disk failed answers every resend INTERNAL_ERROR until a restart:
+        # resent at once, that was thousands of PUBs a second until the retry timeout.
+        from mortarmq.producer import _backoff_wait, _Record
+        producer = object.__new__(mortarmq.Producer)
+        producer.idempotent = True
+        producer._retry = []
+        rec = _Record(1, 0, 0, b"", b"v", None)
+        waits = []
+        for _ in range(3):
+            err = mortarmq.MortarError(0x000E, "journal write failed", wire.Op.PUB)
+            producer._refused(rec, err)
+            waits.append(_backoff_wait(rec))
+        self.assertEqual(len(producer._retry), 3)
+        self.assertTrue(0 < waits[0] < waits[1] < waits[2], waits)
+
+
 class Registry(unittest.TestCase):
     def test_the_registry_is_the_man_pages(self):
         man = man_registry()

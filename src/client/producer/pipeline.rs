@@ -139,9 +139,12 @@ impl Pending {
 /// What to do with a record the broker refused with a connection-keeping ERR.
 #[derive(Debug, PartialEq, Eq)]
 enum Refusal {
-    /// Send it again after a backoff (not appended).
+    /// Send it again as it is after a backoff: refused for now (BACKPRESSURE and the
+    /// like, not appended), or answered INTERNAL_ERROR (outcome unknown) by a broker
+    /// that may answer every resend the same way (a failed disk refuses writes until a
+    /// restart): resent at full speed, that was a storm of resends until the timeout.
     Backoff,
-    /// Send it again as it is (the outcome is unknown, or it waits behind a resend).
+    /// Send it again as it is at once (it waits behind a resend).
     Resend,
     /// It failed for good; it leaves a hole in its partition's producer_seqs.
     Fail,
@@ -157,7 +160,7 @@ fn refusal(code: ErrorCode, behind: bool, idempotent: bool) -> Refusal {
         (ErrorCode::SequenceOutOfOrder, _) if behind => Refusal::Resend,
         (ErrorCode::SequenceOutOfOrder, _) => Refusal::FailNewProducer,
         (_, Retry::Backoff) => Refusal::Backoff,
-        (_, Retry::Idempotent) if idempotent => Refusal::Resend,
+        (_, Retry::Idempotent) if idempotent => Refusal::Backoff,
         _ => Refusal::Fail,
     }
 }
@@ -357,11 +360,8 @@ impl Producer {
             Route::Follow(_) => Refusal::Resend,
             _ => refusal(code, behind, self.settings.idempotent),
         };
+        // An outcome unknown with no leader able to serve backs off too (`refusal`).
         if route != Route::Stay && action != Refusal::Fail {
-            if route == Route::MoveOn && action == Refusal::Resend {
-                // Outcome unknown with no leader able to serve: not at full speed.
-                p.backoffs += 1;
-            }
             self.reroute = Some(route);
         }
         if matches!(code, ErrorCode::UnknownTopic | ErrorCode::UnknownPartition) {
@@ -542,7 +542,7 @@ mod tests {
         use ErrorCode::*;
         assert_eq!(refusal(Backpressure, false, true), Refusal::Backoff);
         assert_eq!(refusal(NotLeader, false, true), Refusal::Backoff);
-        assert_eq!(refusal(InternalError, false, true), Refusal::Resend);
+        assert_eq!(refusal(InternalError, false, true), Refusal::Backoff);
         assert_eq!(refusal(InternalError, false, false), Refusal::Fail);
         assert_eq!(refusal(SequenceOutOfOrder, true, true), Refusal::Resend);
         assert_eq!(
