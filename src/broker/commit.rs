@@ -334,12 +334,15 @@ impl GroupCommit {
     ) -> Vec<(PartitionKey, String)> {
         let mut failed = Vec::new();
         for s in undone {
-            if !map.contains_key(&s.key) {
+            let Some(part) = map.get_mut(&s.key) else {
                 continue;
-            }
+            };
             if let Some(Err(e)) = s.result {
                 // Its later records must not be acknowledged: the undone ones may come
-                // back at their sequences. The journal keeps what it has.
+                // back at their sequences. Capped before this job's coverage counts
+                // (they were acknowledged when this only poisoned the partition after).
+                // The journal keeps what it has.
+                part.log.undo_not_durable(s.sync.upto_sequence, &e);
                 self.checkpoints_blocked = true;
                 failed.push((s.key, e.to_string()));
             }

@@ -339,6 +339,55 @@ fn a_pub_waiting_when_a_checkpoint_fails_is_answered_once_the_journal_covers_it(
     }
 }
 
+/// A flush that failed is cut back and the cut is synced with the next journal sync, so
+/// that a power cut cannot bring the refused record back at a sequence a later record
+/// took. When that sync fails, the later record must not be acknowledged.
+#[test]
+fn a_record_after_an_undo_whose_sync_failed_is_never_acknowledged() {
+    let dir = std::path::Path::new("/data");
+    let disk = SimDisk::seeded(5);
+    let (mut broker, jobs) = open_on(dir, Arc::new(disk.clone()), 0);
+    let topic = declare(&mut broker, &jobs, "t", 1);
+    publish(&mut broker, 0, topic, 0, (0, 0));
+    settle(&mut broker, &jobs);
+    assert_eq!(answers(&mut broker)[0].1.error_code(), None);
+    // The next record's segment write hits a full disk: refused, its write cut back.
+    disk.set_faults(FaultRates {
+        write_enospc: 1_000_000,
+        ..FaultRates::default()
+    });
+    publish(&mut broker, 1, topic, 0, (0, 0));
+    broker.end_pass(Now::default(), &unlimited_room);
+    let refused = answers(&mut broker);
+    assert_eq!(refused[0].1.error_code(), Some(ErrorCode::StorageFull));
+    disk.set_faults(FaultRates::default());
+    // A record takes the same sequence; its journal sync also syncs the cut, which fails.
+    publish(&mut broker, 2, topic, 0, (0, 0));
+    broker.end_pass(Now::default(), &unlimited_room);
+    let mut job = jobs.0.borrow_mut().pop().expect("a journal sync");
+    crate::fsync::Job::run(&mut job).unwrap();
+    let Work::SyncJournal { undone, .. } = &mut job.work else {
+        panic!("expected a journal sync, got {job:?}");
+    };
+    assert_eq!(undone.len(), 1, "the cut goes with this sync");
+    undone[0].result = Some(Err(io::Error::other("injected EIO")));
+    let elapsed = Duration::from_micros(50);
+    let done = Completion {
+        job,
+        result: Ok(()),
+        elapsed,
+    };
+    broker.job_done(done, Now::default());
+    settle(&mut broker, &jobs);
+    let got = answers(&mut broker);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(
+        got[0].1.error_code(),
+        Some(ErrorCode::InternalError),
+        "acknowledged at a sequence the refused record may come back at: {got:?}"
+    );
+}
+
 #[test]
 fn a_duplicate_waits_for_its_original_to_be_durable() {
     let dir = tempfile::tempdir().unwrap();

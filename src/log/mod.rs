@@ -406,6 +406,10 @@ pub struct PartitionLog {
     /// Highest sequence the node's journal made durable (`journal.rs`); the segment
     /// itself may not be synced that far yet.
     journaled_sequence: u64,
+    /// The journal counts no record past this one: the cut of an undone write here
+    /// could not be synced, so a power cut may bring the undone records back at the
+    /// sequences later records took (`undo_not_durable`).
+    journal_cap: Option<u64>,
     /// Where `synced_sequence` ends (within the segment holding it).
     synced_at: RecoveryPoint,
     /// The recovery point last written (by a completed job, or at open).
@@ -461,6 +465,26 @@ impl CheckedRun {
     }
 }
 
+/// A new partition's first segment (sequence 1), written with its empty index.
+fn first_segment(
+    storage: &dyn Storage,
+    dir: &Path,
+    report: &mut RecoveryReport,
+) -> Result<Segment, StorageError> {
+    let io = |path: &Path, e: io::Error| StorageError::from_io(path, None, e);
+    let seg = Segment::new(dir, 1, SEGMENT_HEADER_BYTES as u64, 0);
+    storage
+        .write(&seg.log_path, &encode_header(1))
+        .map_err(|e| io(&seg.log_path, e))?;
+    storage
+        .write(&seg.idx_path, &[])
+        .map_err(|e| io(&seg.idx_path, e))?;
+    report.segments = 1;
+    report.first_sequence = 1;
+    report.next_sequence = 1;
+    Ok(seg)
+}
+
 /// A log closed in an orderly way leaves its index whole, so the next open has nothing to
 /// rebuild. A crash loses the unwritten entries, which recovery rebuilds from the records.
 impl Drop for PartitionLog {
@@ -498,18 +522,7 @@ impl PartitionLog {
             })
             .collect();
         if segments.is_empty() {
-            let seg = Segment::new(dir, 1, SEGMENT_HEADER_BYTES as u64, 0);
-            let header = encode_header(1);
-            storage
-                .write(&seg.log_path, &header)
-                .map_err(|e| io(&seg.log_path, e))?;
-            storage
-                .write(&seg.idx_path, &[])
-                .map_err(|e| io(&seg.idx_path, e))?;
-            segments.push(seg);
-            report.segments = 1;
-            report.first_sequence = 1;
-            report.next_sequence = 1;
+            segments.push(first_segment(&**storage, dir, &mut report)?);
         }
         sync_and_open_writer(&**storage, &mut segments)?;
         let (point_file, at) = point_at_open(&**storage, dir, &segments, point)?;
@@ -534,6 +547,7 @@ impl PartitionLog {
             written_sequence: written,
             synced_sequence: written,
             journaled_sequence: written,
+            journal_cap: None,
             sync_taken_sequence: written,
             syncs_in_flight: VecDeque::new(),
             synced_at: at,
@@ -902,8 +916,20 @@ impl PartitionLog {
     /// succeeded, and a restart replays them from it; their PUBs wait for this (they
     /// went unanswered when a checkpoint's segment sync failed while they waited).
     pub fn journal_durable(&mut self, upto: u64) {
-        let upto = upto.min(self.written_sequence);
+        let upto = upto
+            .min(self.written_sequence)
+            .min(self.journal_cap.unwrap_or(u64::MAX));
         self.journaled_sequence = self.journaled_sequence.max(upto);
+    }
+
+    /// The sync of an undone write's cut failed: the undone records may come back after
+    /// a power cut at their sequences, which records written since took, so nothing past
+    /// `undo_point` (the last record before them) counts as durable until a restart
+    /// re-reads the disk, and the partition refuses writes.
+    pub fn undo_not_durable(&mut self, undo_point: u64, err: &io::Error) {
+        let cap = self.journal_cap.map_or(undo_point, |c| c.min(undo_point));
+        self.journal_cap = Some(cap);
+        self.sync_failed(err);
     }
 
     /// Start-up replay of a journal entry: appends those of its records (`first_sequence`
