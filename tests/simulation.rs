@@ -848,6 +848,20 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
+/// Seeds that once found a hole, replayed on every run.
+const REGRESSION_SEEDS: [u64; 1] = [
+    // 2026-12-02: a journal write hit ENOSPC and poisoned the partitions waiting on it;
+    // a checkpoint then passed their records, which only the journal held durably.
+    1_796_214_053_653_319_091,
+];
+
+#[test]
+fn the_seeds_that_once_found_a_hole_stay_clean() {
+    for seed in REGRESSION_SEEDS {
+        run_seed(seed);
+    }
+}
+
 #[test]
 fn every_acknowledged_record_survives_power_cuts_in_any_order_of_syncs() {
     let seeds: Vec<u64> = match env_u64("MORTAR_SIM_SEED") {

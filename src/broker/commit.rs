@@ -386,6 +386,14 @@ impl GroupCommit {
         if self.checkpoint_in_flight || self.checkpoints_blocked || small {
             return;
         }
+        // A poisoned partition takes no segment sync, so a checkpoint would pass records
+        // of it that only the journal holds durably (a failed journal write poisons every
+        // partition that waited on it): none until a restart replays them.
+        let poisoned = |key: &PartitionKey| map.get(key).is_some_and(|p| p.log.is_poisoned());
+        if self.journal.poisoned().is_some() || self.segments_dirty.iter().any(poisoned) {
+            self.checkpoints_blocked = true;
+            return;
+        }
         let syncs = self.take_segment_syncs(map);
         self.checkpoint_in_flight = true;
         let write = self.journal.checkpoint_job(self.journal.written_lsn());
