@@ -383,22 +383,7 @@ fn full_segment_writes(when: &'static str) -> impl FnOnce(&Path) -> Vec<String> 
     move |data_dir| {
         let topic = format!("{TOPIC_ID}-{:08x}", crc32fast::hash(TOPIC.as_bytes()));
         let segment = data_dir.join("topics").join(topic).join("0");
-        let segment = segment.join(format!("{:020}.log", 1));
-        let inject = format!("inject=pwrite64:error=ENOSPC:when={when}");
-        let words = [
-            "strace",
-            "-f",
-            "-qq",
-            "-e",
-            "trace=pwrite64",
-            "-e",
-            &inject,
-            "-P",
-        ];
-        let mut words: Vec<String> = words.iter().map(|w| w.to_string()).collect();
-        words.push(segment.to_str().unwrap().to_string());
-        words.extend(["-o".to_string(), "/dev/null".to_string()]);
-        words
+        full_writes_of(&segment.join(format!("{:020}.log", 1)), when)
     }
 }
 
@@ -447,24 +432,27 @@ fn segment_writes_that_hit_a_full_disk_refuse_their_pubs_and_lose_nothing_acknow
 
 /// `strace` failing calls `when` of `pwrite64` on the first journal file with ENOSPC.
 fn full_journal_writes(when: &'static str) -> impl FnOnce(&Path) -> Vec<String> {
-    move |data_dir| {
-        let journal = journal_file(data_dir);
-        let inject = format!("inject=pwrite64:error=ENOSPC:when={when}");
-        let words = [
-            "strace",
-            "-f",
-            "-qq",
-            "-e",
-            "trace=pwrite64",
-            "-e",
-            &inject,
-            "-P",
-        ];
-        let mut words: Vec<String> = words.iter().map(|w| w.to_string()).collect();
-        words.push(journal.to_str().unwrap().to_string());
-        words.extend(["-o".to_string(), "/dev/null".to_string()]);
-        words
-    }
+    move |data_dir| full_writes_of(&journal_file(data_dir), when)
+}
+
+/// The `strace` command line failing calls `when` of `pwrite64` on `file` with ENOSPC.
+fn full_writes_of(file: &Path, when: &str) -> Vec<String> {
+    let inject = format!("inject=pwrite64:error=ENOSPC:when={when}");
+    let file = file.to_str().unwrap();
+    let words = [
+        "strace",
+        "-f",
+        "-qq",
+        "-e",
+        "trace=pwrite64",
+        "-e",
+        &inject,
+        "-P",
+        file,
+    ];
+    let mut words: Vec<String> = words.iter().map(|w| w.to_string()).collect();
+    words.extend(["-o".to_string(), "/dev/null".to_string()]);
+    words
 }
 
 /// `fsync.failures` of the broker's `/stats`.
