@@ -849,10 +849,13 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 /// Seeds that once found a hole, replayed on every run.
-const REGRESSION_SEEDS: [u64; 1] = [
+const REGRESSION_SEEDS: [u64; 2] = [
     // 2026-12-02: a journal write hit ENOSPC and poisoned the partitions waiting on it;
     // a checkpoint then passed their records, which only the journal held durably.
     1_796_214_053_653_319_091,
+    // 2026-12-02: entries an earlier epoch left at the checkpoint's own LSN (in a spare
+    // whose rename a power cut undid) were replayed after the next cut: stored twice.
+    1_796_286_794_289_416_690,
 ];
 
 #[test]

@@ -44,7 +44,8 @@
 //!
 //! `checkpoint` (a meta file, `meta.rs`) holds one LSN: every entry below it is in
 //! segments that were fdatasynced, so replay starts there and the files wholly below it
-//! are deleted.
+//! are deleted. It also holds the epoch of the broker that wrote it, which the first entry
+//! after it must reach too (a checkpoint written before that field reads as epoch 0).
 
 use std::collections::VecDeque;
 use std::io;
@@ -162,12 +163,23 @@ pub struct CheckpointWrite {
     storage: Arc<dyn Storage>,
     path: PathBuf,
     pub lsn: u64,
+    /// The epoch of the broker that writes it: no entry after the checkpoint was written
+    /// by an earlier one (`docs/STORAGE.md`, "Journal").
+    epoch: u64,
 }
+
+/// A checkpoint's payload: the LSN (8 bytes), then the epoch that wrote it (8 bytes;
+/// absent from checkpoints written before 2026-12-03, read as epoch 0).
+const CHECKPOINT_BYTES: usize = 16;
+const CHECKPOINT_BYTES_WITHOUT_EPOCH: usize = 8;
 
 impl CheckpointWrite {
     /// Blocks: fsync worker only.
     pub fn run(&self) -> io::Result<()> {
-        meta::write_atomic(&*self.storage, &self.path, &self.lsn.to_be_bytes())
+        let mut payload = [0u8; CHECKPOINT_BYTES];
+        payload[..8].copy_from_slice(&self.lsn.to_be_bytes());
+        payload[8..].copy_from_slice(&self.epoch.to_be_bytes());
+        meta::write_atomic(&*self.storage, &self.path, &payload)
     }
 }
 
@@ -393,10 +405,14 @@ impl Journal {
         replay: &mut dyn FnMut(&Entry<'_>),
     ) -> Result<JournalReport, StorageError> {
         self.files.create_dir()?;
-        let checkpoint = self
-            .files
-            .read_checkpoint(8)
-            .map(|b| u64::from_be_bytes(b[..].try_into().expect("8")));
+        let lens = [CHECKPOINT_BYTES, CHECKPOINT_BYTES_WITHOUT_EPOCH];
+        let checkpoint = self.files.read_checkpoint(&lens).map(|b| {
+            let lsn = u64::from_be_bytes(b[..8].try_into().expect("8"));
+            let epoch = b
+                .get(8..16)
+                .map_or(0, |e| u64::from_be_bytes(e.try_into().expect("8")));
+            (lsn, epoch)
+        });
         self.spares.found(&self.files);
         let report = self.replay_from(checkpoint, replay)?;
         self.spares.replayed(&self.files);
@@ -406,11 +422,14 @@ impl Journal {
     /// Finds the files, replays from the checkpoint, cuts what is past the end.
     fn replay_from(
         &mut self,
-        checkpoint: Option<u64>,
+        checkpoint: Option<(u64, u64)>,
         replay: &mut dyn FnMut(&Entry<'_>),
     ) -> Result<JournalReport, StorageError> {
         let mut entries_replayed = 0;
-        let mut min_epoch = 0;
+        // The first entry after the checkpoint is held to the checkpoint's epoch: bytes
+        // an earlier epoch left at the checkpoint's own LSN (a spare whose rename into
+        // place a crash undid, used again under the same name) must not count.
+        let (checkpoint, mut min_epoch) = checkpoint.map_or((None, 0), |(l, e)| (Some(l), e));
         let found = self.files.replay(checkpoint, &mut |bytes, lsn| {
             let entry = Entry::decode(bytes, lsn, min_epoch)?;
             replay(&entry);
@@ -581,6 +600,7 @@ impl Journal {
             storage: Arc::clone(&self.files.storage),
             path: self.files.dir.join(CHECKPOINT_FILE),
             lsn,
+            epoch: self.epoch,
         }
     }
 
@@ -695,9 +715,16 @@ mod tests {
                 (1, (i % 3) as u16, 10 * i, i as usize + 1)
             );
         }
-        // A checkpoint in the middle: replay starts there, files below it go.
+        // A checkpoint in the middle: replay starts there, files below it go. Written as
+        // by the broker of epoch 1 that wrote those entries: a later epoch checkpoints
+        // only at or past every entry it found (`GroupCommit::recover`).
         let middle = seen[12].0;
-        j.checkpoint_job(middle).run().unwrap();
+        CheckpointWrite {
+            epoch: 1,
+            ..j.checkpoint_job(middle)
+        }
+        .run()
+        .unwrap();
         let gone = j.checkpoint_done(middle);
         assert!(!gone.is_empty());
         for path in &gone {
@@ -710,6 +737,36 @@ mod tests {
         let firsts: Vec<u64> = seen.iter().map(|s| s.4).collect();
         assert_eq!(firsts, (12..=20).map(|i| 10 * i).collect::<Vec<_>>());
         assert_eq!(seen.last().unwrap().1, 2, "written under epoch 2");
+    }
+
+    #[test]
+    fn entries_an_earlier_epoch_left_at_the_checkpoints_own_lsn_never_count() {
+        // Epoch 1 wrote entries; a crash undid the file's rename, so the start of epoch 2
+        // found the journal ending before them and checkpointed there; the same bytes then
+        // came back under the expected name (simulator seed 1796286794289416690).
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let (mut j, _, _) = open(dir, JOURNAL_FILE_BYTES_DEFAULT, 1);
+        for i in 0..3 {
+            put(&mut j, i);
+        }
+        sync(&mut j);
+        drop(j);
+        let (j, _, seen) = open(dir, JOURNAL_FILE_BYTES_DEFAULT, 2);
+        assert_eq!(seen.len(), 3, "epoch 1's entries are replayed once");
+        CheckpointWrite {
+            lsn: 0,
+            ..j.checkpoint_job(0)
+        }
+        .run()
+        .unwrap();
+        drop(j);
+        let (_, report, seen) = open(dir, JOURNAL_FILE_BYTES_DEFAULT, 3);
+        assert!(
+            seen.is_empty(),
+            "replayed again after epoch 2's checkpoint: {seen:?}"
+        );
+        assert!(report.ended_by.unwrap().contains("epoch 1 after epoch 2"));
     }
 
     #[test]

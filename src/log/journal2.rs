@@ -336,7 +336,7 @@ impl RaftJournal {
         };
         j.files.create_dir()?;
         j.spares.found(&j.files);
-        let checkpoint = j.files.read_checkpoint(CHECKPOINT2_BYTES).map(|b| {
+        let checkpoint = j.files.read_checkpoint(&[CHECKPOINT2_BYTES]).map(|b| {
             let at = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().expect("8"));
             Checkpoint2 {
                 lsn: at(0),

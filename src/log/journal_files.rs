@@ -174,12 +174,12 @@ impl JournalFiles {
             .map_err(|e| StorageError::from_io(&self.dir, None, e))
     }
 
-    /// The checkpoint's payload when it is `len` bytes; `None` when there is none or it
-    /// cannot be read. Blocking: start-up only.
-    pub fn read_checkpoint(&self, len: usize) -> Option<Vec<u8>> {
+    /// The checkpoint's payload when it is one of `lens` bytes long; `None` when there is
+    /// none or it cannot be read. Blocking: start-up only.
+    pub fn read_checkpoint(&self, lens: &[usize]) -> Option<Vec<u8>> {
         let path = self.dir.join(CHECKPOINT_FILE);
         match meta::read_checked(&*self.storage, &path) {
-            Ok(Some(b)) if b.len() == len => Some(b),
+            Ok(Some(b)) if lens.contains(&b.len()) => Some(b),
             Ok(None) => None,
             Ok(Some(_)) | Err(_) => {
                 // Replaying from the oldest file is always safe, only slower: entries
