@@ -20,16 +20,21 @@ cost_args() {
   trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
 }
 
-# start_broker MORTARD: a broker on loopback with a fresh temporary data directory; sets
-# BROKER_PID, BROKER_ADDR and BROKER_WORK (the directory, removed by stop_broker).
+# start_broker MORTARD [FLAG...]: a broker on loopback with a fresh temporary data
+# directory (under $TMPBASE when set); sets BROKER_PID, BROKER_ADDR and BROKER_WORK (the
+# directory, removed by stop_broker). With BROKER_ADMIN=on its admin listener is on too,
+# at BROKER_ADMIN_ADDR.
 start_broker() {
-  BROKER_WORK=$(mktemp -d)
-  RUST_LOG=warn "$1" --listen 127.0.0.1:0 --admin-listen off --data-dir "$BROKER_WORK/data" \
-    >"$BROKER_WORK/out" 2>/dev/null &
+  local admin=off ready='^listening '
+  [ "${BROKER_ADMIN:-off}" = on ] && admin=127.0.0.1:0 ready='^admin '
+  BROKER_WORK=$(mktemp -d ${TMPBASE:+-p "$TMPBASE"})
+  RUST_LOG=warn "$1" --listen 127.0.0.1:0 --admin-listen "$admin" \
+    --data-dir "$BROKER_WORK/data" "${@:2}" >"$BROKER_WORK/out" 2>/dev/null &
   BROKER_PID=$!
   PIDS+=("$BROKER_PID")
-  for _ in $(seq 100); do grep -q '^listening ' "$BROKER_WORK/out" && break; sleep 0.1; done
+  for _ in $(seq 100); do grep -q "$ready" "$BROKER_WORK/out" && break; sleep 0.1; done
   BROKER_ADDR=$(awk '/^listening /{print $2; exit}' "$BROKER_WORK/out")
+  BROKER_ADMIN_ADDR=$(awk '/^admin /{print $2; exit}' "$BROKER_WORK/out")
   [ -n "$BROKER_ADDR" ] || { echo "$NAME: $1 did not start" >&2; exit 1; }
 }
 

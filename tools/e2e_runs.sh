@@ -13,16 +13,15 @@ durability=${1:?usage: tools/e2e_runs.sh DURABILITY [MORTARD [FLAG...]]}
 mortard=${2:-target/release/mortard}
 shift $(($# < 2 ? $# : 2))
 cargo build --release --quiet --bin mortar-bench
-pid=""
-work=$(mktemp -d ${TMPBASE:+-p "$TMPBASE"})
-trap 'kill "$pid" 2>/dev/null || true; rm -rf "$work"' EXIT
-RUST_LOG=warn taskset -c 0 "$mortard" --listen 127.0.0.1:0 --admin-listen off \
-  --data-dir "$work/data" "$@" >"$work/out" 2>/dev/null &
-pid=$!
-for _ in $(seq 100); do grep -q '^listening ' "$work/out" && break; sleep 0.1; done
-addr=$(awk '/^listening /{print $2; exit}' "$work/out")
+NAME=e2e_runs PIDS=()
+# shellcheck source=cost_common.sh
+source tools/cost_common.sh
+trap 'stop_broker' EXIT
+start_broker "$mortard" "$@"
+# Every thread of the broker (they are all started by now) on core 0.
+taskset -a -p -c 0 "$BROKER_PID" >/dev/null
 sleep "${SETTLE:-1}"
-js=$(taskset -c 1 target/release/mortar-bench --broker "$addr" --json end-to-end \
+js=$(taskset -c 1 target/release/mortar-bench --broker "$BROKER_ADDR" --json end-to-end \
   --rate 20000 --duration "${DURATION:-7s}" --durability "$durability")
 python3 - "$js" <<'PY'
 import json, sys

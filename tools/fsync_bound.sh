@@ -11,24 +11,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
 cargo build --release --quiet --bin mortard --bin mortar-bench
+NAME=fsync_bound PIDS=()
+# shellcheck source=cost_common.sh
+source tools/cost_common.sh
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 VALUE=$(head -c 1024 /dev/zero | tr '\0' x)
 for round in $(seq "$ROUNDS"); do
-  work=$(mktemp -d)
-  RUST_LOG=warn target/release/mortard --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
-    --data-dir "$work/data" >"$work/out" 2>/dev/null &
-  pid=$!
-  for _ in $(seq 100); do grep -q '^admin ' "$work/out" && break; sleep 0.1; done
-  addr=$(awk '/^listening /{print $2; exit}' "$work/out")
-  admin=$(awk '/^admin /{print $2; exit}' "$work/out")
+  BROKER_ADMIN=on start_broker target/release/mortard
   sleep 1 # the first journal spare is made
-  bench=$(target/release/mortar-bench --broker "$addr" --json publish --connections 1 \
+  bench=$(target/release/mortar-bench --broker "$BROKER_ADDR" --json publish --connections 1 \
     --pipeline 16 --durability fsync --count 100000)
-  stats=$(curl -s "${admin%/}/stats")
-  kill "$pid"
-  wait "$pid" 2>/dev/null || true
+  stats=$(curl -s "${BROKER_ADMIN_ADDR%/}/stats")
+  stop_broker
+  work=$(mktemp -d)
   port=$(free_port)
   mkdir -p "$work/redis"
   redis-server --port "$port" --bind 127.0.0.1 --dir "$work/redis" --appendonly yes \

@@ -253,6 +253,23 @@ fn a_failed_journal_fdatasync_acknowledges_nothing_it_covered_and_refuses_writes
     assert_eq!(part.log.read_one(1).unwrap().unwrap().value, b"v");
 }
 
+/// Runs checkpoint `job` with the segment sync of `key` failed (EIO) and reports it.
+fn fail_checkpoint_sync(broker: &mut Broker, mut job: DurableJob, key: PartitionKey) {
+    crate::fsync::Job::run(&mut job).unwrap();
+    let Work::Checkpoint { syncs, .. } = &mut job.work else {
+        panic!("expected a checkpoint, got {job:?}");
+    };
+    let failing = syncs.iter_mut().find(|s| s.key == key).unwrap();
+    failing.result = Some(Err(io::Error::other("injected EIO")));
+    let done = Completion {
+        job,
+        result: Err(io::Error::other("injected EIO")),
+        elapsed: Duration::from_micros(50),
+    };
+    broker.job_done(done, Now::default());
+    broker.check_invariants();
+}
+
 #[test]
 fn a_failed_segment_sync_at_a_checkpoint_poisons_only_its_partition() {
     let dir = tempfile::tempdir().unwrap();
@@ -265,20 +282,8 @@ fn a_failed_segment_sync_at_a_checkpoint_poisons_only_its_partition() {
     assert_eq!(answers(&mut broker).len(), 2);
     broker.partitions.request_checkpoint();
     broker.end_pass(Now::default(), &unlimited_room);
-    let mut job = jobs.0.borrow_mut().pop().expect("a checkpoint");
-    crate::fsync::Job::run(&mut job).unwrap();
-    let Work::Checkpoint { syncs, .. } = &mut job.work else {
-        panic!("expected a checkpoint, got {job:?}");
-    };
-    let failing = syncs.iter_mut().find(|s| s.key == (topic, 0)).unwrap();
-    failing.result = Some(Err(io::Error::other("injected EIO")));
-    let done = Completion {
-        job,
-        result: Err(io::Error::other("injected EIO")),
-        elapsed: Duration::from_micros(50),
-    };
-    broker.job_done(done, Now::default());
-    broker.check_invariants();
+    let job = jobs.0.borrow_mut().pop().expect("a checkpoint");
+    fail_checkpoint_sync(&mut broker, job, (topic, 0));
     match publish(&mut broker, 2, topic, 0, (0, 0)) {
         Handled::Answer(a) => assert_eq!(a.error_code(), Some(ErrorCode::InternalError)),
         Handled::Wait => panic!("a poisoned partition accepted a write"),
@@ -304,7 +309,7 @@ fn a_pub_waiting_when_a_checkpoint_fails_is_answered_once_the_journal_covers_it(
     assert_eq!(answers(&mut broker).len(), 1);
     broker.partitions.request_checkpoint();
     broker.end_pass(Now::default(), &unlimited_room);
-    let mut checkpoint = jobs.0.borrow_mut().pop().expect("a checkpoint");
+    let checkpoint = jobs.0.borrow_mut().pop().expect("a checkpoint");
     // A PUB written while the checkpoint runs: its journal sync is taken, not yet run.
     assert!(matches!(
         publish(&mut broker, 1, topic, 0, (0, 0)),
@@ -313,20 +318,7 @@ fn a_pub_waiting_when_a_checkpoint_fails_is_answered_once_the_journal_covers_it(
     broker.end_pass(Now::default(), &unlimited_room);
     assert_eq!(jobs.len(), 1, "the PUB's journal sync");
     // The checkpoint's segment sync fails: the partition takes no more writes...
-    crate::fsync::Job::run(&mut checkpoint).unwrap();
-    let Work::Checkpoint { syncs, .. } = &mut checkpoint.work else {
-        panic!("expected a checkpoint, got {checkpoint:?}");
-    };
-    syncs[0].result = Some(Err(io::Error::other("injected EIO")));
-    let result = Err(io::Error::other("injected EIO"));
-    let elapsed = Duration::from_micros(50);
-    let done = Completion {
-        job: checkpoint,
-        result,
-        elapsed,
-    };
-    broker.job_done(done, Now::default());
-    broker.check_invariants();
+    fail_checkpoint_sync(&mut broker, checkpoint, (topic, 0));
     // ...but the record it took is in the journal, whose sync makes it durable.
     jobs.run(&mut broker, |_| false);
     let got = answers(&mut broker);
