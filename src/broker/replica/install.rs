@@ -34,11 +34,22 @@
 //! CHUNK:   file u32, offset u64, then the bytes
 //! REFUSED: nothing more (the leader holds no such snapshot for this node)
 //!
-//! manifest (raft Snapshot.data): version u8 = 1, index u64, term u64, count u32, then
-//! per file: len u64, path_len u16, path (relative to the data directory, `/`-separated)
+//! snapshot data (raft Snapshot.data), version 2: version u8 = 2, index u64, term u64,
+//! manifest length u32, manifest CRC-32 u32. The manifest is then pulled like a file,
+//! file number MANIFEST_FILE (u32::MAX), before the files it lists. Version 1 (a leader
+//! from before version 2) is the manifest itself, still read.
 //!
-//! install marker (a meta file): leader u64, term u64, vote u64, then the manifest
+//! manifest: version u8 = 1, index u64, term u64, count u32, then per file: len u64,
+//! path_len u16, path (relative to the data directory, `/`-separated)
+//!
+//! install marker (a meta file): leader u64, term u64, vote u64, then the snapshot data
 //! ```
+//!
+//! The manifest is not in raft's message because that message travels in one peer
+//! frame, at most `FRAME_BYTES_MAX` (2 MiB): a node with some 38,000 segments (many
+//! partitions, long retention, small `--segment-size`) made a manifest past it, the
+//! link dropped the snapshot on every try, and a follower behind compaction never caught
+//! up. Pulled in chunks, a manifest is bounded only by [`MANIFEST_BYTES_MAX`].
 //!
 //! Depends on what `broker::replica::cluster` may.
 
@@ -76,7 +87,16 @@ pub const INSTALL_STALL_MS: u64 = 20_000;
 pub const OFFER_IDLE_MS: u64 = 60_000;
 /// A manifest path longer than this is refused (a bug or an attack, not a file of ours).
 const PATH_BYTES_MAX: usize = 4096;
+/// The file number a follower asks for to get a version-2 snapshot's manifest.
+pub const MANIFEST_FILE: u32 = u32::MAX;
+/// Largest manifest a follower takes (it holds the whole of it in memory while it pulls
+/// it): some 1.2 million files, far past what a node holds open (two descriptors per
+/// segment). More is a bug or a bad peer.
+pub const MANIFEST_BYTES_MAX: u32 = 64 * 1024 * 1024;
+/// A manifest's first byte, and raft's snapshot data before version 2.
 const MANIFEST_VERSION: u8 = 1;
+/// Raft's snapshot data that names a manifest to pull.
+const SNAPSHOT_DATA_VERSION: u8 = 2;
 
 const FRAME_REQUEST: u8 = 1;
 const FRAME_CHUNK: u8 = 2;
@@ -139,6 +159,84 @@ fn short(e: EntryError) -> String {
     e.0.to_string()
 }
 
+/// Where a manifest is pulled from: raft's snapshot data, version 2.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestRef {
+    pub index: u64,
+    pub term: u64,
+    pub len: u32,
+    pub crc: u32,
+}
+
+/// Raft's snapshot data, as a leader sends it and a marker keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotData {
+    /// Version 1, from a leader before version 2: the manifest itself.
+    Listed(Manifest),
+    /// Version 2: the manifest is pulled first.
+    Pulled(ManifestRef),
+}
+
+impl SnapshotData {
+    /// A leader's: the data raft sends, naming `manifest`, which is served as
+    /// [`MANIFEST_FILE`].
+    pub fn naming(manifest: &[u8], index: u64, term: u64) -> SnapshotData {
+        SnapshotData::Pulled(ManifestRef {
+            index,
+            term,
+            len: manifest.len() as u32,
+            crc: crc32fast::hash(manifest),
+        })
+    }
+
+    pub fn index(&self) -> u64 {
+        match self {
+            SnapshotData::Listed(m) => m.index,
+            SnapshotData::Pulled(r) => r.index,
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            SnapshotData::Listed(m) => m.encode(),
+            SnapshotData::Pulled(r) => {
+                let mut out = vec![SNAPSHOT_DATA_VERSION];
+                out.extend_from_slice(&r.index.to_be_bytes());
+                out.extend_from_slice(&r.term.to_be_bytes());
+                out.extend_from_slice(&r.len.to_be_bytes());
+                out.extend_from_slice(&r.crc.to_be_bytes());
+                out
+            }
+        }
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<SnapshotData, String> {
+        if bytes.first() == Some(&MANIFEST_VERSION) {
+            return Manifest::decode(bytes).map(SnapshotData::Listed);
+        }
+        let mut r = Reader { data: bytes };
+        if r.u8().map_err(short)? != SNAPSHOT_DATA_VERSION {
+            return Err("unknown snapshot data version".into());
+        }
+        let mut fields = || Ok::<_, EntryError>((r.u64()?, r.u64()?, r.u32()?, r.u32()?));
+        let (index, term, len, crc) = fields().map_err(short)?;
+        if !r.data.is_empty() {
+            return Err("bytes past the end of the snapshot data".into());
+        }
+        if len > MANIFEST_BYTES_MAX {
+            return Err(format!(
+                "a {len}-byte manifest, past the {MANIFEST_BYTES_MAX}-byte cap"
+            ));
+        }
+        Ok(SnapshotData::Pulled(ManifestRef {
+            index,
+            term,
+            len,
+            crc,
+        }))
+    }
+}
+
 fn check_path(path: &str) -> Result<(), String> {
     let p = Path::new(path);
     let plain = p.components().all(|c| matches!(c, Component::Normal(_)));
@@ -166,7 +264,7 @@ pub struct Marker {
     pub leader: u64,
     /// Raft's term and vote when the snapshot arrived.
     pub hard_state: (u64, u64),
-    pub manifest: Manifest,
+    pub snapshot: SnapshotData,
 }
 
 impl Marker {
@@ -175,7 +273,7 @@ impl Marker {
         for v in [self.leader, self.hard_state.0, self.hard_state.1] {
             out.extend_from_slice(&v.to_be_bytes());
         }
-        out.extend_from_slice(&self.manifest.encode());
+        out.extend_from_slice(&self.snapshot.encode());
         out
     }
 
@@ -186,7 +284,7 @@ impl Marker {
         Ok(Marker {
             leader,
             hard_state: (term, vote),
-            manifest: Manifest::decode(r.data)?,
+            snapshot: SnapshotData::decode(r.data)?,
         })
     }
 }
@@ -455,8 +553,10 @@ enum Source {
 #[derive(Clone)]
 pub(super) struct Offer {
     index: u64,
-    /// Encoded, for raft to send again.
-    manifest: Vec<u8>,
+    /// Raft's snapshot data, to send again.
+    data: Vec<u8>,
+    /// The encoded manifest, served as [`MANIFEST_FILE`].
+    manifest: (Source, u64),
     files: Vec<(Source, u64)>,
     last_request_ms: u64,
 }
@@ -474,7 +574,13 @@ struct Asked {
 /// A follower's install under way (after the restart into it).
 pub(super) struct Pull {
     marker: Marker,
-    /// The next byte nobody asked for: (file, offset).
+    /// At once from a version-1 snapshot; from version 2 once pulled.
+    manifest: Option<Manifest>,
+    /// A version-2 manifest while it arrives (sized at its first chunk), and how many of
+    /// its bytes did.
+    manifest_bytes: Vec<u8>,
+    manifest_arrived: u64,
+    /// The next byte nobody asked for: (file, offset); the manifest's until it arrived.
     next: (usize, u64),
     asked: Vec<Asked>,
     writes_in_flight: usize,
@@ -489,8 +595,15 @@ pub(super) struct Pull {
 
 impl Pull {
     pub(super) fn new(marker: Marker) -> Pull {
+        let manifest = match &marker.snapshot {
+            SnapshotData::Listed(m) => Some(m.clone()),
+            SnapshotData::Pulled(_) => None,
+        };
         Pull {
             marker,
+            manifest,
+            manifest_bytes: Vec::new(),
+            manifest_arrived: 0,
             next: (0, 0),
             asked: Vec::new(),
             writes_in_flight: 0,
@@ -501,33 +614,53 @@ impl Pull {
         }
     }
 
+    fn index(&self) -> u64 {
+        self.marker.snapshot.index()
+    }
+
+    /// The files' bytes in all; 0 until the manifest arrived.
+    fn total_bytes(&self) -> u64 {
+        self.manifest.as_ref().map_or(0, Manifest::total_bytes)
+    }
+
     /// The gate's answer meanwhile.
     pub(super) fn refusal(&self) -> (ErrorCode, String) {
-        let m = &self.marker.manifest;
-        let text = format!(
-            "installing a snapshot at index {} from node {}: {} of {} bytes",
-            m.index,
-            self.marker.leader,
-            self.written_bytes,
-            m.total_bytes()
-        );
+        let (index, leader) = (self.index(), self.marker.leader);
+        let text = if self.manifest.is_some() {
+            format!(
+                "installing a snapshot at index {index} from node {leader}: {} of {} bytes",
+                self.written_bytes,
+                self.total_bytes()
+            )
+        } else {
+            let what = "pulling its manifest";
+            format!("installing a snapshot at index {index} from node {leader}: {what}")
+        };
         (ErrorCode::SnapshotInProgress, text)
     }
 
-    /// The next request, if another may be in flight; skips empty files.
+    /// The next request, if another may be in flight: the manifest's bytes first, then
+    /// the files', skipping empty ones.
     fn next_request(&mut self, now_ms: u64) -> Option<Asked> {
-        let files = &self.marker.manifest.files;
-        while self.next.0 < files.len() && self.next.1 >= files[self.next.0].1 {
-            self.next = (self.next.0 + 1, 0);
-        }
-        if self.asked.len() >= CHUNKS_IN_FLIGHT_MAX || self.next.0 >= files.len() {
+        let (file, end) = match (&self.manifest, &self.marker.snapshot) {
+            (Some(m), _) => {
+                let files = &m.files;
+                while self.next.0 < files.len() && self.next.1 >= files[self.next.0].1 {
+                    self.next = (self.next.0 + 1, 0);
+                }
+                (self.next.0 as u32, files.get(self.next.0)?.1)
+            }
+            (None, SnapshotData::Pulled(r)) => (MANIFEST_FILE, u64::from(r.len)),
+            (None, SnapshotData::Listed(_)) => return None,
+        };
+        let offset = self.next.1;
+        if self.asked.len() >= CHUNKS_IN_FLIGHT_MAX || offset >= end {
             return None;
         }
-        let (file, offset) = self.next;
-        let len = (files[file].1 - offset).min(u64::from(CHUNK_BYTES_MAX)) as u32;
+        let len = (end - offset).min(u64::from(CHUNK_BYTES_MAX)) as u32;
         self.next.1 += u64::from(len);
         let asked = Asked {
-            file: file as u32,
+            file,
             offset,
             len,
             sent_ms: Some(now_ms),
@@ -538,7 +671,7 @@ impl Pull {
 
     fn request(&self, a: &Asked) -> (u64, Vec<u8>) {
         let frame = InstallFrame::Request {
-            index: self.marker.manifest.index,
+            index: self.index(),
             file: a.file,
             offset: a.offset,
             len: a.len,
@@ -546,9 +679,46 @@ impl Pull {
         (self.marker.leader, frame.encode())
     }
 
+    /// A chunk of the manifest that was asked for (so it fits and comes once): kept, and
+    /// the whole checked against the snapshot data once every byte came. An error means
+    /// this snapshot cannot be installed.
+    fn manifest_chunk(&mut self, offset: u64, data: &[u8]) -> Result<(), String> {
+        let SnapshotData::Pulled(r) = &self.marker.snapshot else {
+            return Err("a manifest chunk for a snapshot that listed its files".into());
+        };
+        self.manifest_bytes.resize(r.len as usize, 0);
+        let at = offset as usize;
+        self.manifest_bytes[at..at + data.len()].copy_from_slice(data);
+        self.manifest_arrived += data.len() as u64;
+        if self.manifest_arrived < u64::from(r.len) {
+            return Ok(());
+        }
+        let bytes = std::mem::take(&mut self.manifest_bytes);
+        if crc32fast::hash(&bytes) != r.crc {
+            return Err("its manifest does not match the snapshot's CRC-32".into());
+        }
+        let m = Manifest::decode(&bytes)?;
+        if (m.index, m.term) != (r.index, r.term) {
+            return Err(format!(
+                "its manifest is of index {} term {}, the snapshot of index {} term {}",
+                m.index, m.term, r.index, r.term
+            ));
+        }
+        log::info!(
+            "snapshot {}: {} files, {} bytes to pull",
+            m.index,
+            m.files.len(),
+            m.total_bytes()
+        );
+        self.manifest = Some(m);
+        self.next = (0, 0);
+        Ok(())
+    }
+
     /// Everything asked for, back and written (call after `next_request` said `None`).
     fn done(&self) -> bool {
-        self.next.0 >= self.marker.manifest.files.len()
+        let listed = self.manifest.as_ref().map(|m| m.files.len());
+        listed.is_some_and(|files| self.next.0 >= files)
             && self.asked.is_empty()
             && self.writes_in_flight == 0
     }
@@ -585,8 +755,8 @@ impl super::cluster::Cluster {
         if now_ms >= o.last_request_ms + INSTALL_STALL_MS || o.index + 1 < first {
             return false;
         }
-        let (index, manifest) = (o.index, o.manifest.clone());
-        self.replica.offer_snapshot(to, index, manifest);
+        let (index, data) = (o.index, o.data.clone());
+        self.replica.offer_snapshot(to, index, data);
         true
     }
 }
@@ -599,9 +769,7 @@ impl Installs {
     /// While installing: bytes written and in all; `(0, 0)` otherwise.
     pub(super) fn progress(&self) -> (u64, u64) {
         let pull = self.pull.as_ref();
-        pull.map_or((0, 0), |p| {
-            (p.written_bytes, p.marker.manifest.total_bytes())
-        })
+        pull.map_or((0, 0), |p| (p.written_bytes, p.total_bytes()))
     }
 
     /// Queues a chunk for `to`, counted as sent.
@@ -652,9 +820,20 @@ impl Broker {
         let (manifest, sources) = self.manifest_now();
         let c = self.cluster.as_deref_mut().expect("cluster mode");
         let encoded = manifest.encode();
+        if encoded.len() > MANIFEST_BYTES_MAX as usize {
+            log::error!(
+                "a snapshot's manifest of {} files takes {} bytes, past the \
+                 {MANIFEST_BYTES_MAX}-byte cap a follower takes: not offered",
+                manifest.files.len(),
+                encoded.len()
+            );
+            return;
+        }
+        let data = SnapshotData::naming(&encoded, manifest.index, manifest.term).encode();
         let offer = Offer {
             index: manifest.index,
-            manifest: encoded.clone(),
+            data: data.clone(),
+            manifest: (Source::Bytes(encoded.clone()), encoded.len() as u64),
             files: sources,
             last_request_ms: now.mono_ms,
         };
@@ -666,8 +845,7 @@ impl Broker {
                 manifest.files.len(),
                 manifest.total_bytes()
             );
-            c.replica
-                .offer_snapshot(to, manifest.index, encoded.clone());
+            c.replica.offer_snapshot(to, manifest.index, data.clone());
             c.installs.offers.insert(to, offer.clone());
         }
     }
@@ -725,11 +903,7 @@ impl Broker {
                 data,
             }) => self.chunk_arrived(from, (index, file, offset), data, now),
             Ok(InstallFrame::Refused { index }) => {
-                let pulling = self
-                    .installs()
-                    .pull
-                    .as_ref()
-                    .map(|p| p.marker.manifest.index);
+                let pulling = self.installs().pull.as_ref().map(Pull::index);
                 if pulling == Some(index) {
                     self.abandon_install(format!("node {from} no longer serves snapshot {index}"));
                 }
@@ -744,7 +918,10 @@ impl Broker {
         let offer = installs.offers.get_mut(&to).filter(|o| o.index == index);
         let listed = offer.and_then(|o| {
             o.last_request_ms = now.mono_ms;
-            o.files.get(file as usize)
+            match file {
+                MANIFEST_FILE => Some(&o.manifest),
+                _ => o.files.get(file as usize),
+            }
         });
         let fits =
             |flen: u64| len <= CHUNK_BYTES_MAX && offset.saturating_add(u64::from(len)) <= flen;
@@ -784,42 +961,49 @@ impl Broker {
         let Some(pull) = self.installs().pull.as_mut().filter(|p| !p.giving_up) else {
             return;
         };
-        let m = &pull.marker.manifest;
         let asked = pull
             .asked
             .iter()
             .position(|a| a.file == file && a.offset == offset && a.len as usize == data.len());
-        let (Some(at), true, true) = (asked, m.index == index, from == pull.marker.leader) else {
+        let ours = pull.index() == index && from == pull.marker.leader;
+        let (Some(at), true) = (asked, ours) else {
             log::debug!("chunk of file {file} at {offset} from node {from} not asked for");
             return; // a duplicate of one asked again, or from another snapshot
         };
         pull.asked.swap_remove(at);
-        pull.writes_in_flight += 1;
         pull.last_progress_ms = Some(now.mono_ms);
-        let path = staged_path(&data_dir, &m.files[file as usize].0);
+        if file == MANIFEST_FILE {
+            if let Err(e) = pull.manifest_chunk(offset, &data) {
+                return self.abandon_install(format!("node {from}'s snapshot {index}: {e}"));
+            }
+            return self.pull_turn(now);
+        }
+        // Asked for only once the manifest listed it.
+        let listed = pull.manifest.as_ref().map(|m| &m.files[file as usize].0);
+        let path = staged_path(&data_dir, listed.expect("a file asked for is listed"));
+        pull.writes_in_flight += 1;
         self.install_job(InstallJob::Write { path, offset, data });
         self.pull_turn(now);
     }
 
     /// Follower: raft stopped at a snapshot; the marker first, then a restart.
-    pub(super) fn begin_install(&mut self, manifest: &[u8], hard_state: (u64, u64)) {
+    pub(super) fn begin_install(&mut self, data: &[u8], hard_state: (u64, u64)) {
         let c = self.cluster.as_deref_mut().expect("cluster mode");
         let leader = c.replica.leader_id().unwrap_or(0);
-        let manifest = match Manifest::decode(manifest) {
-            Ok(m) => m,
+        let snapshot = match SnapshotData::decode(data) {
+            Ok(s) => s,
             Err(e) => return self.cluster_failed(format!("node {leader}'s snapshot: {e}")),
         };
         log::warn!(
             "this node's log is behind what node {leader} kept: installing its snapshot at \
-             index {} ({} bytes); the process restarts into the install",
-            manifest.index,
-            manifest.total_bytes()
+             index {}; the process restarts into the install",
+            snapshot.index()
         );
-        c.installs.beginning = Some((manifest.index, leader));
+        c.installs.beginning = Some((snapshot.index(), leader));
         let marker = Marker {
             leader,
             hard_state,
-            manifest,
+            snapshot,
         };
         let path = self.config.data_dir.join(INSTALL_MARKER_FILE);
         let marker = marker.encode();
@@ -831,11 +1015,9 @@ impl Broker {
     pub(super) fn resume_install(&mut self, marker: Marker) {
         let c = self.cluster.as_deref_mut().expect("cluster mode");
         log::warn!(
-            "installing node {}'s snapshot at index {} ({} files, {} bytes)",
+            "installing node {}'s snapshot at index {}",
             marker.leader,
-            marker.manifest.index,
-            marker.manifest.files.len(),
-            marker.manifest.total_bytes()
+            marker.snapshot.index()
         );
         c.replica.pause();
         c.installs.pull = Some(Pull::new(marker));
@@ -888,7 +1070,7 @@ impl Broker {
         }
         if pull.done() {
             pull.finishing = true;
-            let m = &pull.marker.manifest;
+            let m = pull.manifest.as_ref().expect("done: the manifest arrived");
             let files = m
                 .files
                 .iter()
@@ -1042,12 +1224,19 @@ mod tests {
     fn manifests_markers_and_frames_read_back_as_written() {
         let m = manifest();
         assert_eq!(Manifest::decode(&m.encode()), Ok(m.clone()));
-        let marker = Marker {
-            leader: 2,
-            hard_state: (3, 2),
-            manifest: m,
-        };
-        assert_eq!(Marker::decode(&marker.encode()), Ok(marker));
+        let pulled = SnapshotData::naming(&m.encode(), m.index, m.term);
+        for snapshot in [SnapshotData::Listed(m.clone()), pulled] {
+            assert_eq!(
+                SnapshotData::decode(&snapshot.encode()),
+                Ok(snapshot.clone())
+            );
+            let marker = Marker {
+                leader: 2,
+                hard_state: (3, 2),
+                snapshot,
+            };
+            assert_eq!(Marker::decode(&marker.encode()), Ok(marker));
+        }
         let frames = [
             InstallFrame::Request {
                 index: 84,
@@ -1103,10 +1292,11 @@ mod tests {
         }
         assert_eq!(resume(&disk, dir), Ok(None), "no marker: nothing touched");
         assert!(disk.file_len(&gone[0]).is_ok());
+        let m = manifest();
         let marker = Marker {
             leader: 2,
             hard_state: (3, 2),
-            manifest: manifest(),
+            snapshot: SnapshotData::naming(&m.encode(), m.index, m.term),
         };
         let mut begin = InstallJob::Begin {
             path: dir.join(INSTALL_MARKER_FILE),
@@ -1123,5 +1313,85 @@ mod tests {
             "the term and vote must survive"
         );
         assert!(disk.is_dir(&dir.join(TOPICS_DIR)));
+    }
+
+    /// A manifest of `files` segment files, each path as long as a real one.
+    fn manifest_of(files: usize) -> Manifest {
+        let path = |i: usize| format!("topics/1-0badcafe/{}/{:020}.log", i % 64, i);
+        Manifest {
+            index: 9_000,
+            term: 4,
+            files: (0..files).map(|i| (path(i), 16 << 20)).collect(),
+        }
+    }
+
+    #[test]
+    fn a_snapshot_past_a_peer_frame_names_its_manifest_in_a_few_bytes() {
+        let m = manifest_of(50_000);
+        let encoded = m.encode();
+        // `peer::FRAME_BYTES_MAX`, which this room does not name.
+        let peer_frame_bytes_max = 2 << 20;
+        assert!(encoded.len() > peer_frame_bytes_max, "the case at issue");
+        let data = SnapshotData::naming(&encoded, m.index, m.term).encode();
+        assert_eq!(data.len(), 25, "version, index, term, length, CRC");
+        let too_big = SnapshotData::Pulled(ManifestRef {
+            index: 1,
+            term: 1,
+            len: MANIFEST_BYTES_MAX + 1,
+            crc: 0,
+        });
+        let refused = SnapshotData::decode(&too_big.encode()).unwrap_err();
+        assert!(refused.contains("cap"), "{refused}");
+        assert!(SnapshotData::decode(&[9]).is_err(), "unknown version");
+        assert!(SnapshotData::decode(&data[..24]).is_err(), "short");
+    }
+
+    /// A follower's pull of a 2.7 MB manifest: three chunks asked for first, taken in any
+    /// order; only then the listed files; a manifest that does not match its CRC stops
+    /// the install.
+    #[test]
+    fn a_manifest_is_pulled_in_chunks_before_the_files_it_lists() {
+        let m = manifest_of(50_000);
+        let encoded = m.encode();
+        let snapshot = SnapshotData::naming(&encoded, m.index, m.term);
+        let pull = |snapshot: SnapshotData| {
+            Pull::new(Marker {
+                leader: 2,
+                hard_state: (4, 2),
+                snapshot,
+            })
+        };
+        let mut p = pull(snapshot.clone());
+        let mut asked = Vec::new();
+        while let Some(a) = p.next_request(0) {
+            asked.push(a);
+        }
+        assert_eq!(asked.len(), 3, "{} bytes in 1 MiB chunks", encoded.len());
+        assert!(asked.iter().all(|a| a.file == MANIFEST_FILE));
+        assert_eq!(p.refusal().0, ErrorCode::SnapshotInProgress);
+        assert!(p.refusal().1.contains("manifest"));
+        for a in asked.iter().rev() {
+            let (at, end) = (a.offset as usize, (a.offset + u64::from(a.len)) as usize);
+            assert!(p.manifest.is_none(), "not before its last byte");
+            p.manifest_chunk(a.offset, &encoded[at..end]).unwrap();
+        }
+        assert_eq!(p.manifest.as_ref(), Some(&m));
+        p.asked.clear();
+        let first = p.next_request(0).unwrap();
+        assert_eq!((first.file, first.offset), (0, 0), "then the files");
+        assert!(!p.done(), "the files are still to come");
+
+        let mut bad = pull(snapshot);
+        let a = bad.next_request(0).unwrap();
+        let mut wrong = encoded.clone();
+        wrong[40] ^= 1;
+        bad.manifest_chunk(0, &wrong[..a.len as usize]).unwrap();
+        let mut last = Ok(());
+        while let Some(a) = bad.next_request(0) {
+            let (at, end) = (a.offset as usize, (a.offset + u64::from(a.len)) as usize);
+            last = bad.manifest_chunk(a.offset, &wrong[at..end]);
+        }
+        assert!(last.unwrap_err().contains("CRC"));
+        assert!(bad.manifest.is_none());
     }
 }
