@@ -1669,3 +1669,42 @@ fn idempotent_producers_past_the_cap_evict_the_idlest() {
         "RSS grew from {rss_before} to {rss_after}"
     );
 }
+
+/// A closed segment keeps its two descriptors until a checkpoint syncs it (a descriptor
+/// opened later might not see a write-back error). Before a partition's flushes waited
+/// for a checkpoint, 4 KiB segments ran a broker at 1,024 descriptors out of them at
+/// record 535 (a 3,900-byte record fills a segment): EMFILE on the next segment, and
+/// INTERNAL_ERROR for every PUB after it.
+#[test]
+fn small_segments_between_checkpoints_do_not_run_the_broker_out_of_descriptors() {
+    const NOFILE: u64 = 1024;
+    const RECORDS: u64 = 1_000;
+    let broker = Mortard::start_with_nofile(&["--segment-size", "4KiB"], NOFILE, NOFILE);
+    let mut c = broker.client();
+    let topic_id = c
+        .declare("small", 1, DeclareFlags::empty())
+        .unwrap()
+        .topic_id;
+    let value = vec![b's'; 3_900];
+    let mut most_fds = 0;
+    let start = Instant::now();
+    for seq in 1..=RECORDS {
+        let pub_ = Pub {
+            topic_id,
+            producer_id: 7,
+            producer_seq: seq,
+            flags: PubFlags::requesting(Some(Durability::Written)),
+            value: &value,
+            ..Pub::default()
+        };
+        let r = c.publish(&pub_);
+        assert!(r.is_ok(), "record {seq}: {r:?}");
+        most_fds = most_fds.max(fd_count(broker.pid()));
+    }
+    println!(
+        "{RECORDS} records, one per 4 KiB segment, in {:?}: at most {most_fds} broker \
+         descriptors",
+        start.elapsed()
+    );
+    assert!(most_fds < 400, "{most_fds} descriptors open");
+}

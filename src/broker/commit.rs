@@ -29,6 +29,16 @@ use super::PartitionKey;
 /// before it started, so completions may come in any order.
 pub const JOURNAL_SYNCS_IN_FLIGHT_MAX: usize = 2;
 
+/// Files one partition may write after a checkpoint took its syncs before its flushes
+/// wait for a checkpoint. A closed segment keeps its two descriptors until a checkpoint
+/// syncs it (a descriptor opened later need not report a write-back error that happened
+/// before it was opened), so with a small `--segment-size` a partition written faster
+/// than its segments could be synced ran the broker out of descriptors: 4 KiB segments
+/// and 3,900-byte records hit EMFILE at a 1,024 limit after 535 records, then refused
+/// every PUB. 64 files are 32 segments; with the default sizes a checkpoint (every
+/// `--journal-file-size`) comes long before.
+pub const UNSYNCED_FILES_PER_PARTITION_MAX: usize = 64;
+
 /// How far one partition got in a journal write: once the journal is synced past it,
 /// its records up to `sequence` are durable.
 #[derive(Debug, Clone, Copy)]
@@ -167,6 +177,19 @@ impl GroupCommit {
             part.segment_dirty = true;
             self.segments_dirty.push(key);
         }
+    }
+
+    /// Whether `part` must not be flushed this pass: it wrote
+    /// [`UNSYNCED_FILES_PER_PARTITION_MAX`] files since a checkpoint took its syncs, so
+    /// one is asked for, and the flush waits while another runs. Never while checkpoints
+    /// are blocked: none would end the wait.
+    pub fn flush_must_wait(&mut self, part: &Partition) -> bool {
+        let many = part.log.unsynced_file_count() >= UNSYNCED_FILES_PER_PARTITION_MAX;
+        if !many || self.checkpoints_blocked {
+            return false;
+        }
+        self.checkpoint_requested = true;
+        self.checkpoint_in_flight
     }
 
     /// The syncs of every segment written since the last checkpoint took them.

@@ -426,10 +426,15 @@ impl Partitions {
         mut flushed: impl FnMut(PartitionKey, Result<(), u64>),
     ) {
         let mut flush_list = std::mem::take(&mut self.flush_list);
+        let mut waiting = Vec::new();
         for key in flush_list.drain(..) {
             let Some(part) = self.map.get_mut(&key) else {
                 continue;
             };
+            if self.commit.flush_must_wait(part) {
+                waiting.push(key); // still dirty: a pass after the checkpoint flushes it
+                continue;
+            }
             part.dirty = false;
             let outcome = match self.flush_one(key, counters) {
                 Ok(()) => Ok(()),
@@ -443,6 +448,7 @@ impl Partitions {
             self.answer_ready(key, effects);
             flushed(key, outcome);
         }
+        flush_list.append(&mut waiting);
         self.flush_list = flush_list;
         if let Err((why, keys)) = self.commit.write() {
             counters.fsync_failures += 1;

@@ -1108,6 +1108,12 @@ impl PartitionLog {
         self.poisoned.is_some()
     }
 
+    /// Files written since the last sync job took them. Each holds its descriptor until
+    /// that job ran, a closed segment's too.
+    pub fn unsynced_file_count(&self) -> usize {
+        self.unsynced_files.len()
+    }
+
     /// The partition's bookkeeping holds together: segments contiguous and in order, the
     /// last one ending at `written_sequence`, nothing synced that was not written, the
     /// buffered bytes those of the pending records, and at most
