@@ -339,6 +339,23 @@ impl ConsumeDriver {
         self.coordinator.set_following(following, now.mono_ms);
     }
 
+    pub(super) fn following(&self) -> bool {
+        self.coordinator.following()
+    }
+
+    /// A cluster node stops leading, or leads a new term with its last term's groups:
+    /// they end, and the `changed` ones, whose operator change is not applied yet, hold
+    /// their positions in `applied`, the applied log's (`Coordinator::follow_replicated`).
+    pub(super) fn stop_leading(
+        &mut self,
+        changed: &[(Vec<u8>, u16)],
+        applied: &[consume::GroupPosition],
+        now: Now,
+    ) {
+        self.set_following(true, now);
+        (self.coordinator).follow_replicated(changed, applied, now.mono_ms);
+    }
+
     pub(super) fn persist_positions_now(&mut self) -> std::io::Result<()> {
         let positions = self.coordinator.positions();
         self.positions.write_now(&positions)

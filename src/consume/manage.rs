@@ -131,8 +131,9 @@ impl Coordinator {
                 }
             }
             // Only a serving leader has live groups, and it made its own changes when it
-            // proposed them. One that led again with no pass as a follower in between
-            // kept its groups: their live state wins, as over any replicated position.
+            // proposed them; one that leads a new term ended its groups first, and
+            // serves no SUB before it applied its log. Not expected, then: a live
+            // group's state wins, as over any replicated position.
             Err(why) => log::warn!(
                 "reset of group {} not applied to its live state: {why:?}",
                 String::from_utf8_lossy(name)

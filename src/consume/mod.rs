@@ -509,6 +509,8 @@ impl Coordinator {
     /// the new leader replicates are not pushed twice to one group. Members are told
     /// nothing: their next request meets the role gate (NOT_LEADER) and they SUB again
     /// on the new leader. A dead letter not yet settled is the new leader's to write.
+    /// The positions kept are the groups' own; a cluster node then undoes the operator
+    /// changes not applied yet ([`Coordinator::follow_replicated`]).
     fn stop_leading(&mut self, now_ms: u64) {
         let positions = self.positions();
         for (group_id, group) in std::mem::take(&mut self.groups) {
@@ -522,6 +524,53 @@ impl Coordinator {
         self.conns.clear();
         for p in positions {
             self.restore_position((&p.group, p.topic_id), p.partition, p.committed, now_ms);
+        }
+    }
+
+    /// A cluster node that stopped leading (its groups ended, [`Coordinator::set_following`])
+    /// and had changed the `changed` groups (name, topic id) when it proposed an operator
+    /// change not applied yet: they hold exactly their positions in `applied`, its applied
+    /// log's, as every follower does, not those they had, which hold the change; its entry
+    /// may be truncated (`docs/REPLICATION.md` §4, "Operator changes"). Lower is fine
+    /// (records are delivered again), higher than the log would skip records never
+    /// acknowledged. The dead letters it knows stay settled. Other groups keep their
+    /// own positions: they never move back but for an operator change.
+    pub fn follow_replicated(
+        &mut self,
+        changed: &[(Vec<u8>, u16)],
+        applied: &[GroupPosition],
+        now_ms: u64,
+    ) {
+        assert!(self.groups.is_empty(), "live groups on a node that follows");
+        for key in changed {
+            if let Some(r) = self.restored.get_mut(key) {
+                r.committed.clear();
+            }
+        }
+        for p in applied {
+            if !changed
+                .iter()
+                .any(|(g, t)| *g == p.group && *t == p.topic_id)
+            {
+                continue;
+            }
+            let r = self.restored_entry(&p.group, p.topic_id, now_ms);
+            r.expect("no live group")
+                .committed
+                .insert(p.partition, p.committed);
+        }
+        for key in changed {
+            let Some(r) = self.restored.get_mut(key) else {
+                continue;
+            };
+            for (p, dead) in &mut r.dead_lettered {
+                let committed = r.committed.get(p).copied().unwrap_or(0);
+                *dead = dead.split_off(&committed.saturating_add(1));
+            }
+            r.dead_lettered.retain(|_, dead| !dead.is_empty());
+            if r.committed.is_empty() && r.dead_lettered.is_empty() {
+                self.restored.remove(key);
+            }
         }
     }
 

@@ -2305,3 +2305,38 @@ fn a_node_that_stops_leading_ends_its_members_and_keeps_its_groups_at_their_posi
     h.join(B, 0);
     assert_eq!(seqs(&h.effects())[0], 2);
 }
+
+#[test]
+fn a_node_that_follows_its_applied_log_undoes_unapplied_changes_and_keeps_dead_letters() {
+    let mut h = H::new(1);
+    h.log.partitions.get_mut(&TOPIC).unwrap()[0] = (1, 9);
+    let now = h.now;
+    h.c.set_following(true, now);
+    // As a leader's reset made before its entry commits leaves them: ahead of the log.
+    h.c.restore_position((b"g", TOPIC), 0, 7, now);
+    for seq in [3, 8] {
+        h.c.restore_dead_lettered((b"g", TOPIC), 0, seq, now);
+    }
+    // Created by a reset whose entry is not applied, and not changed: kept.
+    h.c.restore_position((b"unlogged", TOPIC), 0, 1, now);
+    h.c.restore_position((b"unchanged", TOPIC), 0, 6, now);
+    let at = |group: &[u8], committed| GroupPosition {
+        group: group.to_vec(),
+        topic_id: TOPIC,
+        partition: 0,
+        committed,
+    };
+    let key = |group: &[u8]| (group.to_vec(), TOPIC);
+    let changed = [key(b"g"), key(b"unlogged"), key(b"deleted")];
+    let applied = [at(b"deleted", 4), at(b"g", 2), at(b"unchanged", 5)];
+    h.c.follow_replicated(&changed, &applied, now);
+    h.c.check_invariants();
+    let held = vec![at(b"deleted", 4), at(b"g", 2), at(b"unchanged", 6)];
+    assert_eq!(h.c.positions(), held);
+    let dead = &h.c.restored[&key(b"g")].dead_lettered[&0];
+    assert_eq!(dead, &BTreeSet::from([3, 8]));
+    // Leading again, the group resumes at the log's position, its dead letters settled.
+    h.c.set_following(false, now);
+    h.join(A, 0);
+    assert_eq!(seqs(&h.effects())[0], 4);
+}

@@ -20,7 +20,10 @@
 //!   and buries it (its tombstone, `broker::positions`); a reset sets the positions to
 //!   the targets, lower or not (`Coordinator::replicated_reset`), where a BATCH only
 //!   raises them. The leader that made the group change when proposing leaves its live
-//!   groups alone.
+//!   groups alone. Every node also records the change in its applied positions
+//!   (`replica::applied`), which the groups a leader changed for entries not applied
+//!   yet take when it stops leading: a change truncated with its entry does not outlive
+//!   that leader's term.
 //! - **Answer**: the leader answers the operator once the entry is applied there and
 //!   durable, as a single node does (the positions write, the purge's file job); a
 //!   proposal that fails (truncated, deposed, `--replication-timeout`) is answered with
@@ -104,7 +107,7 @@ impl Broker {
             AdminChange::GroupDelete {
                 topic_id, group, ..
             } => {
-                c.admin_made.insert(index);
+                c.admin_made.insert(index, (group.clone(), topic_id));
                 c.resend_positions(&group, topic_id);
                 let (coordinator, _) = self.consume.parts_mut();
                 let deleted = coordinator.delete_group((&group, topic_id));
@@ -116,7 +119,7 @@ impl Broker {
                 targets,
                 ..
             } => {
-                c.admin_made.insert(index);
+                c.admin_made.insert(index, (group.clone(), topic_id));
                 c.resend_positions(&group, topic_id);
                 let (coordinator, _) = self.consume.parts_mut();
                 let reset = coordinator.reset_group((&group, topic_id), &targets);
@@ -218,7 +221,7 @@ impl Broker {
         if let Some(t) = ticket {
             c.admin_tickets.remove(&t);
         }
-        let made_here = c.admin_made.remove(&index);
+        let made_here = c.admin_made.remove(&index).is_some();
         let (AdminChange::Purge {
             topic_id, topic, ..
         }
@@ -248,6 +251,7 @@ impl Broker {
                 self.apply_purge(ticket, (topic_id, count), &name, &below)
             }
             AdminChange::GroupDelete { group, .. } => {
+                self.cluster_mut().applied.delete(&group, topic_id);
                 if !made_here {
                     let (coordinator, _) = self.consume.parts_mut();
                     coordinator.replicated_delete((&group, topic_id));
@@ -258,6 +262,7 @@ impl Broker {
                 }
             }
             AdminChange::GroupReset { group, targets, .. } => {
+                self.cluster_mut().applied.reset(&group, topic_id, &targets);
                 if !made_here {
                     let (coordinator, _) = self.consume.parts_mut();
                     coordinator.replicated_reset((&group, topic_id), &targets, now.mono_ms);
@@ -301,6 +306,7 @@ impl Broker {
             let first = part.log.first_sequence();
             let (coordinator, _) = self.consume.parts_mut();
             coordinator.purged(topic_id, p, first);
+            self.cluster_mut().applied.purged(topic_id, p, first);
             report.push((p, first, purged.as_ref().map_or(0, |f| f.records)));
             files.extend(purged.map(|f| (key, f)));
         }

@@ -33,7 +33,9 @@
 //! - **Group positions**: every `POSITIONS_REPLICATE_INTERVAL_MS` the leader's BATCH
 //!   carries the committed positions that moved; followers keep them as restored
 //!   positions for the day they lead (§7.4), and do not expire them while following. A
-//!   node that stops leading ends its groups' memberships (`Coordinator::stop_leading`).
+//!   node that stops leading ends its groups' memberships (`Coordinator::stop_leading`)
+//!   and gives those it changed for operator entries not applied yet its applied log's
+//!   positions (`replica::applied`), not their own.
 //! - **Dead letters**: the leader's go into the pass's BATCH as records of the twin
 //!   (taking their sequence from the overlay, like a PUB's) and settle in their group
 //!   once applied, if the record found at their sequence is theirs; every node counts
@@ -51,6 +53,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::sync::Arc;
 
+use super::applied::AppliedPositions;
 use super::compaction::Compaction;
 use super::entry::{Batch, BatchPart, EntryData, PositionChange, RegistryChange};
 use super::install::Installs;
@@ -132,8 +135,11 @@ pub struct Cluster {
     /// (`replica::admin`).
     pub(super) admin_tickets: HashMap<u64, u64>,
     /// Entries whose group change this leader made when it proposed them, in this
-    /// leadership: applying them leaves its live groups alone.
-    pub(super) admin_made: std::collections::HashSet<u64>,
+    /// leadership, with the group (name, topic id): applying them leaves its live groups
+    /// alone; stopping to lead before they apply undoes the change.
+    pub(super) admin_made: HashMap<u64, (Vec<u8>, u16)>,
+    /// The group positions as the applied log says them, for the day it stops leading.
+    pub(super) applied: AppliedPositions,
 }
 
 /// A cluster node's place in the group, for /stats.
@@ -190,7 +196,8 @@ impl Cluster {
             compaction: Compaction::from_checkpoint(checkpoint),
             installs: Installs::default(),
             admin_tickets: HashMap::new(),
-            admin_made: std::collections::HashSet::new(),
+            admin_made: HashMap::new(),
+            applied: AppliedPositions::default(),
         }
     }
 
@@ -509,6 +516,8 @@ impl Broker {
             .partitions
             .rebuild_all_producers(now, &mut broker.counters);
         report.group_positions = broker.restore_groups(now)?;
+        let held = broker.consume.coordinator().positions();
+        broker.cluster_mut().applied = AppliedPositions::from_start(held);
         if let Some(marker) = install {
             broker.resume_install(marker);
         }
@@ -918,10 +927,21 @@ impl Broker {
                 }
             }
         }
-        if let Some(term) = self.cluster_mut().note_leadership() {
+        let c = self.cluster_mut();
+        let led_before = c.leading_term != 0;
+        // Groups changed at proposal whose entry has not applied: it may be truncated.
+        let changed: Vec<(Vec<u8>, u16)> = c.admin_made.values().cloned().collect();
+        let new_term = c.note_leadership();
+        let following = !c.replica.is_leader();
+        // A vote goes out only in a pass that sees the node not leading, so a new term
+        // follows such a pass; were it not so, the last term's groups end all the same.
+        if !self.consume.following() && (following || (new_term.is_some() && led_before)) {
+            let applied = self.cluster_mut().applied.positions();
+            self.consume.stop_leading(&changed, &applied, now);
+        }
+        if let Some(term) = new_term {
             self.consume.leading_in(term);
         }
-        let following = !self.cluster_mut().replica.is_leader();
         self.consume.set_following(following, now);
         self.apply_queued(now);
     }
@@ -1029,6 +1049,8 @@ impl Broker {
         for pc in &batch.positions {
             let change = (&pc.group[..], pc.topic_id, pc.partition, pc.committed);
             self.consume.replicated_position(change, now);
+            let applied = &mut self.cluster_mut().applied;
+            applied.raise(&pc.group, pc.topic_id, pc.partition, pc.committed);
         }
         for p in &batch.parts {
             let key = (p.topic_id, p.partition);
@@ -1106,6 +1128,9 @@ impl Broker {
         let response = match found {
             Some(found) => {
                 self.delete_pair(&found, now);
+                let applied = &mut self.cluster_mut().applied;
+                applied.topic_deleted(found.source_id());
+                applied.topic_deleted(found.twin_id());
                 let Some(reply) = reply else {
                     return;
                 };

@@ -1472,9 +1472,10 @@ fn a_group_reset_moves_the_position_back_on_every_node_and_a_new_leader_delivers
         assert_eq!(net.position(i, topic), Some(1), "node {i}");
     }
     net.nodes[l].isolated = true;
-    net.run_until("another node leads", |n| {
-        n.serving_leader(Some(l)).is_some()
+    net.run_until("another node leads, the old one deposed", |n| {
+        n.serving_leader(Some(l)).is_some() && !n.cluster(l).replica.is_leader()
     });
+    assert_eq!(net.position(l, topic), Some(1), "the deposed leader");
     let n = net.serving_leader(Some(l)).unwrap();
     assert_eq!(net.first_delivery(n, topic).sequence, 2);
 }
@@ -1490,6 +1491,11 @@ fn a_group_delete_is_gone_on_every_node_and_after_a_restart() {
     net.run_until("every node deleted it", |n| {
         (0..3).all(|i| n.position(i, topic).is_none())
     });
+    // Deposed, the leader holds what its applied log says: no group.
+    net.nodes[l].isolated = true;
+    net.run_until("the leader deposed", |n| !n.cluster(l).replica.is_leader());
+    assert_eq!(net.position(l, topic), None, "the deposed leader");
+    net.nodes[l].isolated = false;
     // A restart applies the BATCH that carried the position, then the delete.
     let f = (0..3).find(|&i| i != l).unwrap();
     let disk = net.nodes[f].disk.clone();
@@ -1626,4 +1632,101 @@ fn a_reset_refused_while_the_group_has_members_and_acks_after_it_land_on_every_n
     net.run_until("every node has the acknowledged position", |n| {
         (0..3).all(|i| n.position(i, topic) == Some(1))
     });
+}
+
+/// Group "g" committed at 1 on every node, records 1 to 4 held by all; then leader `l`,
+/// cut off, proposes a reset of the group (no member) to `to`, which it makes in its
+/// live group at once and which nobody else gets, and is deposed. Returns `l` and the
+/// topic; `l` is still cut off.
+fn reset_proposed_by_a_leader_cut_off(to: ResetTo) -> (Net, usize, u16) {
+    let (mut net, l, topic) = cluster_with_consumed(1);
+    net.publish_many(l, topic, 2, 3);
+    net.run_until("every node holds the records", |n| n.all_at(topic, 5));
+    net.nodes[l].isolated = true;
+    let reset = Change::ResetGroup {
+        group: "g".into(),
+        topic: "orders".into(),
+        to,
+        partition: None,
+    };
+    net.nodes[l].broker.change(1, &reset, net.now).unwrap();
+    assert_ne!(
+        net.position(l, topic),
+        Some(1),
+        "made on the leader at once"
+    );
+    // Only the old leader ticks: it steps down (check-quorum), nobody else campaigns.
+    while net.cluster(l).replica.is_leader() {
+        net.nodes[l].broker.raft_tick();
+        net.pass(l);
+    }
+    (net, l, topic)
+}
+
+#[test]
+fn a_forward_reset_truncated_with_its_deposed_leader_is_undone_there_and_skips_nothing() {
+    let (mut net, l, topic) = reset_proposed_by_a_leader_cut_off(ResetTo::Sequence(4));
+    // Deposed, it holds what its applied log says, as every follower does.
+    assert_eq!(
+        net.position(l, topic),
+        Some(1),
+        "the uncommitted reset stayed"
+    );
+    net.run_until("another node leads", |n| {
+        n.serving_leader(Some(l)).is_some()
+    });
+    let n = net.serving_leader(Some(l)).unwrap();
+    net.publish(n, 5, topic, (3, 5), "v5");
+    assert_eq!(pub_ok(&net.wait_answer(n, 5)).sequence, 5);
+    net.nodes[l].isolated = false;
+    net.run_until("the old leader took the new leader's log", |net| {
+        net.term(l) == net.term(n) && net.next_sequence(l, topic) == 6
+    });
+    let answer = net.nodes[l]
+        .changes
+        .remove(&1)
+        .expect("the reset was answered");
+    let kind = answer.unwrap_err().kind;
+    assert!(matches!(kind, ManageErrorKind::Cluster(_)), "{kind:?}");
+    assert_eq!(net.position(l, topic), Some(1));
+    // Leading again, the group resumes at its committed position: 2 and 3 were never
+    // acknowledged and must be delivered.
+    net.lead_again(l, n);
+    assert_eq!(net.first_delivery(l, topic).sequence, 2);
+}
+
+#[test]
+fn a_backward_reset_truncated_with_its_deposed_leader_is_undone_there_at_once() {
+    let (mut net, l, topic) = reset_proposed_by_a_leader_cut_off(ResetTo::Earliest);
+    assert_eq!(
+        net.position(l, topic),
+        Some(1),
+        "the uncommitted reset stayed"
+    );
+    net.run_until("another node leads", |n| {
+        n.serving_leader(Some(l)).is_some()
+    });
+    let n = net.serving_leader(Some(l)).unwrap();
+    net.nodes[l].isolated = false;
+    net.run_until("the old leader follows the new term", |net| {
+        net.term(l) == net.term(n)
+    });
+    net.lead_again(l, n);
+    assert_eq!(net.first_delivery(l, topic).sequence, 2);
+}
+
+#[test]
+fn a_leader_deposed_and_elected_again_at_once_applies_its_reset_when_it_commits() {
+    let (mut net, l, topic) = reset_proposed_by_a_leader_cut_off(ResetTo::Sequence(4));
+    assert_eq!(net.position(l, topic), Some(1), "ahead of its applied log");
+    // No other node led in between: its log, the reset's entry in it, is the longest,
+    // and the entry commits in its next term.
+    net.nodes[l].isolated = false;
+    let f = (0..3).find(|&i| i != l).unwrap();
+    net.lead_again(l, f);
+    net.nodes[f].isolated = false;
+    net.run_until("every node applied the reset", |n| {
+        (0..3).all(|i| n.position(i, topic) == Some(3))
+    });
+    assert_eq!(net.first_delivery(l, topic).sequence, 4);
 }

@@ -14,11 +14,14 @@
 //! by three in-process brokers (`cluster_sim`) and, driven by `mortard --peers`, by
 //! `tests/cluster.rs`; journal compaction up to what every node holds ([`compaction`]:
 //! FLOOR entries, checkpoints), INSTALL for a node whose log is gone ([`install`]) and
-//! the operator's purges and group changes as ADMIN entries ([`admin`]).
+//! the operator's purges and group changes as ADMIN entries ([`admin`]), and the group
+//! positions as the applied log says them, which undo a stopped leader's group changes
+//! whose entries had not applied (`applied`).
 //!
 //! Depends on what `broker` may, plus `raft` and `slog` (raft's logging interface).
 
 pub mod admin;
+mod applied;
 pub mod cluster;
 pub mod compaction;
 pub mod entry;
