@@ -1714,8 +1714,11 @@ fn a_backward_reset_truncated_with_its_deposed_leader_is_undone_there_at_once() 
     });
     let n = net.serving_leader(Some(l)).unwrap();
     net.nodes[l].isolated = false;
-    net.run_until("the old leader follows the new term", |net| {
-        net.term(l) == net.term(n)
+    // Its log must have taken the new leader's too, or the third node, which holds the
+    // new term's entries, refuses it its vote in `lead_again`.
+    net.run_until("the old leader took the new leader's log", |net| {
+        let replica = |i: usize| &net.cluster(i).replica;
+        net.term(l) == net.term(n) && replica(l).last_term() == replica(n).last_term()
     });
     net.lead_again(l, n);
     assert_eq!(net.first_delivery(l, topic).sequence, 2);
