@@ -279,16 +279,22 @@ impl ConsumeDriver {
         self.positions.written(result);
     }
 
-    /// A positions write when they changed and the interval passed (or `force`).
-    pub(super) fn positions_job(&mut self, now: Now, force: bool) -> Option<super::DurableJob> {
+    /// A positions write when they changed and the interval passed (or `force`): of the
+    /// positions `held` picks, the node's durable ones (`broker::durable_positions`).
+    pub(super) fn positions_job(
+        &mut self,
+        now: Now,
+        force: bool,
+        held: impl FnOnce(&Coordinator) -> Vec<consume::GroupPosition>,
+    ) -> Option<super::DurableJob> {
         let coordinator = &self.coordinator;
         self.positions
-            .write_job(now.mono_ms, force, || coordinator.positions())
+            .write_job(now.mono_ms, force, || held(coordinator))
     }
 
-    /// The positions file's bytes as the coordinator holds them now (a snapshot's).
-    pub(super) fn positions_bytes(&self) -> Vec<u8> {
-        self.positions.encode(&self.coordinator.positions())
+    /// The positions file's bytes with `positions` and the tombstones (a snapshot's).
+    pub(super) fn positions_bytes(&self, positions: &[consume::GroupPosition]) -> Vec<u8> {
+        self.positions.encode(positions)
     }
 
     /// This cluster node leads in `term`: groups' epochs continue above the term's base.
@@ -356,8 +362,12 @@ impl ConsumeDriver {
         (self.coordinator).follow_replicated(changed, applied, now.mono_ms);
     }
 
-    pub(super) fn persist_positions_now(&mut self) -> std::io::Result<()> {
-        let positions = self.coordinator.positions();
+    /// Writes the positions `held` picks on the calling thread (shutdown).
+    pub(super) fn persist_positions_now(
+        &mut self,
+        held: impl FnOnce(&Coordinator) -> Vec<consume::GroupPosition>,
+    ) -> std::io::Result<()> {
+        let positions = held(&self.coordinator);
         self.positions.write_now(&positions)
     }
 

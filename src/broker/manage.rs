@@ -312,7 +312,8 @@ impl Broker {
     /// A positions write when an operator waits for one (and none is running).
     pub(super) fn write_waited_positions(&mut self, now: Now) {
         // `false`: only a waiting operator makes it run ahead of the interval.
-        self.jobs.extend(self.consume.positions_job(now, false));
+        let write = self.positions_job(now, false);
+        self.jobs.extend(write);
         self.submit_jobs();
         self.collect_positions_done();
     }

@@ -517,9 +517,17 @@ impl Broker {
         self.jobs.extend(self.topics.take_write_job(now.mono_ms));
         self.consume.settle_dead_letters(&self.partitions);
         self.pump_consume(now, room);
-        self.jobs.extend(self.consume.positions_job(now, false));
+        let write = self.positions_job(now, false);
+        self.jobs.extend(write);
         self.submit_jobs();
         // Dead letters appended by the pump are flushed on the next pass.
+    }
+
+    /// A positions write when they changed and the interval passed (or `force`), of
+    /// the positions this node makes durable ([`durable_positions`]).
+    pub(in crate::broker) fn positions_job(&mut self, now: Now, force: bool) -> Option<DurableJob> {
+        let cluster = self.cluster.as_deref();
+        (self.consume).positions_job(now, force, |c| durable_positions(cluster, c))
     }
 
     /// A durable-I/O job finished on a worker.
@@ -619,7 +627,9 @@ impl Broker {
             self.partitions
                 .shutdown_sync(now, &mut failed, &mut self.counters);
         }
-        if let Err(e) = self.consume.persist_positions_now() {
+        let cluster = self.cluster.as_deref();
+        let held = |c: &_| durable_positions(cluster, c);
+        if let Err(e) = self.consume.persist_positions_now(held) {
             failed.push(format!("group positions: {e}"));
         }
         if failed.is_empty() {
@@ -649,5 +659,22 @@ impl Broker {
         self.consume
             .check_invariants(&self.partitions, &proposed_end);
         assert!(self.jobs.is_empty(), "jobs gathered but never submitted");
+    }
+}
+
+/// The group positions a node makes durable, in its positions file and in a snapshot's:
+/// a single node's groups' own; a cluster node's as its applied log says them
+/// (`replica::applied`), the state at its applied index. A cluster leader's live ones
+/// run ahead of its log, with operator changes whose entries may still be truncated
+/// (docs/DECISIONS.md "Admin writes"): read back after a restart, or installed from a
+/// snapshot, a reset forwards among them would skip records never acknowledged. What
+/// the applied ones lack, acknowledgements no BATCH carried yet, is delivered again.
+fn durable_positions(
+    cluster: Option<&replica::cluster::Cluster>,
+    coordinator: &crate::consume::Coordinator,
+) -> Vec<crate::consume::GroupPosition> {
+    match cluster {
+        Some(c) => c.applied_positions(),
+        None => coordinator.positions(),
     }
 }

@@ -1,5 +1,6 @@
 //! Committed group positions on disk: the `groups` file, written atomically at least every
-//! `--commit-interval` when they changed, and at clean shutdown.
+//! `--commit-interval` when they changed, and at clean shutdown. A cluster node writes the
+//! positions its applied log says, not its live groups' (`broker::durable_positions`).
 //!
 //! It also carries the tombstones of deleted groups: a deleted group's dead letters stay
 //! in the `.dlq` twin, and without its tombstone start-up would read the group back from

@@ -30,9 +30,10 @@
 //!   its 0x6xxx code.
 //!
 //! A restart applies the entries after its checkpoint again, in order, so a reset or a
-//! delete lands between the BATCH positions before and after it as the first time; a
-//! snapshot carries the positions as the leader holds them, and the entries after it
-//! replay on top.
+//! delete lands between the BATCH positions before and after it as the first time; the
+//! positions file and a snapshot hold the applied positions (`broker::durable_positions`),
+//! so neither brings back a change whose entry did not commit, and the entries after
+//! them replay on top.
 
 use super::entry::{AdminChange, EntryData};
 use super::machine::{Replicated, Waiter};

@@ -10,7 +10,10 @@
 //! these positions, exactly, to the groups it changed for entries not applied yet
 //! (`Coordinator::follow_replicated`): it may redeliver what their members acknowledged
 //! and no BATCH carried, never skip. Its other groups keep their own positions, which
-//! only acknowledgements moved, so that no position moves back at a failover.
+//! only acknowledgements moved, so that no position moves back at a failover. They are
+//! also what the node makes durable, in its positions file and in a snapshot
+//! (`broker::durable_positions`): read back as applied state, the live ones would bring
+//! a truncated change back after a restart or an INSTALL.
 
 use std::collections::BTreeMap;
 

@@ -35,7 +35,8 @@
 //!   positions for the day they lead (§7.4), and do not expire them while following. A
 //!   node that stops leading ends its groups' memberships (`Coordinator::stop_leading`)
 //!   and gives those it changed for operator entries not applied yet its applied log's
-//!   positions (`replica::applied`), not their own.
+//!   positions (`replica::applied`), not their own. Those applied positions are also
+//!   what it writes to its positions file and puts in a snapshot.
 //! - **Dead letters**: the leader's go into the pass's BATCH as records of the twin
 //!   (taking their sequence from the overlay, like a PUB's) and settle in their group
 //!   once applied, if the record found at their sequence is theirs; every node counts
@@ -72,6 +73,7 @@ use crate::broker::{
     BrokerConfig, BrokerCounters, ConnRef, Effect, Handled, Now, OutputRoom, PartitionKey,
     StartupReport, TOPICS_DIR,
 };
+use crate::consume::GroupPosition;
 use crate::log::{encode_record, RecordView, Storage};
 use crate::wire::ops::{Pub, PubResult};
 use crate::wire::{DeclareCreated, Durability, ErrorCode, Op, PubResultFlags, Response};
@@ -444,6 +446,12 @@ impl Cluster {
     pub(in crate::broker) fn proposed_end(&self, key: PartitionKey) -> Option<u64> {
         self.serving()
             .then(|| self.overlay.get(&key).map_or(0, |o| o.next_sequence))
+    }
+
+    /// The group positions as this node's applied log says them, which it makes durable
+    /// (`broker::durable_positions`).
+    pub(in crate::broker) fn applied_positions(&self) -> Vec<GroupPosition> {
+        self.applied.positions()
     }
 
     fn take_declare(&mut self, index: u64) -> Option<(ConnRef, u64)> {
@@ -821,7 +829,8 @@ impl Broker {
         self.take_cluster_checkpoint(now);
         self.take_raft_spare(None);
         self.offer_snapshots(now);
-        self.jobs.extend(self.consume.positions_job(now, false));
+        let write = self.positions_job(now, false);
+        self.jobs.extend(write);
         self.submit_jobs();
     }
 

@@ -63,6 +63,8 @@ struct Node {
     restarts: Vec<Result<(), (ErrorCode, String)>>,
     /// Partitioned away: what it sends and what is sent to it is lost.
     isolated: bool,
+    /// Its raft messages, both ways, are lost; INSTALL frames still pass.
+    raft_cut: bool,
     /// Answers by slot.
     answers: BTreeMap<u64, Response>,
     /// NOTICEs and MSGs pushed, in order.
@@ -115,6 +117,7 @@ fn open_node_retaining(
         install_inbox: VecDeque::new(),
         restarts: Vec::new(),
         isolated: false,
+        raft_cut: false,
         answers: BTreeMap::new(),
         pushes: Vec::new(),
         changes: BTreeMap::new(),
@@ -180,9 +183,10 @@ impl Net {
             let mut frames = Vec::new();
             node.broker.drain_install_frames(&mut frames);
             let lost = node.isolated;
+            let raft_lost = lost || node.raft_cut;
             for m in out {
                 let to = &mut self.nodes[m.to as usize - 1];
-                if !lost && !to.isolated {
+                if !raft_lost && !to.isolated && !to.raft_cut {
                     to.inbox.push_back(m);
                 }
             }
@@ -225,11 +229,13 @@ impl Net {
             "node {i} restarts after failing: {failed:?}"
         );
         let (disk, isolated) = (self.nodes[i].disk.clone(), self.nodes[i].isolated);
+        let raft_cut = self.nodes[i].raft_cut;
         let mut restarts = std::mem::take(&mut self.nodes[i].restarts);
         self.nodes[i] = open_node_on(i as u64 + 1, disk);
         restarts.push(self.nodes[i].broker.admit(Op::Pub, self.now));
         self.nodes[i].restarts = restarts;
         self.nodes[i].isolated = isolated;
+        self.nodes[i].raft_cut = raft_cut;
         // Its links came up again: each side's HELLO names its log's end.
         let id = i as u64 + 1;
         let last = |n: &Node| n.broker.cluster_status().unwrap().last_index;
@@ -1708,8 +1714,11 @@ fn a_backward_reset_truncated_with_its_deposed_leader_is_undone_there_at_once() 
     });
     let n = net.serving_leader(Some(l)).unwrap();
     net.nodes[l].isolated = false;
-    net.run_until("the old leader follows the new term", |net| {
-        net.term(l) == net.term(n)
+    // Its log must have taken the new leader's too, or the third node, which holds the
+    // new term's entries, refuses it its vote in `lead_again`.
+    net.run_until("the old leader took the new leader's log", |net| {
+        let replica = |i: usize| &net.cluster(i).replica;
+        net.term(l) == net.term(n) && replica(l).last_term() == replica(n).last_term()
     });
     net.lead_again(l, n);
     assert_eq!(net.first_delivery(l, topic).sequence, 2);
@@ -1729,4 +1738,133 @@ fn a_leader_deposed_and_elected_again_at_once_applies_its_reset_when_it_commits(
         (0..3).all(|i| n.position(i, topic) == Some(3))
     });
     assert_eq!(net.first_delivery(l, topic).sequence, 4);
+}
+
+/// Leader `l`, cut off, proposes a reset forwards of "g" (committed at 1), then
+/// `write_positions` writes its positions file while it still leads, the power goes and
+/// it starts again, all before the entry commits. It must hold what its applied log
+/// says, and once another leader truncated the entry, deliver from the committed
+/// position when it leads again.
+fn restarted_before_a_forward_reset_commits(write_positions: fn(&mut Net, usize)) {
+    let (mut net, l, topic) = cluster_with_consumed(1);
+    net.publish_many(l, topic, 2, 3);
+    net.run_until("every node holds the records", |n| n.all_at(topic, 5));
+    // Cut off, the leader proposes a reset forwards, which nobody else gets...
+    net.nodes[l].isolated = true;
+    let reset = Change::ResetGroup {
+        group: "g".into(),
+        topic: "orders".into(),
+        to: ResetTo::Sequence(4),
+        partition: None,
+    };
+    net.nodes[l].broker.change(1, &reset, net.now).unwrap();
+    assert_eq!(
+        net.position(l, topic),
+        Some(3),
+        "made on the leader at once"
+    );
+    // ...and writes its positions file while it still leads; then the power goes.
+    write_positions(&mut net, l);
+    assert!(net.cluster(l).replica.is_leader(), "written while it leads");
+    let disk = net.nodes[l].disk.clone();
+    disk.power_cut();
+    net.nodes[l] = open_node_on(l as u64 + 1, disk);
+    net.nodes[l].isolated = true;
+    assert_eq!(
+        net.position(l, topic),
+        Some(1),
+        "read back a reset no entry committed"
+    );
+    // Another node leads and truncates the entry with a record of its own.
+    net.run_until("another node leads", |n| {
+        n.serving_leader(Some(l)).is_some()
+    });
+    let n = net.serving_leader(Some(l)).unwrap();
+    net.publish(n, 5, topic, (3, 5), "v5");
+    assert_eq!(pub_ok(&net.wait_answer(n, 5)).sequence, 5);
+    net.nodes[l].isolated = false;
+    net.run_until("the restarted node took the new leader's log", |net| {
+        net.term(l) == net.term(n) && net.next_sequence(l, topic) == 6
+    });
+    assert_eq!(net.position(l, topic), Some(1));
+    // Leading again, the group resumes at its committed position: 2 and 3 were never
+    // acknowledged and must be delivered.
+    net.lead_again(l, n);
+    assert_eq!(net.first_delivery(l, topic).sequence, 2);
+}
+
+#[test]
+fn a_leader_shut_down_before_its_forward_reset_commits_does_not_read_it_back_nor_skip() {
+    restarted_before_a_forward_reset_commits(|net, l| {
+        net.nodes[l].broker.shutdown_sync(net.now).unwrap();
+    });
+}
+
+#[test]
+fn a_leader_that_lost_power_after_a_positions_write_does_not_read_back_its_unapplied_reset() {
+    // The write an interval, a checkpoint or an operator's wait starts.
+    restarted_before_a_forward_reset_commits(|net, l| {
+        let write = net.nodes[l].broker.positions_job(net.now, true);
+        let write = write.expect("a write: the file does not hold these positions yet");
+        net.nodes[l].jobs.0.borrow_mut().push(write);
+        net.pass(l);
+    });
+}
+
+#[test]
+fn a_snapshot_carries_the_applied_positions_not_a_reset_its_leader_has_not_committed() {
+    let (mut net, l, topic) = cluster_with_consumed(1);
+    // About five 64 KiB journal files: every node compacts past the group's position.
+    net.publish_many(l, topic, 2, 80);
+    net.run_until("every node compacted", |net| {
+        (0..3).all(|i| net.cluster(i).replica.first_index() > 1)
+    });
+    let f = (0..3).find(|&i| i != l).unwrap();
+    let other = (0..3).find(|&i| i != l && i != f).unwrap();
+    // One follower cut off, the other wiped: nothing the leader proposes now commits.
+    net.nodes[other].isolated = true;
+    net.nodes[f] = open_node_on(f as u64 + 1, SimDisk::seeded(99));
+    let reset = Change::ResetGroup {
+        group: "g".into(),
+        topic: "orders".into(),
+        to: ResetTo::Sequence(40),
+        partition: None,
+    };
+    net.nodes[l].broker.change(1, &reset, net.now).unwrap();
+    assert_eq!(
+        net.position(l, topic),
+        Some(39),
+        "made on the leader at once"
+    );
+    // The wiped node installs the leader's snapshot; raft's messages to it after the
+    // snapshot's are lost, so the reset's entry does not reach it.
+    net.install_frames_left = Some(0);
+    net.nodes[l].broker.peer_up(f as u64 + 1, None, Some(0));
+    net.run_until("the wiped node restarted into the install", |n| {
+        n.nodes[f].restarts.len() == 1
+    });
+    net.nodes[f].raft_cut = true;
+    net.install_frames_left = None;
+    net.run_until("the wiped node installed", |n| {
+        n.nodes[f].restarts.len() >= 2
+    });
+    assert_eq!(net.next_sequence(f, topic), 82, "installed, not given up");
+    assert_eq!(
+        net.position(f, topic),
+        Some(1),
+        "the snapshot carried a reset no entry committed"
+    );
+    // The reset is truncated: the other two lead without the old leader, and the
+    // installed node, leading, delivers from the committed position.
+    net.nodes[f].raft_cut = false;
+    net.nodes[other].isolated = false;
+    net.nodes[l].isolated = true;
+    net.run_until("another node leads", |n| {
+        n.serving_leader(Some(l)).is_some()
+    });
+    let n = net.serving_leader(Some(l)).unwrap();
+    if n != f {
+        net.lead_again(f, n);
+    }
+    assert_eq!(net.first_delivery(f, topic).sequence, 2);
 }

@@ -144,7 +144,7 @@ impl Broker {
             return;
         }
         let syncs = self.partitions.take_applied_syncs();
-        let positions = self.consume.positions_job(now, true).map(Box::new);
+        let positions = self.positions_job(now, true).map(Box::new);
         let c = self.cluster.as_deref_mut().expect("cluster mode");
         c.compaction.in_flight = true;
         let write = c.replica.checkpoint_job(floor);

@@ -865,9 +865,10 @@ impl Broker {
                 }
             }
         }
-        // As their files hold them, so that the follower's copies read back.
+        // As their files hold them, so that the follower's copies read back; the
+        // positions as of `index` (`broker::durable_positions`), not the live groups'.
         let registry = meta::with_footer(&self.topics.registry().encode());
-        let groups = meta::with_footer(&self.consume.positions_bytes());
+        let groups = meta::with_footer(&self.consume.positions_bytes(&c.applied_positions()));
         for (name, bytes) in [(REGISTRY_FILE, registry), (GROUPS_FILE, groups)] {
             let len = bytes.len() as u64;
             files.push((name.to_string(), Source::Bytes(bytes), len));
