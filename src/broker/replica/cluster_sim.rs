@@ -1669,15 +1669,10 @@ fn reset_proposed_by_a_leader_cut_off(to: ResetTo) -> (Net, usize, u16) {
     (net, l, topic)
 }
 
-#[test]
-fn a_forward_reset_truncated_with_its_deposed_leader_is_undone_there_and_skips_nothing() {
-    let (mut net, l, topic) = reset_proposed_by_a_leader_cut_off(ResetTo::Sequence(4));
-    // Deposed, it holds what its applied log says, as every follower does.
-    assert_eq!(
-        net.position(l, topic),
-        Some(1),
-        "the uncommitted reset stayed"
-    );
+/// While `l` is cut off with an entry nobody else holds (at the end of a log whose
+/// `topic` ends at 4), another node leads and truncates it with a record of its own
+/// (sequence 5); `l` comes back and takes that log. Returns the new leader.
+fn truncated_by_a_new_leader(net: &mut Net, l: usize, topic: u16) -> usize {
     net.run_until("another node leads", |n| {
         n.serving_leader(Some(l)).is_some()
     });
@@ -1688,6 +1683,19 @@ fn a_forward_reset_truncated_with_its_deposed_leader_is_undone_there_and_skips_n
     net.run_until("the old leader took the new leader's log", |net| {
         net.term(l) == net.term(n) && net.next_sequence(l, topic) == 6
     });
+    n
+}
+
+#[test]
+fn a_forward_reset_truncated_with_its_deposed_leader_is_undone_there_and_skips_nothing() {
+    let (mut net, l, topic) = reset_proposed_by_a_leader_cut_off(ResetTo::Sequence(4));
+    // Deposed, it holds what its applied log says, as every follower does.
+    assert_eq!(
+        net.position(l, topic),
+        Some(1),
+        "the uncommitted reset stayed"
+    );
+    let n = truncated_by_a_new_leader(&mut net, l, topic);
     let answer = net.nodes[l]
         .changes
         .remove(&1)
@@ -1740,6 +1748,20 @@ fn a_leader_deposed_and_elected_again_at_once_applies_its_reset_when_it_commits(
     assert_eq!(net.first_delivery(l, topic).sequence, 4);
 }
 
+/// Leader `l` resets group "g" of "orders" to deliver from `sequence` on (operator
+/// change 1), which it makes in its live groups at once, before the entry commits.
+fn reset_forwards_on(net: &mut Net, l: usize, topic: u16, sequence: u64) {
+    let reset = Change::ResetGroup {
+        group: "g".into(),
+        topic: "orders".into(),
+        to: ResetTo::Sequence(sequence),
+        partition: None,
+    };
+    net.nodes[l].broker.change(1, &reset, net.now).unwrap();
+    let made = net.position(l, topic);
+    assert_eq!(made, Some(sequence - 1), "made on the leader at once");
+}
+
 /// Leader `l`, cut off, proposes a reset forwards of "g" (committed at 1), then
 /// `write_positions` writes its positions file while it still leads, the power goes and
 /// it starts again, all before the entry commits. It must hold what its applied log
@@ -1751,18 +1773,7 @@ fn restarted_before_a_forward_reset_commits(write_positions: fn(&mut Net, usize)
     net.run_until("every node holds the records", |n| n.all_at(topic, 5));
     // Cut off, the leader proposes a reset forwards, which nobody else gets...
     net.nodes[l].isolated = true;
-    let reset = Change::ResetGroup {
-        group: "g".into(),
-        topic: "orders".into(),
-        to: ResetTo::Sequence(4),
-        partition: None,
-    };
-    net.nodes[l].broker.change(1, &reset, net.now).unwrap();
-    assert_eq!(
-        net.position(l, topic),
-        Some(3),
-        "made on the leader at once"
-    );
+    reset_forwards_on(&mut net, l, topic, 4);
     // ...and writes its positions file while it still leads; then the power goes.
     write_positions(&mut net, l);
     assert!(net.cluster(l).replica.is_leader(), "written while it leads");
@@ -1775,17 +1786,7 @@ fn restarted_before_a_forward_reset_commits(write_positions: fn(&mut Net, usize)
         Some(1),
         "read back a reset no entry committed"
     );
-    // Another node leads and truncates the entry with a record of its own.
-    net.run_until("another node leads", |n| {
-        n.serving_leader(Some(l)).is_some()
-    });
-    let n = net.serving_leader(Some(l)).unwrap();
-    net.publish(n, 5, topic, (3, 5), "v5");
-    assert_eq!(pub_ok(&net.wait_answer(n, 5)).sequence, 5);
-    net.nodes[l].isolated = false;
-    net.run_until("the restarted node took the new leader's log", |net| {
-        net.term(l) == net.term(n) && net.next_sequence(l, topic) == 6
-    });
+    let n = truncated_by_a_new_leader(&mut net, l, topic);
     assert_eq!(net.position(l, topic), Some(1));
     // Leading again, the group resumes at its committed position: 2 and 3 were never
     // acknowledged and must be delivered.
@@ -1824,18 +1825,7 @@ fn a_snapshot_carries_the_applied_positions_not_a_reset_its_leader_has_not_commi
     // One follower cut off, the other wiped: nothing the leader proposes now commits.
     net.nodes[other].isolated = true;
     net.nodes[f] = open_node_on(f as u64 + 1, SimDisk::seeded(99));
-    let reset = Change::ResetGroup {
-        group: "g".into(),
-        topic: "orders".into(),
-        to: ResetTo::Sequence(40),
-        partition: None,
-    };
-    net.nodes[l].broker.change(1, &reset, net.now).unwrap();
-    assert_eq!(
-        net.position(l, topic),
-        Some(39),
-        "made on the leader at once"
-    );
+    reset_forwards_on(&mut net, l, topic, 40);
     // The wiped node installs the leader's snapshot; raft's messages to it after the
     // snapshot's are lost, so the reset's entry does not reach it.
     net.install_frames_left = Some(0);
