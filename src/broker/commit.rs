@@ -60,6 +60,9 @@ pub struct GroupCommit {
     in_flight: VecDeque<(u64, Vec<Cover>)>,
     /// Partitions written since the last checkpoint took its segment syncs.
     segments_dirty: Vec<PartitionKey>,
+    /// One of them wrote [`UNSYNCED_FILES_PER_PARTITION_MAX`] files since (a cluster
+    /// node syncs them early, `replica::compaction`).
+    files_crowded: bool,
     checkpoint_in_flight: bool,
     /// A checkpoint is taken once the journal is this far past the last one.
     checkpoint_bytes: u64,
@@ -95,6 +98,7 @@ impl GroupCommit {
             pending_bytes: 0,
             in_flight: VecDeque::new(),
             segments_dirty: Vec::new(),
+            files_crowded: false,
             checkpoint_in_flight: false,
             checkpoint_bytes,
             undone: Vec::new(),
@@ -177,6 +181,15 @@ impl GroupCommit {
             part.segment_dirty = true;
             self.segments_dirty.push(key);
         }
+        if part.log.unsynced_file_count() >= UNSYNCED_FILES_PER_PARTITION_MAX {
+            self.files_crowded = true;
+        }
+    }
+
+    /// A partition wrote [`UNSYNCED_FILES_PER_PARTITION_MAX`] files since the last
+    /// checkpoint took its syncs (and checkpoints are not blocked: none would take them).
+    pub fn files_crowded(&self) -> bool {
+        self.files_crowded && !self.checkpoints_blocked
     }
 
     /// Whether `part` must not be flushed this pass: it wrote
@@ -198,6 +211,7 @@ impl GroupCommit {
         map: &mut IdMap<PartitionKey, Partition>,
     ) -> Vec<SegmentSync> {
         let mut syncs = Vec::new();
+        self.files_crowded = false;
         for key in self.segments_dirty.drain(..) {
             let Some(part) = map.get_mut(&key) else {
                 continue;

@@ -116,7 +116,9 @@ pub enum Work {
         positions: Option<Box<DurableJob>>,
         /// The positions write's own outcome, for the positions bookkeeping.
         positions_result: Option<io::Result<()>>,
-        write: Checkpoint2Write,
+        /// `None`: the segment syncs alone, which let closed segments' descriptors go
+        /// between FLOORs (`replica::compaction`).
+        write: Option<Checkpoint2Write>,
     },
     /// Cluster mode: an INSTALL's reads, writes, marker and end
     /// (`broker::replica::install`).
@@ -218,7 +220,7 @@ impl Work {
                 return Err(e);
             }
         }
-        write.run()
+        write.as_ref().map_or(Ok(()), |w| w.run())
     }
 }
 

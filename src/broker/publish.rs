@@ -539,6 +539,12 @@ impl Partitions {
         !self.flush_list.is_empty()
     }
 
+    /// A partition wrote so many files since the last checkpoint took its syncs that a
+    /// cluster node syncs them before applying more (`replica::compaction`).
+    pub(super) fn segment_files_crowded(&self) -> bool {
+        self.commit.files_crowded()
+    }
+
     /// Cluster mode: the syncs of every segment apply wrote since the last checkpoint
     /// took them (`replica::compaction`).
     pub(super) fn take_applied_syncs(&mut self) -> Vec<SegmentSync> {

@@ -40,6 +40,15 @@ fn fresh_port() -> u16 {
 impl Cluster {
     /// Starts `n` nodes with `args` added to each; returns once every one listens.
     pub fn start(n: usize, args: &[&str]) -> Cluster {
+        Cluster::start_under(n, args, None)
+    }
+
+    /// [`Cluster::start`], each node under a RLIMIT_NOFILE of `nofile`.
+    pub fn start_with_nofile(n: usize, args: &[&str], nofile: u64) -> Cluster {
+        Cluster::start_under(n, args, Some(nofile))
+    }
+
+    fn start_under(n: usize, args: &[&str], nofile: Option<u64>) -> Cluster {
         let peers: Vec<String> = (1..=n)
             .map(|id| format!("{id}=127.0.0.1:{}", fresh_port()))
             .collect();
@@ -55,7 +64,11 @@ impl Cluster {
                     all.extend_from_slice(&["--admin-listen", &admin]);
                 }
                 all.extend_from_slice(args);
-                Mortard::start_in(&format!("node{id}"), &all)
+                let name = format!("node{id}");
+                match nofile {
+                    Some(n) => Mortard::start_in_with_nofile(&name, &all, n),
+                    None => Mortard::start_in(&name, &all),
+                }
             })
             .collect();
         Cluster {

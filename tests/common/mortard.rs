@@ -54,6 +54,11 @@ impl Mortard {
         Mortard::start_with("data", args, Some((soft, hard)))
     }
 
+    /// [`Mortard::start_in`] under a RLIMIT_NOFILE of `nofile` (soft and hard).
+    pub fn start_in_with_nofile(data_name: &str, args: &[&str], nofile: u64) -> Mortard {
+        Mortard::start_with(data_name, args, Some((nofile, nofile)))
+    }
+
     /// Like `start`, under the command `wrapper` makes from the data directory (such as
     /// `strace -P <a segment file in it> …`); the broker's path is appended to it.
     pub fn start_wrapped(wrapper: impl FnOnce(&Path) -> Vec<String>, args: &[&str]) -> Mortard {

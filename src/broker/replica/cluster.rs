@@ -1031,7 +1031,12 @@ impl Broker {
     /// Applies committed entries in order, until one needs a topic still being made.
     fn apply_queued(&mut self, now: Now) {
         // A node that failed applies nothing more: what it would apply rests on what failed.
-        while self.topics.creating.is_none() && self.cluster_mut().failed.is_none() {
+        // A partition with too many unsynced files waits for their sync, taken at the end
+        // of this pass (`take_cluster_checkpoint`), and its completion's pass goes on.
+        while self.topics.creating.is_none()
+            && self.cluster_mut().failed.is_none()
+            && !self.partitions.segment_files_crowded()
+        {
             let Some((index, entry)) = self.cluster_mut().applying.pop_front() else {
                 break;
             };

@@ -40,7 +40,8 @@ pub struct CheckpointDone {
     pub syncs: Vec<SegmentSync>,
     pub positions: bool,
     pub positions_result: Option<io::Result<()>>,
-    pub write: Checkpoint2Write,
+    /// `None`: segment syncs alone.
+    pub write: Option<Checkpoint2Write>,
     pub result: io::Result<()>,
 }
 
@@ -124,14 +125,18 @@ impl Broker {
 
     /// At the end of a pass: a checkpoint at the FLOOR once it passed the last one, when
     /// nothing the checkpoint must cover is still being written (the registry, a topic's
-    /// files, the positions) and no checkpoint runs.
+    /// files, the positions) and no checkpoint runs. Between FLOORs, the segment syncs
+    /// alone once a partition wrote too many files (`Partitions::segment_files_crowded`):
+    /// closed segments keep their descriptors until synced, and small segments ran every
+    /// node out of them at once (`docs/DECISIONS.md`, "Descriptors").
     pub(super) fn take_cluster_checkpoint(&mut self, now: Now) {
         let c = self.cluster.as_deref().expect("cluster mode");
         let floor = c.compaction.floor;
         // Apply passed the FLOOR's index, which is above the floor: only a node that
         // restarted from an older checkpoint and has not applied that far yet waits.
         let due = floor > c.replica.checkpoint().index && floor <= c.applied_index;
-        if !due || c.compaction.in_flight || c.failed.is_some() {
+        let crowded = self.partitions.segment_files_crowded();
+        if !(due || crowded) || c.compaction.in_flight || c.failed.is_some() {
             return;
         }
         // A purge's files not gone yet could come back after a crash, and its entry
@@ -144,15 +149,15 @@ impl Broker {
             return;
         }
         let syncs = self.partitions.take_applied_syncs();
-        let positions = self.positions_job(now, true).map(Box::new);
+        let positions = due.then(|| self.positions_job(now, true).map(Box::new));
         let c = self.cluster.as_deref_mut().expect("cluster mode");
         c.compaction.in_flight = true;
-        let write = c.replica.checkpoint_job(floor);
+        let write = due.then(|| c.replica.checkpoint_job(floor));
         self.jobs.push(DurableJob {
             storage: Arc::clone(&self.storage),
             work: Work::RaftCheckpoint {
                 syncs,
-                positions,
+                positions: positions.flatten(),
                 positions_result: None,
                 write,
             },
@@ -169,9 +174,14 @@ impl Broker {
             self.consume.positions_written(&result);
             self.write_waited_positions(now);
         }
-        let point = done.write.point;
         let c = self.cluster.as_deref_mut().expect("cluster mode");
         c.compaction.in_flight = false;
+        let Some(point) = done.write.map(|w| w.point) else {
+            if let Err(e) = done.result {
+                log::error!("segment syncs between checkpoints failed: {e}");
+            }
+            return self.submit_jobs();
+        };
         match done.result {
             Ok(()) => {
                 let mut paths = c.replica.checkpoint_done(point);
