@@ -58,13 +58,15 @@ fn subscribe(c: &mut Client, topic_id: u16) {
 /// A 3-node cluster started with `args`, its leader, a client on it and the id of the
 /// one-partition topic `orders` it declared.
 fn cluster_with_topic(args: &[&str]) -> (Cluster, usize, Client, u16) {
-    let cluster = Cluster::start(3, args);
+    topic_on(Cluster::start(3, args), "orders")
+}
+
+/// `cluster`'s leader, a client on it and the id of the one-partition topic `name` it
+/// declared.
+fn topic_on(cluster: Cluster, name: &str) -> (Cluster, usize, Client, u16) {
     let leader = cluster.wait_leader(ELECTION_LIMIT);
     let mut c = client_of(&cluster, leader);
-    let topic_id = c
-        .declare("orders", 1, DeclareFlags::empty())
-        .unwrap()
-        .topic_id;
+    let topic_id = c.declare(name, 1, DeclareFlags::empty()).unwrap().topic_id;
     (cluster, leader, c, topic_id)
 }
 
@@ -556,12 +558,7 @@ fn small_segments_do_not_run_the_nodes_out_of_descriptors() {
     const NOFILE: u64 = 1024;
     const RECORDS: u64 = 1_500;
     let cluster = Cluster::start_with_nofile(3, &["--segment-size", "4KiB"], NOFILE);
-    let leader = cluster.wait_leader(ELECTION_LIMIT);
-    let mut c = client_of(&cluster, leader);
-    let topic_id = c
-        .declare("small", 1, DeclareFlags::empty())
-        .unwrap()
-        .topic_id;
+    let (cluster, leader, mut c, topic_id) = topic_on(cluster, "small");
     let value = vec![b's'; 3_900]; // one record fills a segment
     let mut most_fds = 0;
     for seq in 1..=RECORDS {

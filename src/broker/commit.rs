@@ -39,6 +39,12 @@ pub const JOURNAL_SYNCS_IN_FLIGHT_MAX: usize = 2;
 /// `--journal-file-size`) comes long before.
 pub const UNSYNCED_FILES_PER_PARTITION_MAX: usize = 64;
 
+/// `part` wrote [`UNSYNCED_FILES_PER_PARTITION_MAX`] files since a checkpoint took its
+/// syncs.
+fn crowded(part: &Partition) -> bool {
+    part.log.unsynced_file_count() >= UNSYNCED_FILES_PER_PARTITION_MAX
+}
+
 /// How far one partition got in a journal write: once the journal is synced past it,
 /// its records up to `sequence` are durable.
 #[derive(Debug, Clone, Copy)]
@@ -181,9 +187,7 @@ impl GroupCommit {
             part.segment_dirty = true;
             self.segments_dirty.push(key);
         }
-        if part.log.unsynced_file_count() >= UNSYNCED_FILES_PER_PARTITION_MAX {
-            self.files_crowded = true;
-        }
+        self.files_crowded |= crowded(part);
     }
 
     /// A partition wrote [`UNSYNCED_FILES_PER_PARTITION_MAX`] files since the last
@@ -197,8 +201,7 @@ impl GroupCommit {
     /// one is asked for, and the flush waits while another runs. Never while checkpoints
     /// are blocked: none would end the wait.
     pub fn flush_must_wait(&mut self, part: &Partition) -> bool {
-        let many = part.log.unsynced_file_count() >= UNSYNCED_FILES_PER_PARTITION_MAX;
-        if !many || self.checkpoints_blocked {
+        if !crowded(part) || self.checkpoints_blocked {
             return false;
         }
         self.checkpoint_requested = true;

@@ -242,15 +242,41 @@ fn a_failed_journal_fdatasync_acknowledges_nothing_it_covered_and_refuses_writes
     // No retry-and-pretend: the kernel may have dropped the journal's dirty pages, so
     // nothing written from now on could be made durable.
     for (slot, partition) in [(3, 0), (4, 1)] {
-        match publish(&mut broker, slot, topic, partition, (0, 0)) {
-            Handled::Answer(a) => assert_eq!(a.error_code(), Some(ErrorCode::InternalError)),
-            Handled::Wait => panic!("a write was taken after the journal failed"),
-        }
+        let why = "a write was taken after the journal failed";
+        assert_refused(&mut broker, slot, (topic, partition), why);
     }
     assert_eq!(broker.counters.fsync_failures, 1);
     // Reads of what was durable still work.
     let part = broker.partitions.get_mut((topic, 0)).unwrap();
     assert_eq!(part.log.read_one(1).unwrap().unwrap().value, b"v");
+}
+
+/// A PUB to `partition` of `topic` must be refused INTERNAL_ERROR, not taken: `why`.
+fn assert_refused(broker: &mut Broker, slot: u64, (topic, partition): PartitionKey, why: &str) {
+    match publish(broker, slot, topic, partition, (0, 0)) {
+        Handled::Answer(a) => assert_eq!(a.error_code(), Some(ErrorCode::InternalError)),
+        Handled::Wait => panic!("{why}"),
+    }
+}
+
+/// A broker whose topic `t` of `partitions` holds one acknowledged record per partition
+/// (slot = partition), and the job of the checkpoint then asked for.
+fn a_checkpoint_taken(
+    dir: &std::path::Path,
+    partitions: u16,
+) -> (Broker, HeldJobs, u16, DurableJob) {
+    let (mut broker, jobs) = open(dir);
+    let topic = declare(&mut broker, &jobs, "t", partitions);
+    for p in 0..partitions {
+        publish(&mut broker, u64::from(p), topic, p, (0, 0));
+    }
+    broker.end_pass(Now::default(), &unlimited_room);
+    jobs.run(&mut broker, |_| false);
+    assert_eq!(answers(&mut broker).len(), usize::from(partitions));
+    broker.partitions.request_checkpoint();
+    broker.end_pass(Now::default(), &unlimited_room);
+    let checkpoint = jobs.0.borrow_mut().pop().expect("a checkpoint");
+    (broker, jobs, topic, checkpoint)
 }
 
 /// Runs checkpoint `job` with the segment sync of `key` failed (EIO) and reports it.
@@ -273,21 +299,10 @@ fn fail_checkpoint_sync(broker: &mut Broker, mut job: DurableJob, key: Partition
 #[test]
 fn a_failed_segment_sync_at_a_checkpoint_poisons_only_its_partition() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut broker, jobs) = open(dir.path());
-    let topic = declare(&mut broker, &jobs, "t", 2);
-    publish(&mut broker, 0, topic, 0, (0, 0));
-    publish(&mut broker, 1, topic, 1, (0, 0));
-    broker.end_pass(Now::default(), &unlimited_room);
-    jobs.run(&mut broker, |_| false);
-    assert_eq!(answers(&mut broker).len(), 2);
-    broker.partitions.request_checkpoint();
-    broker.end_pass(Now::default(), &unlimited_room);
-    let job = jobs.0.borrow_mut().pop().expect("a checkpoint");
+    let (mut broker, _jobs, topic, job) = a_checkpoint_taken(dir.path(), 2);
     fail_checkpoint_sync(&mut broker, job, (topic, 0));
-    match publish(&mut broker, 2, topic, 0, (0, 0)) {
-        Handled::Answer(a) => assert_eq!(a.error_code(), Some(ErrorCode::InternalError)),
-        Handled::Wait => panic!("a poisoned partition accepted a write"),
-    }
+    let why = "a poisoned partition accepted a write";
+    assert_refused(&mut broker, 2, (topic, 0), why);
     assert!(matches!(
         publish(&mut broker, 3, topic, 1, (0, 0)),
         Handled::Wait
@@ -301,15 +316,7 @@ fn a_failed_segment_sync_at_a_checkpoint_poisons_only_its_partition() {
 #[test]
 fn a_pub_waiting_when_a_checkpoint_fails_is_answered_once_the_journal_covers_it() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut broker, jobs) = open(dir.path());
-    let topic = declare(&mut broker, &jobs, "t", 1);
-    publish(&mut broker, 0, topic, 0, (0, 0));
-    broker.end_pass(Now::default(), &unlimited_room);
-    jobs.run(&mut broker, |_| false);
-    assert_eq!(answers(&mut broker).len(), 1);
-    broker.partitions.request_checkpoint();
-    broker.end_pass(Now::default(), &unlimited_room);
-    let checkpoint = jobs.0.borrow_mut().pop().expect("a checkpoint");
+    let (mut broker, jobs, topic, checkpoint) = a_checkpoint_taken(dir.path(), 1);
     // A PUB written while the checkpoint runs: its journal sync is taken, not yet run.
     assert!(matches!(
         publish(&mut broker, 1, topic, 0, (0, 0)),
@@ -325,10 +332,8 @@ fn a_pub_waiting_when_a_checkpoint_fails_is_answered_once_the_journal_covers_it(
     assert_eq!(got.len(), 1, "the waiting PUB is answered: {got:?}");
     assert_eq!(got[0].1.error_code(), None, "{got:?}");
     assert_eq!(pub_result(&got[0].1).sequence, 2);
-    match publish(&mut broker, 2, topic, 0, (0, 0)) {
-        Handled::Answer(a) => assert_eq!(a.error_code(), Some(ErrorCode::InternalError)),
-        Handled::Wait => panic!("a poisoned partition accepted a write"),
-    }
+    let why = "a poisoned partition accepted a write";
+    assert_refused(&mut broker, 2, (topic, 0), why);
 }
 
 /// A flush that failed is cut back and the cut is synced with the next journal sync, so

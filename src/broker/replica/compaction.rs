@@ -149,7 +149,10 @@ impl Broker {
             return;
         }
         let syncs = self.partitions.take_applied_syncs();
-        let positions = due.then(|| self.positions_job(now, true).map(Box::new));
+        let positions = match due {
+            true => self.positions_job(now, true).map(Box::new),
+            false => None,
+        };
         let c = self.cluster.as_deref_mut().expect("cluster mode");
         c.compaction.in_flight = true;
         let write = due.then(|| c.replica.checkpoint_job(floor));
@@ -157,7 +160,7 @@ impl Broker {
             storage: Arc::clone(&self.storage),
             work: Work::RaftCheckpoint {
                 syncs,
-                positions: positions.flatten(),
+                positions,
                 positions_result: None,
                 write,
             },
