@@ -253,10 +253,20 @@ impl Broker {
     pub(super) fn bury_group(&mut self, group: &[u8], topic_id: u16, partition_count: u16) {
         let twin_id = crate::wire::dlq_twin_id(topic_id);
         let marks = (0..partition_count)
-            .filter_map(|p| {
-                let log = &self.partitions.get((twin_id, p))?.log;
-                let next = log.next_sequence();
-                (log.first_sequence() < next).then_some((p, next))
+            .filter_map(|p| Some((p, self.partitions.get((twin_id, p))?.log.next_sequence())))
+            .collect();
+        self.bury_group_at(group, topic_id, marks);
+    }
+
+    /// [`Broker::bury_group`] at marks resolved elsewhere (a cluster leader's, when it
+    /// proposed the delete); a partition whose twin holds nothing below its mark needs
+    /// none.
+    pub(super) fn bury_group_at(&mut self, group: &[u8], topic_id: u16, marks: Vec<(u16, u64)>) {
+        let twin_id = crate::wire::dlq_twin_id(topic_id);
+        let marks = (marks.into_iter())
+            .filter(|&(p, mark)| {
+                let part = self.partitions.get((twin_id, p));
+                part.is_some_and(|part| part.log.first_sequence() < mark)
             })
             .collect();
         self.consume.drop_spent_tombstones(&self.partitions);

@@ -7,7 +7,8 @@
 //!   gate's NOT_LEADER, naming the leader). The pass's records are proposed first, so
 //!   the entry's numbers count every record proposed before it; the leader resolves
 //!   them then: a purge's per-partition bound (the records below it go), a reset's
-//!   targets (`earliest`, `latest`, `sequence:N`, `time:T` become sequences), so every
+//!   targets (`earliest`, `latest`, `sequence:N`, `time:T` become sequences), a
+//!   delete's tombstone marks (where the `.dlq` twin's proposed records end), so every
 //!   node applies the same ones whatever it holds when it applies them. A group change
 //!   is also made at once in the leader's live groups, as a single node makes it: the
 //!   group had no member and nothing in flight (checked first), and from then on its
@@ -150,12 +151,19 @@ impl Broker {
                 }
             }
             Change::DeleteGroup { group, topic } => {
-                let (topic_id, _, _) = self.topic_named(topic)?;
+                let (topic_id, count, _) = self.topic_named(topic)?;
                 changeable(self, group, topic, topic_id)?;
+                // The group's dead letters proposed so far lie below; a group of this
+                // name created after the delete writes above.
+                let twin_id = crate::wire::dlq_twin_id(topic_id);
+                let marks = (0..count)
+                    .map(|p| (p, self.proposed_next((twin_id, p))))
+                    .collect();
                 AdminChange::GroupDelete {
                     topic_id,
                     topic: topic.as_bytes().to_vec(),
                     group: group.as_bytes().to_vec(),
+                    marks,
                 }
             }
             Change::ResetGroup {
@@ -251,13 +259,16 @@ impl Broker {
             AdminChange::Purge { below, .. } => {
                 self.apply_purge(ticket, (topic_id, count), &name, &below)
             }
-            AdminChange::GroupDelete { group, .. } => {
+            AdminChange::GroupDelete { group, marks, .. } => {
                 self.cluster_mut().applied.delete(&group, topic_id);
                 if !made_here {
                     let (coordinator, _) = self.consume.parts_mut();
                     coordinator.replicated_delete((&group, topic_id));
                 }
-                self.bury_group(&group, topic_id, count);
+                match marks.is_empty() {
+                    true => self.bury_group(&group, topic_id, count),
+                    false => self.bury_group_at(&group, topic_id, marks),
+                }
                 if let Some(t) = ticket {
                     self.wait_for_positions(t, ChangeDone::GroupDeleted, now);
                 }

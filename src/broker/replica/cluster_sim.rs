@@ -1512,6 +1512,64 @@ fn a_group_delete_is_gone_on_every_node_and_after_a_restart() {
     assert_eq!(net.position(f, topic), None);
 }
 
+/// Joins group `g` on leader `l`, rejects its first delivery into the twin and waits
+/// until every node holds that dead letter at `twin_sequence` and the group settled it;
+/// then the member's connection closes.
+fn dead_letter_first_delivery(net: &mut Net, l: usize, topic: u16, twin_sequence: u64) {
+    let delivery = net.first_delivery(l, topic);
+    let nack = delivery.nack(NackReason::Reject);
+    let _ = net.nodes[l].broker.nack(CONN, &nack, net.now);
+    let twin = crate::wire::dlq_twin_id(topic);
+    net.run_until("every node holds the dead letter", |n| {
+        (0..3).all(|i| n.next_sequence_of(i, twin) == twin_sequence + 1)
+    });
+    net.run_until("the group settled it", |n| {
+        n.position(l, topic) == Some(delivery.sequence)
+    });
+    let now = net.now;
+    net.nodes[l].broker.connection_closed(CONN, now);
+    net.deliver();
+}
+
+/// Node `i`'s tombstone marks of group `g` on `topic`.
+fn tombstone_marks(net: &mut Net, i: usize, topic: u16) -> Option<Vec<(u16, u64)>> {
+    let (_, positions) = net.nodes[i].broker.consume.parts_mut();
+    positions.tombstone_of(b"g", topic).map(|t| t.marks.clone())
+}
+
+#[test]
+fn a_restart_that_applies_a_group_delete_again_buries_the_group_where_the_leader_did() {
+    let (mut net, l, topic) = cluster_with_records(2);
+    dead_letter_first_delivery(&mut net, l, topic, 1);
+    let delete = Change::DeleteGroup {
+        group: "g".into(),
+        topic: "orders".into(),
+    };
+    assert_eq!(net.change(l, 1, delete), Ok(ChangeDone::GroupDeleted));
+    // Re-created under the same name, the group rejects a record into the twin again:
+    // that dead letter is the new group's, above the tombstone.
+    dead_letter_first_delivery(&mut net, l, topic, 2);
+    for i in 0..3 {
+        assert_eq!(
+            tombstone_marks(&mut net, i, topic),
+            Some(vec![(0, 2)]),
+            "node {i}"
+        );
+    }
+    // A restart applies the delete again, its twin already holding the new dead letter.
+    let f = (0..3).find(|&i| i != l).unwrap();
+    let disk = net.nodes[f].disk.clone();
+    net.nodes[f] = open_node_on(f as u64 + 1, disk);
+    net.run_until("the restarted follower applied the log again", |n| {
+        n.cluster(f).applied_index == n.cluster(l).applied_index
+    });
+    assert_eq!(
+        tombstone_marks(&mut net, f, topic),
+        Some(vec![(0, 2)]),
+        "after the restart"
+    );
+}
+
 #[test]
 fn a_follower_refuses_admin_changes_naming_the_leader() {
     let (mut net, l, topic) = cluster_with_records(1);

@@ -18,7 +18,9 @@
 //!           group_len u16, group (empty for PURGE),
 //!           targets u16, each: partition u16, sequence u64
 //!           (PURGE: the records below `sequence` go; GROUP_RESET: the next delivery;
-//!           GROUP_DELETE: none), resolved by the leader when it proposed it
+//!           GROUP_DELETE: the tombstone's marks, the `.dlq` twin's next sequence per
+//!           partition, none from a leader before marks were carried), resolved by the
+//!           leader when it proposed it
 //! ```
 //!
 //! Pure code: no I/O, no raft types.
@@ -107,10 +109,15 @@ pub enum AdminChange {
         topic: Vec<u8>,
         below: Vec<(u16, u64)>,
     },
+    /// Per `.dlq` twin partition: the tombstone's mark (`broker::positions`). Resolved
+    /// at proposal because a restart applies the entry again over a twin that may already
+    /// hold the dead letters of a group re-created after it. Empty in an entry from a
+    /// release before marks were carried: the node reads its own twin at apply.
     GroupDelete {
         topic_id: u16,
         topic: Vec<u8>,
         group: Vec<u8>,
+        marks: Vec<(u16, u64)>,
     },
     /// Per partition: the group's next delivery.
     GroupReset {
@@ -223,7 +230,6 @@ fn encode_registry(r: &RegistryChange, out: &mut Vec<u8>) {
 }
 
 fn encode_admin(a: &AdminChange, out: &mut Vec<u8>) {
-    let none: &[(u16, u64)] = &[];
     let (op, topic_id, topic, group, targets) = match a {
         AdminChange::Purge {
             topic_id,
@@ -234,7 +240,8 @@ fn encode_admin(a: &AdminChange, out: &mut Vec<u8>) {
             topic_id,
             topic,
             group,
-        } => (OP_GROUP_DELETE, topic_id, topic, &group[..], none),
+            marks,
+        } => (OP_GROUP_DELETE, topic_id, topic, &group[..], &marks[..]),
         AdminChange::GroupReset {
             topic_id,
             topic,
@@ -352,10 +359,11 @@ fn decode_admin(r: &mut Reader<'_>) -> Result<AdminChange, EntryError> {
             topic,
             below: targets,
         }),
-        OP_GROUP_DELETE if targets.is_empty() => Ok(AdminChange::GroupDelete {
+        OP_GROUP_DELETE => Ok(AdminChange::GroupDelete {
             topic_id,
             topic,
             group,
+            marks: targets,
         }),
         OP_GROUP_RESET => Ok(AdminChange::GroupReset {
             topic_id,
@@ -363,7 +371,7 @@ fn decode_admin(r: &mut Reader<'_>) -> Result<AdminChange, EntryError> {
             group,
             targets,
         }),
-        OP_PURGE | OP_GROUP_DELETE => Err(EntryError("admin fields its op does not take")),
+        OP_PURGE => Err(EntryError("admin fields its op does not take")),
         _ => Err(EntryError("unknown admin op")),
     }
 }
@@ -425,6 +433,7 @@ mod tests {
                 topic_id: 0x8002,
                 topic: b"orders.dlq".to_vec(),
                 group: b"billing".to_vec(),
+                marks: vec![(0, 9), (1, 1)],
             }),
             EntryData::Admin(AdminChange::GroupReset {
                 topic_id: 2,
@@ -518,13 +527,32 @@ mod tests {
         bytes[1] = 9;
         let unknown = Err(EntryError("unknown admin op"));
         assert_eq!(EntryData::decode(&bytes), unknown);
-        // A purge naming a group, a group delete carrying targets: not what either takes.
+        // A purge naming a group is not what a purge takes.
         let mut bytes = group_delete.encode();
         bytes[1] = OP_PURGE;
         let refused = Err(EntryError("admin fields its op does not take"));
         assert_eq!(EntryData::decode(&bytes), refused);
-        let mut bytes = purge.encode();
-        bytes[1] = OP_GROUP_DELETE;
-        assert_eq!(EntryData::decode(&bytes), refused);
+    }
+
+    #[test]
+    fn a_group_delete_carries_its_marks_and_one_from_an_older_leader_none() {
+        let [_, group_delete, _] = admin();
+        let mut want = vec![ENTRY_ADMIN, OP_GROUP_DELETE, 0x80, 2, 0, 10];
+        want.extend_from_slice(b"orders.dlq");
+        want.extend_from_slice(&[0, 7]);
+        want.extend_from_slice(b"billing");
+        want.extend_from_slice(&[0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9]);
+        want.extend_from_slice(&[0, 1, 0, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(group_delete.encode(), want);
+        // What a release before marks wrote: no targets.
+        let mut older = vec![ENTRY_ADMIN, OP_GROUP_DELETE, 0, 2, 0, 6];
+        older.extend_from_slice(b"orders");
+        older.extend_from_slice(&[0, 1, b'g', 0, 0]);
+        let EntryData::Admin(AdminChange::GroupDelete { marks, group, .. }) =
+            EntryData::decode(&older).unwrap()
+        else {
+            panic!("not a group delete")
+        };
+        assert_eq!((marks, group), (vec![], b"g".to_vec()));
     }
 }
