@@ -212,7 +212,7 @@ impl Reactor {
             if let Err(why) = cluster.send(&msg) {
                 log::trace!("peer message to {} dropped: {why:?}", msg.to);
                 self.counters.peer_messages_dropped += 1;
-                self.broker.peer_unreachable(msg.to);
+                self.broker.peer_unreachable(&msg);
             }
         }
         self.peer_out = out;

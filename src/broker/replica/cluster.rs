@@ -597,10 +597,16 @@ impl Broker {
         }
     }
 
-    /// A message to `id` could not be queued: raft probes it again later.
-    pub fn peer_unreachable(&mut self, id: u64) {
+    /// `msg` could not be queued (its link is down or its output full): raft probes its
+    /// peer again later. A snapshot dropped so is reported failed too: raft waits in its
+    /// Snapshot state for a report that nothing else would send while the link stays up,
+    /// and sends no append to that peer until then.
+    pub fn peer_unreachable(&mut self, msg: &PeerMessage) {
         if let Some(c) = self.cluster.as_deref_mut() {
-            c.replica.report_unreachable(id);
+            c.replica.report_unreachable(msg.to);
+            if msg.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot {
+                c.replica.report_snapshot_failure(msg.to);
+            }
         }
     }
 

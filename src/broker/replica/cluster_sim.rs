@@ -129,6 +129,12 @@ struct Net {
     now: Now,
     /// INSTALL frames still delivered; `None`: all are.
     install_frames_left: Option<usize>,
+    /// What a node's leader keeps of journal for a laggard when the harness restarts it.
+    journal_retain_bytes: u64,
+    /// Election timeouts drawn from this seed (and the count of nodes opened) instead of
+    /// raft's own generator, so that a seeded run replays.
+    election_seed: Option<u64>,
+    opened: u64,
 }
 
 impl Net {
@@ -143,7 +149,38 @@ impl Net {
             nodes,
             now: Now::default(),
             install_frames_left: None,
+            journal_retain_bytes: u64::MAX,
+            election_seed: None,
+            opened: 0,
         }
+    }
+
+    /// Nodes whose leader keeps `journal_retain_bytes` of journal for a laggard, node
+    /// `id`'s disk seeded with `disk_seed + id`.
+    fn retaining(journal_retain_bytes: u64, disk_seed: u64, election_seed: Option<u64>) -> Net {
+        let mut net = Net {
+            nodes: Vec::new(),
+            now: Now::default(),
+            install_frames_left: None,
+            journal_retain_bytes,
+            election_seed,
+            opened: 0,
+        };
+        for id in 1..=NODES {
+            let node = net.open(id, SimDisk::seeded(disk_seed + id));
+            net.nodes.push(node);
+        }
+        net
+    }
+
+    /// Node `id` opened on `disk` with the net's journal retention and election seed.
+    fn open(&mut self, id: u64, disk: SimDisk) -> Node {
+        self.opened += 1;
+        let options = ReplicaOptions {
+            election_seed: self.election_seed.map(|s| s ^ (self.opened << 40) ^ id),
+            ..ReplicaOptions::default()
+        };
+        open_node_retaining(id, disk, options, self.journal_retain_bytes)
     }
 
     /// Node `i` reads its inbox and ends its pass, its jobs run and it passes again until
@@ -183,13 +220,7 @@ impl Net {
             let mut frames = Vec::new();
             node.broker.drain_install_frames(&mut frames);
             let lost = node.isolated;
-            let raft_lost = lost || node.raft_cut;
-            for m in out {
-                let to = &mut self.nodes[m.to as usize - 1];
-                if !raft_lost && !to.isolated && !to.raft_cut {
-                    to.inbox.push_back(m);
-                }
-            }
+            self.route_raft(i, out);
             for (to, body) in frames {
                 let to = &mut self.nodes[to as usize - 1];
                 let budget = self.install_frames_left.as_mut();
@@ -217,6 +248,20 @@ impl Net {
         }
     }
 
+    /// Node `i`'s raft messages to their inboxes, unless a link is down: then the
+    /// sender's reactor cannot queue one, and says so.
+    fn route_raft(&mut self, i: usize, out: Vec<PeerMessage>) {
+        let raft_lost = self.nodes[i].isolated || self.nodes[i].raft_cut;
+        for m in out {
+            let to = &mut self.nodes[m.to as usize - 1];
+            if !raft_lost && !to.isolated && !to.raft_cut {
+                to.inbox.push_back(m);
+            } else {
+                self.nodes[i].broker.peer_unreachable(&m);
+            }
+        }
+    }
+
     /// `mortard` re-executes itself when its broker asks: here the node opens again on
     /// its disk, as it is (no power cut).
     fn restart_if_asked(&mut self, i: usize) {
@@ -231,12 +276,17 @@ impl Net {
         let (disk, isolated) = (self.nodes[i].disk.clone(), self.nodes[i].isolated);
         let raft_cut = self.nodes[i].raft_cut;
         let mut restarts = std::mem::take(&mut self.nodes[i].restarts);
-        self.nodes[i] = open_node_on(i as u64 + 1, disk);
+        self.nodes[i] = self.open(i as u64 + 1, disk);
         restarts.push(self.nodes[i].broker.admit(Op::Pub, self.now));
         self.nodes[i].restarts = restarts;
         self.nodes[i].isolated = isolated;
         self.nodes[i].raft_cut = raft_cut;
-        // Its links came up again: each side's HELLO names its log's end.
+        self.links_up(i);
+    }
+
+    /// Node `i` started again and its links came up: each side's HELLO names its log's
+    /// end.
+    fn links_up(&mut self, i: usize) {
         let id = i as u64 + 1;
         let last = |n: &Node| n.broker.cluster_status().unwrap().last_index;
         let restarted_last = last(&self.nodes[i]);
@@ -1265,19 +1315,7 @@ fn an_install_whose_leader_falls_silent_is_given_up_and_a_new_snapshot_installed
 #[test]
 fn past_journal_retain_a_laggard_gets_a_snapshot_and_the_others_compact_past_it() {
     const RETAIN_BYTES: u64 = 2 * JOURNAL_FILE_BYTES;
-    let open = |id| {
-        open_node_retaining(
-            id,
-            SimDisk::seeded(id),
-            ReplicaOptions::default(),
-            RETAIN_BYTES,
-        )
-    };
-    let mut net = Net {
-        nodes: (1..=NODES).map(open).collect(),
-        now: Now::default(),
-        install_frames_left: None,
-    };
+    let mut net = Net::retaining(RETAIN_BYTES, 0, None);
     let l = net.settled_leader();
     let topic = net.declare(l, "orders");
     let f = (0..3).find(|&i| i != l).unwrap();
@@ -1326,7 +1364,12 @@ fn a_node_installing_under_load_installs_once_and_then_follows_by_appends() {
         }
         if seq % 3 == 0 {
             // A message to it dropped (a full output buffer): raft probes from its match.
-            net.nodes[l].broker.peer_unreachable(f as u64 + 1);
+            let append = PeerMessage {
+                to: f as u64 + 1,
+                msg_type: raft::eraftpb::MessageType::MsgAppend,
+                ..PeerMessage::default()
+            };
+            net.nodes[l].broker.peer_unreachable(&append);
         }
         net.tick();
         net.deliver();
@@ -1916,3 +1959,5 @@ fn a_snapshot_carries_the_applied_positions_not_a_reset_its_leader_has_not_commi
     }
     assert_eq!(net.first_delivery(f, topic).sequence, 2);
 }
+
+mod seeds;

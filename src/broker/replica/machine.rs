@@ -414,6 +414,14 @@ impl Replica {
         out
     }
 
+    /// Raft's view of every peer's progress, for a test's failure message.
+    #[cfg(test)]
+    pub fn progress_debug(&self) -> String {
+        let prs = self.raw.raft.prs().iter();
+        let all: Vec<String> = prs.map(|(id, pr)| format!("{id}: {pr:?}")).collect();
+        all.join("; ")
+    }
+
     /// While this node leads: the lowest match index over every voter, itself included
     /// (its own is what it persisted). No node needs an entry at or below it again, so a
     /// FLOOR entry carrying it lets every node compact up to it (§5.4). Once the journal

@@ -310,11 +310,16 @@ impl raft::Storage for JournalStorage {
     /// made here: raft's `&self` cannot read the broker, so the first ask names the
     /// peer, the broker makes a manifest of its files at its applied index
     /// ([`JournalStorage::offer_snapshot`]), and raft's next ask, one heartbeat later,
-    /// takes it.
+    /// takes it. An offer from before the journal's first entry (made for an earlier
+    /// ask the peer then caught up without) is not taken: the peer would need entries
+    /// that are gone after installing it, and raft, whose match for the peer may already
+    /// be past it, would wait in its Snapshot state for a report that never comes. A new
+    /// one is asked for.
     fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
         let offered = self.offers.borrow_mut().remove(&to);
+        let first = self.journal.first_index();
         match offered {
-            Some(s) if s.get_metadata().index >= request_index => Ok(s),
+            Some(s) if s.get_metadata().index >= request_index.max(first - 1) => Ok(s),
             _ => {
                 self.wanted.borrow_mut().insert(to);
                 Err(raft::Error::Store(
