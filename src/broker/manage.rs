@@ -404,22 +404,43 @@ impl Broker {
         self.manage.done.push((ticket, result));
     }
 
-    /// The purge job of `ticket` finished.
-    pub(super) fn purge_done(&mut self, ticket: Option<u64>, result: &std::io::Result<()>) {
+    /// The purge job of `ticket` finished. A failed one left old segment files on disk
+    /// that the partitions no longer know: a later purge or retention would remove newer
+    /// ones in front of them, and a restart would cut the log at that gap (everything
+    /// after it) as recovery does. So the partitions refuse writes and keep their files
+    /// until a restart, which finds the old segments again, contiguous, and a cluster
+    /// node stops: its restart applies the purge again (a checkpoint waits for purge jobs,
+    /// so it did not pass the entry).
+    pub(super) fn purge_done(
+        &mut self,
+        ticket: Option<u64>,
+        keys: &[PartitionKey],
+        result: &std::io::Result<()>,
+    ) {
         self.manage.purges_running = self.manage.purges_running.saturating_sub(1);
+        if let Err(e) = result {
+            log::error!("removing the files of purged records failed: {e}");
+            for &key in keys {
+                if let Some(part) = self.partitions.get_mut(key) {
+                    part.log.purge_failed(e);
+                }
+            }
+            if self.cluster.is_some() {
+                self.cluster_failed(format!("removing the files of purged records: {e}"));
+            }
+        }
         let Some((ticket, done)) = ticket.and_then(|t| Some((t, self.manage.waiting.remove(&t)?)))
         else {
-            if let Err(e) = result {
-                // A cluster node's purge that no operator waits for here.
-                log::error!("removing the files of purged records failed: {e}");
-            }
             return;
         };
         let result = match result {
             Ok(()) => Ok(done),
             Err(e) => refused(
                 ManageErrorKind::Storage,
-                format!("the records are gone, but removing their files failed: {e}"),
+                format!(
+                    "removing the purged records' files failed: {e}; the partitions refuse \
+                     writes until a restart, which finds the records again"
+                ),
             ),
         };
         self.manage.done.push((ticket, result));

@@ -585,7 +585,10 @@ impl Broker {
                 self.consume.positions_written(&result);
                 self.write_waited_positions(now);
             }
-            Work::Purge { ticket, .. } => self.purge_done(ticket, &result),
+            Work::Purge { ticket, files } => {
+                let keys: Vec<PartitionKey> = files.iter().map(|(key, _)| *key).collect();
+                self.purge_done(ticket, &keys, &result)
+            }
             Work::WriteProducerSnapshot { key, .. } => {
                 self.partitions.snapshot_written(key, &result)
             }

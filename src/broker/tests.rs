@@ -313,6 +313,52 @@ fn a_failed_segment_sync_at_a_checkpoint_poisons_only_its_partition() {
     );
 }
 
+/// An operator purge of topic `t` as `ticket`; its file job is left held.
+fn purge_t(broker: &mut Broker, ticket: u64) -> Result<(), manage::ManageError> {
+    let purge = manage::Change::Purge { topic: "t".into() };
+    broker.change(ticket, &purge, Now::default())?;
+    broker.end_pass(Now::default(), &unlimited_room);
+    Ok(())
+}
+
+#[test]
+fn a_failed_purge_job_keeps_the_partition_from_removing_newer_segments_until_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut broker, jobs, topic, checkpoint) = a_checkpoint_taken(dir.path(), 1);
+    drop(checkpoint);
+    purge_t(&mut broker, 1).unwrap();
+    jobs.run(&mut broker, |_| true);
+    let done = broker.take_manage_done();
+    assert!(matches!(&done[..], [(1, Err(_))]), "{done:?}");
+    // The old segment's files may still be on disk: a newer segment removed in front of
+    // them would leave a gap that recovery cuts the log at, and every record after it.
+    assert_refused(
+        &mut broker,
+        2,
+        (topic, 0),
+        "a write after a failed purge job",
+    );
+    assert!(
+        purge_t(&mut broker, 2).is_err(),
+        "a second purge over the leftovers"
+    );
+    drop(broker);
+    let (mut broker, jobs) = open(dir.path());
+    let part = broker.partition(topic, 0).unwrap();
+    assert_eq!(
+        part.log.first_sequence(),
+        1,
+        "the records come back, contiguous"
+    );
+    assert!(matches!(
+        publish(&mut broker, 3, topic, 0, (0, 0)),
+        Handled::Wait
+    ));
+    settle(&mut broker, &jobs);
+    let answered = answers(&mut broker);
+    assert_eq!(pub_result(&answered[0].1).sequence, 2, "{answered:?}");
+}
+
 #[test]
 fn a_pub_waiting_when_a_checkpoint_fails_is_answered_once_the_journal_covers_it() {
     let dir = tempfile::tempdir().unwrap();

@@ -1374,6 +1374,11 @@ impl PartitionLog {
     /// part of a segment. Readers below the new first sequence skip ahead.
     pub fn enforce_retention(&mut self, now_ms: u64) -> Result<RetentionReport, StorageError> {
         let mut report = RetentionReport::default();
+        if self.poisoned.is_some() {
+            // After a failed purge job files it no longer lists may precede its oldest
+            // segment (`purge_failed`); it deletes nothing until a restart.
+            return Ok(report);
+        }
         let size_max = self.config.retention_size_bytes;
         let age_max = self.config.retention_age_ms;
         while self.segments.len() > 1 {

@@ -55,6 +55,21 @@ impl PurgeFiles {
 }
 
 impl PartitionLog {
+    /// The purge's file job failed: the old segments' files may still be on disk, and
+    /// this log no longer lists them. Removing any newer segment now (a purge, retention)
+    /// would leave them before a gap, where recovery cuts the log; so the log refuses
+    /// writes, purges and retention until a restart reads the directory again.
+    pub fn purge_failed(&mut self, err: &io::Error) {
+        log::error!(
+            "{}: removing purged segments failed; partition refuses writes until restart: \
+             {err}",
+            self.dir.display()
+        );
+        if self.poisoned.is_none() {
+            self.poisoned = Some(format!("removing purged segments failed: {err}"));
+        }
+    }
+
     /// Drops every flushed record: the first sequence becomes the next one. Returns the
     /// files to sync and unlink ([`PurgeFiles::run`]), or `None` when nothing was kept.
     pub fn purge(&mut self) -> Result<Option<PurgeFiles>, StorageError> {

@@ -174,7 +174,10 @@ impl Net {
     }
 
     /// Node `id` opened on `disk` with the net's journal retention and election seed.
+    /// A disk that was failing heals first: a start that failed on it would be tried
+    /// again by the node's supervisor until it succeeds.
     fn open(&mut self, id: u64, disk: SimDisk) -> Node {
+        disk.set_faults(crate::log::simdisk::FaultRates::default());
         self.opened += 1;
         let options = ReplicaOptions {
             election_seed: self.election_seed.map(|s| s ^ (self.opened << 40) ^ id),
