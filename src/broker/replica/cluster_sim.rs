@@ -355,9 +355,14 @@ impl Net {
 
     /// DECLAREs a one-partition topic on node `i` and waits for its answer.
     fn declare(&mut self, i: usize, name: &str) -> u16 {
+        self.declare_partitions(i, name, 1)
+    }
+
+    /// DECLAREs a topic of `partitions` on node `i` and waits for its answer.
+    fn declare_partitions(&mut self, i: usize, name: &str, partitions: u16) -> u16 {
         let d = Declare {
             topic: name.as_bytes(),
-            partition_count: 1,
+            partition_count: partitions,
             flags: DeclareFlags::empty(),
         };
         let slot = 1_000 + self.nodes[i].answers.len() as u64;
@@ -373,9 +378,20 @@ impl Net {
     }
 
     fn publish(&mut self, i: usize, slot: u64, topic: u16, producer: (u64, u64), value: &str) {
+        self.publish_to(i, slot, (topic, 0), producer, value);
+    }
+
+    fn publish_to(
+        &mut self,
+        i: usize,
+        slot: u64,
+        (topic, partition): (u16, u16),
+        producer: (u64, u64),
+        value: &str,
+    ) {
         let p = Pub {
             topic_id: topic,
-            partition: 0,
+            partition,
             flags: PubFlags::empty(),
             producer_id: producer.0,
             producer_seq: producer.1,

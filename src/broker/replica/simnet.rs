@@ -633,7 +633,7 @@ fn run_seed(seed: u64, faulty_ms: u64) -> Result<Stats, String> {
     ))
 }
 
-fn env_u64(name: &str) -> Option<u64> {
+pub(super) fn env_u64(name: &str) -> Option<u64> {
     let v = std::env::var(name).ok()?;
     Some(
         v.parse()

@@ -5,6 +5,7 @@
 //! applying one log must give: every node holds the same records and dead letters, the
 //! same applied group positions and the same tombstone; every acknowledged record is at
 //! its sequence exactly once, on every node, unless a purge was asked for below it.
+//! Variants add disk faults that stop nodes, and a second partition.
 //!
 //! `MORTAR_CLUSTER_SIM_SEEDS=N` runs seeds 1..=N, `MORTAR_CLUSTER_SIM_SEED=S` one; a
 //! failure prints `cluster simulation FAILED at seed S` with the seed's steps. Election
@@ -14,6 +15,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use super::*;
+use crate::broker::replica::simnet::env_u64;
+use crate::broker::PartitionKey;
 use crate::log::simdisk::{FaultRates, SimRng};
 
 const SEEDS_DEFAULT: u64 = 100;
@@ -74,8 +77,9 @@ struct World {
     producers: Vec<Producer>,
     /// Every PUB sent: (node, slot) -> (producer index, producer_seq, value).
     sent: BTreeMap<(usize, u64), (usize, u64, String)>,
-    /// Acknowledged records: sequence -> value.
-    acked: BTreeMap<u64, String>,
+    partitions: u16,
+    /// Acknowledged records: (partition, sequence) -> value.
+    acked: BTreeMap<(u16, u64), String>,
     next_slot: u64,
     next_ticket: u64,
     purge_asked: bool,
@@ -88,10 +92,16 @@ struct World {
 }
 
 impl World {
-    fn new(seed: u64, disk_faults: bool) -> World {
+    fn new(
+        seed: u64,
+        Variant {
+            disk_faults,
+            partitions,
+        }: Variant,
+    ) -> World {
         let mut net = Net::retaining(JOURNAL_RETAIN_BYTES, seed.wrapping_mul(1_000), Some(seed));
         let l = net.settled_leader();
-        let topic = net.declare(l, "orders");
+        let topic = net.declare_partitions(l, "orders", partitions);
         let producers = (0..PRODUCERS).map(|i| Producer {
             id: 100 + i,
             seq: 0,
@@ -103,6 +113,7 @@ impl World {
             topic,
             producers: producers.collect(),
             sent: BTreeMap::new(),
+            partitions,
             acked: BTreeMap::new(),
             next_slot: 10_000,
             next_ticket: 1,
@@ -176,7 +187,9 @@ impl World {
             let shown = format!("p{id}-{seq}");
             self.trace
                 .push(format!("{step}: PUB {shown} (slot {slot}) on node {l}"));
-            self.net.publish(l, slot, self.topic, (id, seq), &value);
+            let partition = (p as u16) % self.partitions;
+            self.net
+                .publish_to(l, slot, (self.topic, partition), (id, seq), &value);
             self.sent.insert((l, slot), (p, seq, value));
         }
     }
@@ -196,7 +209,8 @@ impl World {
                 };
                 self.trace
                     .push(format!("slot {slot}: OK at {}", ok.sequence));
-                if let Some(before) = self.acked.insert(ok.sequence, value.clone()) {
+                let partition = (p as u16) % self.partitions;
+                if let Some(before) = self.acked.insert((partition, ok.sequence), value.clone()) {
                     assert_eq!(before, value, "two records acknowledged at {}", ok.sequence);
                 }
                 let pending = &mut self.producers[p].pending;
@@ -406,81 +420,111 @@ impl World {
             self.count_node(i);
         }
         self.stats.reopened -= self.net.nodes.len();
-        self.stats.dead_letters += self.net.next_sequence_of(0, twin) - 1;
-        let floor = self.same_records(self.topic);
-        self.same_records(twin);
-        assert!(
-            self.purge_asked || floor == 1,
-            "records below {floor} gone without a purge"
-        );
         let mut values = BTreeSet::new();
-        for sequence in floor..self.net.next_sequence(0, self.topic) {
-            let (_, value) = self.net.record(0, self.topic, sequence).expect("held");
+        for p in 0..self.partitions {
+            self.stats.dead_letters += self.next_sequence(0, (twin, p)) - 1;
+            self.same_records((twin, p));
+            let floor = self.same_records((self.topic, p));
             assert!(
-                values.insert(value.clone()),
-                "{value} twice, again at {sequence}"
+                self.purge_asked || floor == 1,
+                "partition {p}: records below {floor} gone without a purge"
             );
-        }
-        for (&sequence, value) in self.acked.range(floor..) {
-            let held = self.net.record(0, self.topic, sequence).map(|r| r.1);
-            assert_eq!(held.as_ref(), Some(value), "acknowledged at {sequence}");
+            for sequence in floor..self.next_sequence(0, (self.topic, p)) {
+                let value = self.value(0, (self.topic, p), sequence).expect("held");
+                assert!(
+                    values.insert(value.clone()),
+                    "{value} twice, again at {p}/{sequence}"
+                );
+            }
+            let acked: Vec<_> = self.acked.range((p, floor)..(p + 1, 0)).collect();
+            let acked: Vec<(u64, String)> =
+                acked.into_iter().map(|(k, v)| (k.1, v.clone())).collect();
+            for (sequence, value) in acked {
+                let held = self.value(0, (self.topic, p), sequence);
+                assert_eq!(held, Some(value), "acknowledged at {p}/{sequence}");
+            }
         }
         let applied = |net: &Net, i: usize| net.cluster(i).applied.positions();
         let tombstone = |w: &mut World, i| tombstone_marks(&mut w.net, i, w.topic);
         let (positions, marks) = (applied(&self.net, 0), tombstone(self, 0));
         for i in 1..self.net.nodes.len() {
-            assert_eq!(
-                applied(&self.net, i),
-                positions,
-                "node {i}'s applied positions"
-            );
+            let theirs = applied(&self.net, i);
+            assert_eq!(theirs, positions, "node {i}'s applied positions");
             assert_eq!(tombstone(self, i), marks, "node {i}'s tombstone");
         }
     }
 
-    /// Every node holds the same records of `topic_id` from the highest first sequence
-    /// among them to the same end; returns that first sequence.
-    fn same_records(&mut self, topic_id: u16) -> u64 {
-        let net = &mut self.net;
-        let next = net.next_sequence_of(0, topic_id);
+    /// Node `i`'s next sequence of `key`; 1 where the partition is not open.
+    fn next_sequence(&self, i: usize, (topic_id, partition): PartitionKey) -> u64 {
+        let part = self.net.nodes[i].broker.partition(topic_id, partition);
+        part.map_or(1, |p| p.log.next_sequence())
+    }
+
+    /// Node `i`'s record of `key` at `sequence`: its flags and value.
+    fn stored(
+        &mut self,
+        i: usize,
+        (topic_id, p): PartitionKey,
+        sequence: u64,
+    ) -> Option<(u16, Vec<u8>)> {
+        let record = self.net.nodes[i]
+            .broker
+            .read_record(topic_id, p, sequence)
+            .unwrap();
+        record.map(|r| (r.flags, r.value))
+    }
+
+    fn value(&mut self, i: usize, key: PartitionKey, sequence: u64) -> Option<String> {
+        let (_, value) = self.stored(i, key, sequence)?;
+        Some(String::from_utf8(value).unwrap())
+    }
+
+    /// Every node holds the same records of `key` from the highest first sequence among
+    /// them to the same end; returns that first sequence.
+    fn same_records(&mut self, key: PartitionKey) -> u64 {
         let first = |net: &Net, i: usize| {
-            let part = net.nodes[i].broker.partition(topic_id, 0);
+            let part = net.nodes[i].broker.partition(key.0, key.1);
             part.map_or(1, |p| p.log.first_sequence())
         };
-        let floor = (0..net.nodes.len()).map(|i| first(net, i)).max().unwrap();
-        for i in 1..net.nodes.len() {
-            assert_eq!(
-                net.next_sequence_of(i, topic_id),
-                next,
-                "node {i}, topic {topic_id}"
-            );
+        let nodes = self.net.nodes.len();
+        let floor = (0..nodes).map(|i| first(&self.net, i)).max().unwrap();
+        let next = self.next_sequence(0, key);
+        for i in 1..nodes {
+            assert_eq!(self.next_sequence(i, key), next, "node {i}, {key:?}");
             for sequence in floor..next {
-                let theirs = net.nodes[i]
-                    .broker
-                    .read_record(topic_id, 0, sequence)
-                    .unwrap();
-                let ours = net.nodes[0]
-                    .broker
-                    .read_record(topic_id, 0, sequence)
-                    .unwrap();
-                let (theirs, ours) = (
-                    theirs.map(|r| (r.flags, r.value)),
-                    ours.map(|r| (r.flags, r.value)),
-                );
-                assert_eq!(
-                    theirs, ours,
-                    "node {i}, topic {topic_id}, sequence {sequence}"
-                );
+                let (theirs, ours) = (self.stored(i, key, sequence), self.stored(0, key, sequence));
+                assert_eq!(theirs, ours, "node {i}, {key:?}, sequence {sequence}");
             }
         }
         floor
     }
 }
 
-fn run_seed(seed: u64, disk_faults: bool) -> Result<Stats, String> {
+/// What a seed's run may draw besides the plain steps.
+#[derive(Debug, Clone, Copy)]
+struct Variant {
+    disk_faults: bool,
+    /// Of topic `orders`; producer `p` publishes to partition `p % partitions`.
+    partitions: u16,
+}
+
+const PLAIN: Variant = Variant {
+    disk_faults: false,
+    partitions: 1,
+};
+const DISK_FAULTS_ON: Variant = Variant {
+    disk_faults: true,
+    partitions: 1,
+};
+const TWO_PARTITIONS: Variant = Variant {
+    disk_faults: true,
+    partitions: 2,
+};
+
+fn run_seed(seed: u64, variant: Variant) -> Result<Stats, String> {
     let mut world = None;
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        world = Some(World::new(seed, disk_faults));
+        world = Some(World::new(seed, variant));
         let w = world.as_mut().unwrap();
         w.run();
         w.stats.acknowledged = w.acked.len();
@@ -491,24 +535,15 @@ fn run_seed(seed: u64, disk_faults: bool) -> Result<Stats, String> {
             .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
             .unwrap_or_else(|| "panicked".to_string());
         let trace = world.map(|w| w.trace.join("\n")).unwrap_or_default();
-        let faults = if disk_faults { " with disk faults" } else { "" };
         format!(
-            "cluster simulation FAILED at seed {seed}{faults}: {violation}\n\
+            "cluster simulation FAILED at seed {seed} ({variant:?}): {violation}\n\
              (replay: MORTAR_CLUSTER_SIM_SEED={seed})\nsteps:\n{trace}"
         )
     })
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    Some(
-        v.parse()
-            .unwrap_or_else(|_| panic!("{name}={v}: not a number")),
-    )
-}
-
 /// Seeds 1..=`MORTAR_CLUSTER_SIM_SEEDS` (or the one `MORTAR_CLUSTER_SIM_SEED`).
-fn run_seeds(disk_faults: bool) {
+fn run_seeds(variant: Variant) {
     let seeds: Vec<u64> = match env_u64("MORTAR_CLUSTER_SIM_SEED") {
         Some(seed) => vec![seed],
         None => (1..=env_u64("MORTAR_CLUSTER_SIM_SEEDS").unwrap_or(SEEDS_DEFAULT)).collect(),
@@ -516,30 +551,35 @@ fn run_seeds(disk_faults: bool) {
     let started = std::time::Instant::now();
     let mut total = Stats::default();
     for &seed in &seeds {
-        let stats = run_seed(seed, disk_faults).unwrap_or_else(|failure| panic!("{failure}"));
+        let stats = run_seed(seed, variant).unwrap_or_else(|failure| panic!("{failure}"));
         total.add(&stats);
     }
     eprintln!(
-        "cluster simulation (disk faults: {disk_faults}): {} seeds in {:.1} s, violations 0; \
-         {total:?}",
+        "cluster simulation ({variant:?}): {} seeds in {:.1} s, violations 0; {total:?}",
         seeds.len(),
         started.elapsed().as_secs_f64()
     );
     assert!(total.acknowledged > 0, "nothing was ever acknowledged");
+    let stopped = total.failed > 0;
     assert!(
-        !disk_faults || total.failed > 0,
+        !variant.disk_faults || stopped,
         "no disk fault stopped a node"
     );
 }
 
 #[test]
 fn no_seed_leaves_the_nodes_disagreeing_or_an_acknowledged_record_lost() {
-    run_seeds(false);
+    run_seeds(PLAIN);
 }
 
 #[test]
 fn nor_with_disk_faults_that_stop_nodes() {
-    run_seeds(true);
+    run_seeds(DISK_FAULTS_ON);
+}
+
+#[test]
+fn nor_over_two_partitions_with_disk_faults() {
+    run_seeds(TWO_PARTITIONS);
 }
 
 /// Seeds that found a hole, each fixed since (`docs/REPLICATION.md` §9.5): 2, a group
@@ -551,7 +591,13 @@ fn nor_with_disk_faults_that_stop_nodes() {
 /// node never started again.
 #[test]
 fn the_seeds_that_once_found_a_hole_stay_clean() {
-    for (seed, disk_faults) in [(2, false), (549, false), (3340, false), (2525, true)] {
-        run_seed(seed, disk_faults).unwrap_or_else(|failure| panic!("{failure}"));
+    let seeds = [
+        (2, PLAIN),
+        (549, PLAIN),
+        (3340, PLAIN),
+        (2525, DISK_FAULTS_ON),
+    ];
+    for (seed, variant) in seeds {
+        run_seed(seed, variant).unwrap_or_else(|failure| panic!("{failure}"));
     }
 }
