@@ -335,6 +335,10 @@ impl World {
                 continue;
             };
             self.trace.push(format!("{step}: node {i} failed: {why}"));
+            assert!(
+                self.disk_faults,
+                "node {i} stopped with no disk fault: {why}"
+            );
             self.net.nodes[i].disk.set_faults(FaultRates::default());
             self.faulty.retain(|&(n, _)| n != i);
             self.stats.failed += 1;
