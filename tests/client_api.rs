@@ -880,6 +880,19 @@ fn newest(dir: &std::path::Path) -> std::time::SystemTime {
     t
 }
 
+/// The files cargo built `exe` from, as its dep-info file (`exe.d`) lists them: the
+/// example and the library's sources, not the library's test-only modules, whose changes
+/// rebuild no example.
+fn built_from(exe: &std::path::Path) -> Option<Vec<std::path::PathBuf>> {
+    let text = std::fs::read_to_string(exe.with_extension("d")).ok()?;
+    let (_, deps) = text.lines().next()?.split_once(": ")?;
+    let escaped = deps.replace("\\ ", "\0");
+    let paths = escaped
+        .split_whitespace()
+        .map(|p| p.replace('\0', " ").into());
+    Some(paths.collect())
+}
+
 /// A built example program, newer than its source and the library's: tools/test.sh
 /// runs `cargo build --examples` first (`cargo test` builds them only as test
 /// harnesses, whose `main` does not run).
@@ -893,8 +906,17 @@ fn example_binary(name: &str) -> std::path::PathBuf {
         .unwrap()
         .join("examples")
         .join(name);
-    let source = std::fs::metadata(root.join(format!("examples/{name}.rs")));
-    let written = newest(&root.join("src")).max(source.unwrap().modified().unwrap());
+    let written = match built_from(&exe) {
+        Some(sources) => (sources.iter())
+            .map(|p| std::fs::metadata(p).and_then(|m| m.modified()))
+            .map(|t| t.unwrap_or_else(|_| std::time::SystemTime::now()))
+            .max()
+            .unwrap_or(std::time::UNIX_EPOCH),
+        None => {
+            let source = std::fs::metadata(root.join(format!("examples/{name}.rs")));
+            newest(&root.join("src")).max(source.unwrap().modified().unwrap())
+        }
+    };
     match std::fs::metadata(&exe).and_then(|m| m.modified()) {
         Ok(built) if built >= written => exe,
         _ => panic!(
