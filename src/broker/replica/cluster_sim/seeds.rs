@@ -5,7 +5,7 @@
 //! applying one log must give: every node holds the same records and dead letters, the
 //! same applied group positions and the same tombstone; every acknowledged record is at
 //! its sequence exactly once, on every node, unless a purge was asked for below it.
-//! Variants add disk faults that stop nodes, and a second partition.
+//! Variants add disk faults that stop nodes, a second partition and more members.
 //!
 //! `MORTAR_CLUSTER_SIM_SEEDS=N` runs seeds 1..=N, `MORTAR_CLUSTER_SIM_SEED=S` one; a
 //! failure prints `cluster simulation FAILED at seed S` with the seed's steps. Election
@@ -78,6 +78,7 @@ struct World {
     /// Every PUB sent: (node, slot) -> (producer index, producer_seq, value).
     sent: BTreeMap<(usize, u64), (usize, u64, String)>,
     partitions: u16,
+    members: u8,
     /// Acknowledged records: (partition, sequence) -> value.
     acked: BTreeMap<(u16, u64), String>,
     next_slot: u64,
@@ -97,6 +98,7 @@ impl World {
         Variant {
             disk_faults,
             partitions,
+            members,
         }: Variant,
     ) -> World {
         let mut net = Net::retaining(JOURNAL_RETAIN_BYTES, seed.wrapping_mul(1_000), Some(seed));
@@ -114,6 +116,7 @@ impl World {
             producers: producers.collect(),
             sent: BTreeMap::new(),
             partitions,
+            members,
             acked: BTreeMap::new(),
             next_slot: 10_000,
             next_ticket: 1,
@@ -225,7 +228,21 @@ impl World {
     /// most, rejects some into the twin, leaves some in flight, and its connection
     /// closes.
     fn consume(&mut self, l: usize) {
-        self.net.join_g(l, self.topic);
+        // One member, or (a variant) up to `members` on connections of their own.
+        let count = match self.members {
+            1 => 1,
+            m => 1 + self.rng.below(u64::from(m)) as u32,
+        };
+        let conns: Vec<ConnRef> = (1..=count).map(|id| ConnRef { id, serial: 1 }).collect();
+        for &conn in &conns {
+            let sub = Sub {
+                group: b"g",
+                topic_id: self.topic,
+                partition: SUB_PARTITION_ANY,
+                ..Sub::default()
+            };
+            let _ = self.net.nodes[l].broker.subscribe(conn, &sub, self.net.now);
+        }
         let (mut acked, mut rejected, mut left) = (0, 0, 0);
         for _ in 0..=self.rng.below(4) {
             self.net.deliver();
@@ -233,18 +250,18 @@ impl World {
                 let roll = self.rng.below(10);
                 let (broker, now) = (&mut self.net.nodes[l].broker, self.net.now);
                 match push {
-                    Effect::Notice { notice, .. } => {
+                    Effect::Notice { conn, notice } => {
                         let answer = ControlAck::answering(&notice, ControlResult::Ok);
-                        let _ = broker.control_ack(CONN, &answer, now);
+                        let _ = broker.control_ack(conn, &answer, now);
                     }
-                    Effect::Deliver { delivery, .. } if roll < 7 => {
+                    Effect::Deliver { conn, delivery } if roll < 7 => {
                         acked += 1;
-                        let _ = broker.ack(CONN, &delivery.reference.ack(AckFlags::empty()), now);
+                        let _ = broker.ack(conn, &delivery.reference.ack(AckFlags::empty()), now);
                     }
-                    Effect::Deliver { delivery, .. } if roll < 9 => {
+                    Effect::Deliver { conn, delivery } if roll < 9 => {
                         rejected += 1;
                         let nack = delivery.reference.nack(NackReason::Reject);
-                        let _ = broker.nack(CONN, &nack, now);
+                        let _ = broker.nack(conn, &nack, now);
                     }
                     _ => left += 1,
                 }
@@ -252,12 +269,15 @@ impl World {
             self.net.tick();
         }
         let now = self.net.now;
-        self.net.nodes[l].broker.connection_closed(CONN, now);
+        for &conn in &conns {
+            self.net.nodes[l].broker.connection_closed(conn, now);
+        }
         self.net.nodes[l].pushes.clear();
         let step = self.step;
         let what = format!("{acked} acknowledged, {rejected} rejected, {left} left");
-        self.trace
-            .push(format!("{step}: group g on node {l}: {what}"));
+        self.trace.push(format!(
+            "{step}: group g ({count} members) on node {l}: {what}"
+        ));
     }
 
     /// A reset of group `g` (earliest, latest or a sequence), its delete, or a purge.
@@ -510,19 +530,29 @@ struct Variant {
     disk_faults: bool,
     /// Of topic `orders`; producer `p` publishes to partition `p % partitions`.
     partitions: u16,
+    /// Group `g` joins with up to this many members, each on its own connection.
+    members: u8,
 }
 
 const PLAIN: Variant = Variant {
     disk_faults: false,
     partitions: 1,
+    members: 1,
 };
 const DISK_FAULTS_ON: Variant = Variant {
     disk_faults: true,
     partitions: 1,
+    members: 1,
 };
 const TWO_PARTITIONS: Variant = Variant {
     disk_faults: true,
     partitions: 2,
+    members: 1,
+};
+const THREE_MEMBERS: Variant = Variant {
+    disk_faults: true,
+    partitions: 2,
+    members: 3,
 };
 
 fn run_seed(seed: u64, variant: Variant) -> Result<Stats, String> {
@@ -584,6 +614,11 @@ fn nor_with_disk_faults_that_stop_nodes() {
 #[test]
 fn nor_over_two_partitions_with_disk_faults() {
     run_seeds(TWO_PARTITIONS);
+}
+
+#[test]
+fn nor_with_up_to_three_members() {
+    run_seeds(THREE_MEMBERS);
 }
 
 /// Seeds that found a hole, each fixed since (`docs/REPLICATION.md` §9.5): 2, a group
