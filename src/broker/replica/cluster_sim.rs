@@ -419,7 +419,12 @@ impl Net {
     /// The same for any topic id, a twin's included; 0 where the partition is not open
     /// (a node wiped or installing).
     fn next_sequence_of(&self, i: usize, topic_id: u16) -> u64 {
-        let part = self.nodes[i].broker.partition(topic_id, 0);
+        self.next_sequence_at(i, (topic_id, 0))
+    }
+
+    /// The same for any partition.
+    fn next_sequence_at(&self, i: usize, (topic_id, partition): (u16, u16)) -> u64 {
+        let part = self.nodes[i].broker.partition(topic_id, partition);
         part.map_or(0, |p| p.log.next_sequence())
     }
 
@@ -457,13 +462,18 @@ impl Net {
 
     /// Subscribes `CONN` to group `g` of `topic` on node `i`, any partition.
     fn join_g(&mut self, i: usize, topic: u16) {
+        self.join_g_on(i, topic, CONN);
+    }
+
+    /// The same on connection `conn`.
+    fn join_g_on(&mut self, i: usize, topic: u16, conn: ConnRef) {
         let sub = Sub {
             group: b"g",
             topic_id: topic,
             partition: SUB_PARTITION_ANY,
             ..Sub::default()
         };
-        let _ = self.nodes[i].broker.subscribe(CONN, &sub, self.now);
+        let _ = self.nodes[i].broker.subscribe(conn, &sub, self.now);
     }
 
     /// Joins group `g` on node `i` and returns its first MSG, CONTROL_ACKing the

@@ -235,13 +235,7 @@ impl World {
         };
         let conns: Vec<ConnRef> = (1..=count).map(|id| ConnRef { id, serial: 1 }).collect();
         for &conn in &conns {
-            let sub = Sub {
-                group: b"g",
-                topic_id: self.topic,
-                partition: SUB_PARTITION_ANY,
-                ..Sub::default()
-            };
-            let _ = self.net.nodes[l].broker.subscribe(conn, &sub, self.net.now);
+            self.net.join_g_on(l, self.topic, conn);
         }
         let (mut acked, mut rejected, mut left) = (0, 0, 0);
         for _ in 0..=self.rng.below(4) {
@@ -371,6 +365,7 @@ impl World {
         self.harvest();
         self.sent.retain(|&(n, _), _| n != i);
         self.count_node(i);
+        self.stats.reopened += 1;
         let (disk, isolated) = (self.net.nodes[i].disk.clone(), self.net.nodes[i].isolated);
         if power_cut {
             disk.power_cut();
@@ -382,10 +377,10 @@ impl World {
         self.trace.push(format!("{}: node {i} {how}", self.step));
     }
 
-    /// Counts what node `i` did before it is replaced (or the run ends).
+    /// Counts what node `i` did before it is replaced (or the run ends): its install
+    /// restarts and the operator changes it answered.
     fn count_node(&mut self, i: usize) {
         let node = &mut self.net.nodes[i];
-        self.stats.reopened += 1;
         self.stats.installs += node.restarts.len();
         let changes = std::mem::take(&mut node.changes);
         self.stats.changes_answered_ok += changes.values().filter(|r| r.is_ok()).count();
@@ -443,17 +438,16 @@ impl World {
         for i in 0..self.net.nodes.len() {
             self.count_node(i);
         }
-        self.stats.reopened -= self.net.nodes.len();
         let mut values = BTreeSet::new();
         for p in 0..self.partitions {
-            self.stats.dead_letters += self.next_sequence(0, (twin, p)) - 1;
+            self.stats.dead_letters += self.net.next_sequence_at(0, (twin, p)).saturating_sub(1);
             self.same_records((twin, p));
             let floor = self.same_records((self.topic, p));
             assert!(
                 self.purge_asked || floor == 1,
                 "partition {p}: records below {floor} gone without a purge"
             );
-            for sequence in floor..self.next_sequence(0, (self.topic, p)) {
+            for sequence in floor..self.net.next_sequence_at(0, (self.topic, p)) {
                 let value = self.value(0, (self.topic, p), sequence).expect("held");
                 assert!(
                     values.insert(value.clone()),
@@ -476,12 +470,6 @@ impl World {
             assert_eq!(theirs, positions, "node {i}'s applied positions");
             assert_eq!(tombstone(self, i), marks, "node {i}'s tombstone");
         }
-    }
-
-    /// Node `i`'s next sequence of `key`; 1 where the partition is not open.
-    fn next_sequence(&self, i: usize, (topic_id, partition): PartitionKey) -> u64 {
-        let part = self.net.nodes[i].broker.partition(topic_id, partition);
-        part.map_or(1, |p| p.log.next_sequence())
     }
 
     /// Node `i`'s record of `key` at `sequence`: its flags and value.
@@ -512,9 +500,9 @@ impl World {
         };
         let nodes = self.net.nodes.len();
         let floor = (0..nodes).map(|i| first(&self.net, i)).max().unwrap();
-        let next = self.next_sequence(0, key);
+        let next = self.net.next_sequence_at(0, key);
         for i in 1..nodes {
-            assert_eq!(self.next_sequence(i, key), next, "node {i}, {key:?}");
+            assert_eq!(self.net.next_sequence_at(i, key), next, "node {i}, {key:?}");
             for sequence in floor..next {
                 let (theirs, ours) = (self.stored(i, key, sequence), self.stored(0, key, sequence));
                 assert_eq!(theirs, ours, "node {i}, {key:?}, sequence {sequence}");
