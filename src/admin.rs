@@ -148,6 +148,9 @@ pub struct ClusterFigures {
     /// Entry bytes the journal still holds: a laggard keeps it growing (up to
     /// `--journal-retain`).
     pub journal_bytes: u64,
+    /// The newest leader's wall-clock stamp applied (Unix ms): what `--producer-ttl` and
+    /// `--retention-age` are measured on in a cluster.
+    pub log_clock_ms: u64,
     /// Snapshot chunk bytes this node sent (INSTALL, as a leader), since start.
     pub snapshot_bytes_sent: u64,
     /// While this node installs a snapshot: bytes written so far and in all.

@@ -378,6 +378,12 @@ fn cluster_figure(cluster: &Cluster, i: usize, name: &str) -> u64 {
     stats["cluster"][name].as_u64().expect(name)
 }
 
+/// This machine's wall clock, Unix milliseconds.
+fn unix_ms() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.expect("after 1970").as_millis() as u64
+}
+
 /// Node `i`'s raft journal files.
 fn journal_files(cluster: &Cluster, i: usize) -> usize {
     let dir = cluster.nodes[i].data_dir().join("raft-journal");
@@ -414,6 +420,7 @@ fn compacting_cluster() -> (Cluster, usize, (Client, u16), String) {
 
 #[test]
 fn every_node_compacts_its_journal_and_a_node_killed_after_starts_from_its_checkpoint() {
+    let started_ms = unix_ms();
     let (mut cluster, leader, _, value) = compacting_cluster();
     wait_until("every node to compact its journal", CONVERGE_LIMIT, || {
         (0..3).all(|i| {
@@ -438,6 +445,14 @@ fn every_node_compacts_its_journal_and_a_node_killed_after_starts_from_its_check
     let held = cluster.records(f, "orders", 0);
     assert_eq!(held.len(), 150);
     assert!(held.iter().all(|(_, v)| *v == value));
+    // Every node, the restarted one too, keeps time by the leader's stamps.
+    for i in 0..3 {
+        let clock = cluster_figure(&cluster, i, "log_clock_ms");
+        assert!(
+            (started_ms..=unix_ms()).contains(&clock),
+            "node {i}'s log clock {clock}"
+        );
+    }
     // Its HELLO told the leader where its log ends: appends, not a snapshot.
     let (log, leader_log) = (
         cluster.nodes[f].log_text(),

@@ -68,10 +68,14 @@ pub struct Partitions {
     max_producers: usize,
     /// `--max-data-size` (0 = none).
     max_data_bytes: u64,
-    /// Cluster mode: producers' activity is the leader's wall clock when it took their
-    /// records (the records' timestamps), so every node, whenever it applies them,
-    /// ages, evicts and expires the same producers (`--producer-ttl`).
-    producers_on_wall_clock: bool,
+    /// Cluster mode: the log's clock, the newest leader's wall-clock reading this node
+    /// applied (a BATCH's stamp, a record's timestamp). A producer's activity is its
+    /// record's timestamp and `--producer-ttl` and `--retention-age` are measured on
+    /// this clock, not on the node's own: every node, whenever it applies the log and
+    /// wherever its wall clock stands, ages, evicts and expires the same producers
+    /// and deletes segments by the same time (`docs/DECISIONS.md`, "The log's clock").
+    /// `None` on a single node, whose producers age on its monotonic clock.
+    log_clock_ms: Option<u64>,
     leader_epoch: u64,
     next_producer_snapshot_ms: u64,
     /// Reused between passes: waiters answered in one go.
@@ -98,7 +102,7 @@ impl Partitions {
             producer_ttl_ms: config.producer_ttl_ms,
             max_producers: config.max_producers_per_partition,
             max_data_bytes: config.max_data_bytes,
-            producers_on_wall_clock: false,
+            log_clock_ms: None,
             leader_epoch: epoch,
             next_producer_snapshot_ms: producers::PRODUCER_SNAPSHOT_INTERVAL_MS,
             ready: Vec::new(),
@@ -171,25 +175,49 @@ impl Partitions {
         Ok(())
     }
 
-    /// Cluster mode, before the producers are rebuilt: see `producers_on_wall_clock`.
-    pub(super) fn age_producers_on_wall_clock(&mut self) {
-        self.producers_on_wall_clock = true;
+    /// Cluster mode, before the producers are rebuilt: see `log_clock_ms`.
+    pub(super) fn run_on_log_clock(&mut self) {
+        self.log_clock_ms = Some(0);
     }
 
-    /// The clock producers' activity is measured on, as a `Now` whose monotonic reading
-    /// is the wall clock in cluster mode.
-    fn producer_now(&self, now: Now) -> Now {
-        match self.producers_on_wall_clock {
-            true => Now {
-                mono_ms: now.wall_ms,
-                ..now
+    /// Moves the log's clock on to a leader's reading, if later (a leader whose clock
+    /// was set back does not move it back).
+    pub(super) fn log_clock_reads(&mut self, leader_wall_ms: u64) {
+        if let Some(clock) = &mut self.log_clock_ms {
+            *clock = (*clock).max(leader_wall_ms);
+        }
+    }
+
+    pub fn log_clock_ms(&self) -> Option<u64> {
+        self.log_clock_ms
+    }
+
+    /// The wall-clock reading a leader stamps on what it proposes (a record's timestamp,
+    /// a BATCH): its own, but never behind the log's clock, so a leader whose clock was
+    /// set back neither stamps records older than ones committed before them nor has its
+    /// producers expire the moment they are applied.
+    pub(super) fn stamp_ms(&self, now: Now) -> u64 {
+        self.log_clock_ms
+            .map_or(now.wall_ms, |clock| clock.max(now.wall_ms))
+    }
+
+    /// The clock producers' activity and retention are measured on: in cluster mode the
+    /// log's, as both readings of a `Now`.
+    fn aging_now(&self, now: Now) -> Now {
+        match self.log_clock_ms {
+            Some(clock) => Now {
+                mono_ms: clock,
+                wall_ms: clock,
             },
-            false => now,
+            None => now,
         }
     }
 
     /// Every partition's producers, from its snapshot and the records after it.
     pub(super) fn rebuild_all_producers(&mut self, now: Now, counters: &mut BrokerCounters) {
+        if self.log_clock_ms.is_some() {
+            self.read_log_clock();
+        }
         let keys: Vec<PartitionKey> = self.map.keys().copied().collect();
         for key in keys {
             let mut part = self.map.remove(&key).expect("listed");
@@ -203,6 +231,19 @@ impl Partitions {
         self.data_bytes = self.map.values().map(|p| p.log.stats().bytes).sum();
     }
 
+    /// At start, the log's clock from the newest record of every partition: what this
+    /// node applied before it stopped (applying the journal after its checkpoint again
+    /// moves it on from there).
+    fn read_log_clock(&mut self) {
+        for part in self.map.values_mut() {
+            match part.log.newest_timestamp() {
+                Ok(newest) => self.log_clock_ms = self.log_clock_ms.max(newest),
+                // Then this partition's records count from their next apply on.
+                Err(e) => log::warn!("{}: newest record unread: {e}", part.log.dir().display()),
+            }
+        }
+    }
+
     /// The producer state of a partition at start; returns it and the last sequence the
     /// snapshot on disk covers.
     fn rebuild_producers(
@@ -214,8 +255,8 @@ impl Partitions {
         counters: &mut BrokerCounters,
     ) -> (Producers, u64) {
         let (ttl_ms, max_producers) = (self.producer_ttl_ms, self.max_producers);
-        let on_wall_clock = self.producers_on_wall_clock;
-        let now = self.producer_now(now);
+        let on_log_clock = self.log_clock_ms.is_some();
+        let now = self.aging_now(now);
         let written = log.written_sequence();
         let snapshot = meta::read_checked(&*self.storage, &dir.join(producers::PRODUCERS_FILE))
             .ok()
@@ -238,7 +279,7 @@ impl Partitions {
             if producer_id != 0 && now.wall_ms.saturating_sub(timestamp_ms) <= ttl_ms {
                 // Idleness is measured on the monotonic clock from start-up on; in a
                 // cluster from the record's timestamp, as apply does.
-                let active_ms = if on_wall_clock {
+                let active_ms = if on_log_clock {
                     timestamp_ms
                 } else {
                     now.mono_ms
@@ -664,12 +705,12 @@ impl Partitions {
         counters: &mut BrokerCounters,
         jobs: &mut Vec<DurableJob>,
     ) {
-        let producer_now = self.producer_now(now);
+        let aging_now = self.aging_now(now);
         // `data_bytes` follows every flush; this exact count (segment headers, retention)
         // visits every partition, so it runs here and not on every pass.
         self.data_bytes = self.map.values().map(|p| p.log.stats().bytes).sum();
         for part in self.map.values_mut() {
-            match part.log.enforce_retention(now.wall_ms) {
+            match part.log.enforce_retention(aging_now.wall_ms) {
                 Ok(report) if report.segments_deleted > 0 => log::info!(
                     "retention deleted {} segments of topic {} partition {}",
                     report.segments_deleted,
@@ -685,12 +726,12 @@ impl Partitions {
             }
             counters.producers_expired +=
                 part.producers
-                    .expire(producer_now.mono_ms, self.producer_ttl_ms) as u64;
+                    .expire(aging_now.mono_ms, self.producer_ttl_ms) as u64;
         }
         if now.mono_ms >= self.next_producer_snapshot_ms {
             self.next_producer_snapshot_ms = now.mono_ms + producers::PRODUCER_SNAPSHOT_INTERVAL_MS;
             for part in self.map.values_mut() {
-                let work = snapshot_job(part, producer_now);
+                let work = snapshot_job(part, aging_now);
                 jobs.extend(work.map(|work| DurableJob {
                     storage: Arc::clone(&self.storage),
                     work,
@@ -730,7 +771,7 @@ impl Partitions {
         if let Err(e) = self.commit.shutdown(&mut self.map, counters) {
             failed.push(e);
         }
-        let now = self.producer_now(now);
+        let now = self.aging_now(now);
         for part in self.map.values_mut() {
             let covered = part.log.written_sequence();
             let bytes = part.producers.encode(covered, now.mono_ms, now.wall_ms);

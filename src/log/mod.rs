@@ -1356,6 +1356,14 @@ impl PartitionLog {
         Ok(damaged)
     }
 
+    /// Timestamp of the log's newest record, `None` while it holds none.
+    pub fn newest_timestamp(&mut self) -> Result<Option<u64>, StorageError> {
+        match (self.segments.iter()).rposition(|s| s.record_count > 0) {
+            Some(i) => self.segment_last_timestamp(i),
+            None => Ok(None),
+        }
+    }
+
     /// Timestamp of the newest record of segment `i`, reading it if not cached.
     fn segment_last_timestamp(&mut self, i: usize) -> Result<Option<u64>, StorageError> {
         let seg = &self.segments[i];

@@ -102,6 +102,12 @@ struct PassPart {
 /// failover redelivers at most this much of the last acknowledgements (at-least-once).
 pub const POSITIONS_REPLICATE_INTERVAL_MS: u64 = 100;
 
+/// How long a serving leader goes without proposing before it proposes an empty BATCH:
+/// its stamp moves the log's clock on every node, so producers expire and retention runs
+/// on an idle cluster too (`docs/DECISIONS.md`, "The log's clock"). The cost is one small
+/// entry and one fdatasync per node at this interval.
+pub const LOG_CLOCK_TICK_MS: u64 = 10_000;
+
 /// A group's committed position on one partition: (group, topic id, partition).
 type PositionKey = (Vec<u8>, u16, u16);
 
@@ -127,6 +133,8 @@ pub struct Cluster {
     /// The committed positions this leader last proposed, to send only what moved.
     positions_sent: HashMap<PositionKey, u64>,
     next_positions_ms: u64,
+    /// When a serving leader that proposed nothing since proposes an empty BATCH.
+    next_clock_tick_ms: u64,
     /// Peers whose link is down: a leader among them is not "known" (§7.1).
     links_down: std::collections::BTreeSet<u64>,
     /// The raft journal failed or an entry could not be applied: the node refuses all.
@@ -165,6 +173,8 @@ pub struct ClusterStatus {
     pub first_index: u64,
     /// Entry bytes the journal still holds on disk.
     pub journal_bytes: u64,
+    /// The log's clock (Unix ms; 0 before any stamp): `Partitions::log_clock_ms`.
+    pub log_clock_ms: u64,
     /// INSTALL (`replica::install`): chunk bytes sent as a leader since start, and while
     /// installing, bytes written of all.
     pub snapshot_bytes_sent: u64,
@@ -194,6 +204,7 @@ impl Cluster {
             links_down: std::collections::BTreeSet::new(),
             positions_sent: HashMap::new(),
             next_positions_ms: 0,
+            next_clock_tick_ms: 0,
             failed: None,
             compaction: Compaction::from_checkpoint(checkpoint),
             installs: Installs::default(),
@@ -510,7 +521,7 @@ impl Broker {
         let (replica, _) = Replica::open_with(&storage, &dir, replica, options, now.mono_ms)
             .map_err(|e| format!("raft journal: {e}"))?;
         let mut broker = Broker::assemble(config, storage, topics, sink, 0);
-        broker.partitions.age_producers_on_wall_clock();
+        broker.partitions.run_on_log_clock();
         broker.cluster = Some(Box::new(Cluster::new(replica)));
         let mut report = StartupReport {
             topics: broker.topics.registry().len(),
@@ -652,6 +663,7 @@ impl Broker {
             checkpoint_index: c.replica.checkpoint().index,
             first_index: c.replica.first_index(),
             journal_bytes: c.replica.journal_bytes(),
+            log_clock_ms: self.partitions.log_clock_ms().unwrap_or(0),
             snapshot_bytes_sent: c.installs.bytes_sent(),
             install_bytes: c.installs.progress(),
             match_indexes: c.replica.match_indexes(),
@@ -697,7 +709,7 @@ impl Broker {
             key,
             &RecordView {
                 sequence,
-                timestamp_ms: now.wall_ms,
+                timestamp_ms: self.partitions.stamp_ms(now),
                 producer_id: p.producer_id,
                 producer_seq: p.producer_seq,
                 flags: 0,
@@ -843,10 +855,13 @@ impl Broker {
     /// The pass's records become one BATCH proposal waited on by the pass's PUBs.
     pub(super) fn propose_pass(&mut self, now: Now) {
         let positions = self.moved_positions(now);
+        let stamp_ms = self.partitions.stamp_ms(now);
         let c = self.cluster.as_deref_mut().expect("cluster mode");
-        if c.pass.is_empty() && c.pass_waiters.is_empty() && positions.is_empty() {
+        let tick = c.serving() && now.mono_ms >= c.next_clock_tick_ms;
+        if c.pass.is_empty() && c.pass_waiters.is_empty() && positions.is_empty() && !tick {
             return;
         }
+        c.next_clock_tick_ms = now.mono_ms + LOG_CLOCK_TICK_MS;
         let parts = std::mem::take(&mut c.pass)
             .into_iter()
             .map(|((topic_id, partition), run)| BatchPart {
@@ -859,7 +874,7 @@ impl Broker {
             .collect();
         // A pass of duplicates only proposes an empty BATCH: its commit follows theirs.
         let entry = EntryData::Batch(Batch {
-            leader_wall_ms: now.wall_ms,
+            leader_wall_ms: stamp_ms,
             parts,
             positions,
         });
@@ -1064,6 +1079,7 @@ impl Broker {
     }
 
     fn apply_batch(&mut self, batch: &Batch, now: Now) {
+        self.partitions.log_clock_reads(batch.leader_wall_ms);
         // A leader's own groups are live and ignore these; a follower keeps them for
         // the day it leads (§7.4).
         for pc in &batch.positions {

@@ -71,6 +71,8 @@ struct Node {
     pushes: Vec<Effect>,
     /// Operator changes answered, by ticket.
     changes: BTreeMap<u64, Result<ChangeDone, ManageError>>,
+    /// How far this node's wall clock stands from the net's (a clock set wrong, a step).
+    wall_skew_ms: i64,
 }
 
 fn open_node_on(id: u64, disk: SimDisk) -> Node {
@@ -121,6 +123,7 @@ fn open_node_retaining(
         answers: BTreeMap::new(),
         pushes: Vec::new(),
         changes: BTreeMap::new(),
+        wall_skew_ms: 0,
     }
 }
 
@@ -190,7 +193,7 @@ impl Net {
     /// none is left; what it sends is routed.
     fn pass(&mut self, i: usize) {
         loop {
-            let now = self.now;
+            let now = self.now_of(i);
             let node = &mut self.nodes[i];
             while let Some(m) = node.inbox.pop_front() {
                 node.broker.peer_message(m);
@@ -277,13 +280,14 @@ impl Net {
             "node {i} restarts after failing: {failed:?}"
         );
         let (disk, isolated) = (self.nodes[i].disk.clone(), self.nodes[i].isolated);
-        let raft_cut = self.nodes[i].raft_cut;
+        let (raft_cut, wall_skew_ms) = (self.nodes[i].raft_cut, self.nodes[i].wall_skew_ms);
         let mut restarts = std::mem::take(&mut self.nodes[i].restarts);
         self.nodes[i] = self.open(i as u64 + 1, disk);
         restarts.push(self.nodes[i].broker.admit(Op::Pub, self.now));
         self.nodes[i].restarts = restarts;
         self.nodes[i].isolated = isolated;
         self.nodes[i].raft_cut = raft_cut;
+        self.nodes[i].wall_skew_ms = wall_skew_ms;
         self.links_up(i);
     }
 
@@ -321,11 +325,22 @@ impl Net {
         self.now.mono_ms += TICK_MS;
         self.now.wall_ms += TICK_MS;
         let housekeeping = self.now.mono_ms.is_multiple_of(HOUSEKEEPING_INTERVAL_MS);
-        for n in &mut self.nodes {
-            n.broker.raft_tick();
+        for i in 0..self.nodes.len() {
+            let now = self.now_of(i);
+            let broker = &mut self.nodes[i].broker;
+            broker.raft_tick();
             if housekeeping {
-                n.broker.housekeeping(self.now);
+                broker.housekeeping(now);
             }
+        }
+    }
+
+    /// What node `i`'s clocks read: the net's, its wall clock off by its skew.
+    fn now_of(&self, i: usize) -> Now {
+        let skew = self.nodes[i].wall_skew_ms;
+        Now {
+            wall_ms: self.now.wall_ms.saturating_add_signed(skew),
+            ..self.now
         }
     }
 
@@ -366,7 +381,8 @@ impl Net {
             flags: DeclareFlags::empty(),
         };
         let slot = 1_000 + self.nodes[i].answers.len() as u64;
-        let handled = self.nodes[i].broker.declare(CONN, slot, &d, self.now);
+        let now = self.now_of(i);
+        let handled = self.nodes[i].broker.declare(CONN, slot, &d, now);
         assert!(matches!(handled, Handled::Wait));
         self.run_until("the DECLARE's answer", |n| {
             n.nodes[i].answers.contains_key(&slot)
@@ -398,7 +414,8 @@ impl Net {
             key: b"",
             value: value.as_bytes(),
         };
-        match self.nodes[i].broker.publish(CONN, slot, &p, self.now) {
+        let now = self.now_of(i);
+        match self.nodes[i].broker.publish(CONN, slot, &p, now) {
             Handled::Wait => {}
             Handled::Answer(r) => {
                 self.nodes[i].answers.insert(slot, r);
@@ -440,6 +457,29 @@ impl Net {
             .read_record(topic, 0, sequence)
             .unwrap()?;
         Some((r.producer_id, String::from_utf8(r.value).unwrap()))
+    }
+
+    /// The timestamp node `i`'s record at `sequence` of partition 0 carries.
+    fn record_timestamp(&mut self, i: usize, topic: u16, sequence: u64) -> u64 {
+        let r = self.nodes[i]
+            .broker
+            .read_record(topic, 0, sequence)
+            .unwrap();
+        r.expect("the record").timestamp_ms
+    }
+
+    /// Housekeeping on every node now, each on its own clocks.
+    fn housekeeping_everywhere(&mut self) {
+        for i in 0..self.nodes.len() {
+            let now = self.now_of(i);
+            self.nodes[i].broker.housekeeping(now);
+        }
+    }
+
+    /// The producers node `i` knows on partition 0 of `topic`.
+    fn producers_known(&self, i: usize, topic: u16) -> usize {
+        let part = self.nodes[i].broker.partition(topic, 0).unwrap();
+        part.producers.len()
     }
 
     /// Node `l` leads again while `n` is cut off: the third node must first be out of
@@ -1075,21 +1115,96 @@ fn a_follower_that_applied_a_producers_record_late_forgets_it_when_the_leader_do
     net.run_until("the late follower applied it", |net| {
         net.next_sequence(f, topic) == 2
     });
-    // Past the TTL from the leader's PUB: every node forgets producer 9 alike.
+    net.housekeeping_everywhere();
+    assert_eq!(
+        net.producers_known(f, topic),
+        1,
+        "the follower aged it from its apply"
+    );
+    // Past the TTL from the leader's PUB, on an idle cluster: the leader's empty BATCH
+    // moves the log's clock on and every node forgets producer 9 alike.
     net.now.mono_ms += 20_000;
     net.now.wall_ms += 20_000;
+    net.run_until("every node forgot the producer", |net| {
+        (0..3).all(|i| net.producers_known(i, topic) == 0)
+    });
+}
+
+/// Twice the nodes' `--producer-ttl`: a wall clock this far off ages any record past it.
+const CLOCK_STEP_MS: i64 = 120_000;
+
+/// A wall clock far from the epoch, so that one set back stays after it.
+const WALL_CLOCK_START_MS: u64 = 1_764_600_000_000;
+
+#[test]
+fn a_follower_whose_wall_clock_runs_ahead_keeps_the_producers_the_leader_keeps() {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    let f = (0..3).find(|&i| i != l).unwrap();
+    net.nodes[f].wall_skew_ms = CLOCK_STEP_MS;
+    net.publish(l, 1, topic, (9, 1), "a");
+    assert_eq!(pub_ok(&net.wait_answer(l, 1)).sequence, 1);
+    net.run_until("every node applied it", |n| n.all_at(topic, 2));
+    net.housekeeping_everywhere();
+    assert_eq!(
+        net.producers_known(f, topic),
+        1,
+        "aged on the follower's own clock"
+    );
+    // Started again, it reads the log's clock from its newest record.
+    let disk = net.nodes[f].disk.clone();
+    net.nodes[f] = net.open(f as u64 + 1, disk);
+    net.nodes[f].wall_skew_ms = CLOCK_STEP_MS;
+    let stamped = net.record_timestamp(l, topic, 1);
+    let clock = net.nodes[f].broker.partitions.log_clock_ms();
+    assert!(
+        clock >= Some(stamped),
+        "{clock:?} before the newest record, {stamped}"
+    );
+    net.links_up(f);
+    net.run_until("the restarted follower serves its part", |n| {
+        n.all_at(topic, 2)
+    });
+    net.housekeeping_everywhere();
+    assert_eq!(
+        net.producers_known(f, topic),
+        1,
+        "aged on the follower's own clock"
+    );
+}
+
+#[test]
+fn a_leader_whose_wall_clock_was_set_back_stamps_no_record_older_than_the_log() {
+    let mut net = Net::new();
+    net.now.wall_ms = WALL_CLOCK_START_MS;
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    net.publish(l, 1, topic, (9, 1), "a");
+    assert_eq!(pub_ok(&net.wait_answer(l, 1)).sequence, 1);
+    let first = net.record_timestamp(l, topic, 1);
+    net.nodes[l].wall_skew_ms = -CLOCK_STEP_MS;
+    net.publish(l, 2, topic, (10, 1), "b");
+    assert_eq!(pub_ok(&net.wait_answer(l, 2)).sequence, 2);
+    assert!(
+        net.record_timestamp(l, topic, 2) >= first,
+        "a record older than the log"
+    );
+    net.run_until("every node applied it", |n| n.all_at(topic, 3));
+    net.housekeeping_everywhere();
     for i in 0..3 {
-        net.nodes[i].broker.housekeeping(net.now);
+        assert_eq!(
+            net.producers_known(i, topic),
+            2,
+            "node {i} forgot producer 10"
+        );
     }
-    for i in 0..3 {
-        let known = net.nodes[i]
-            .broker
-            .partition(topic, 0)
-            .unwrap()
-            .producers
-            .len();
-        assert_eq!(known, 0, "node {i} still knows the producer");
-    }
+    net.publish(l, 3, topic, (10, 1), "b");
+    let again = pub_ok(&net.wait_answer(l, 3));
+    assert_eq!(
+        (again.sequence, again.result_flags),
+        (2, PubResultFlags::DEDUPLICATED)
+    );
 }
 
 /// A vote request from node `from` for `term`, its log ending at `(index, log_term)`.

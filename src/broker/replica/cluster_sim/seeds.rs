@@ -4,8 +4,10 @@
 //! node checks its invariants after every pass. After healing, the checker asks what
 //! applying one log must give: every node holds the same records and dead letters, the
 //! same applied group positions and the same tombstone; every acknowledged record is at
-//! its sequence exactly once, on every node, unless a purge was asked for below it.
-//! Variants add disk faults that stop nodes, a second partition and more members.
+//! its sequence exactly once, on every node, unless a purge was asked for below it;
+//! record timestamps never go back along a partition.
+//! Variants add disk faults that stop nodes, a second partition, more members, and
+//! wall clocks set wrong.
 //!
 //! `MORTAR_CLUSTER_SIM_SEEDS=N` runs seeds 1..=N, `MORTAR_CLUSTER_SIM_SEED=S` one; a
 //! failure prints `cluster simulation FAILED at seed S` with the seed's steps. Election
@@ -38,6 +40,13 @@ const DISK_FAULTS: FaultRates = FaultRates {
     sync_eio: 20_000,
     read_eio: 0,
 };
+/// A stepped wall clock stands up to this far behind (twice the harness's
+/// `--producer-ttl`, so a record stamped with it would look expired)...
+const CLOCK_BEHIND_MAX_MS: u64 = 120_000;
+/// ...or up to this far ahead: further ahead, a leader's clock ages producers past the
+/// TTL by design, and a resend after that is a new record (`docs/DECISIONS.md`, "The
+/// log's clock"), which the checker would count as acknowledged twice.
+const CLOCK_AHEAD_MAX_MS: u64 = 15_000;
 
 /// One idempotent producer: its next record waits until the one before is acknowledged.
 struct Producer {
@@ -57,6 +66,7 @@ struct Stats {
     installs: usize,
     /// Nodes that stopped on a failed write or sync (disk faults).
     failed: usize,
+    clock_steps: usize,
 }
 
 impl Stats {
@@ -67,6 +77,7 @@ impl Stats {
         self.reopened += other.reopened;
         self.installs += other.installs;
         self.failed += other.failed;
+        self.clock_steps += other.clock_steps;
     }
 }
 
@@ -79,6 +90,7 @@ struct World {
     sent: BTreeMap<(usize, u64), (usize, u64, String)>,
     partitions: u16,
     members: u8,
+    clock_steps: bool,
     /// Acknowledged records: (partition, sequence) -> value.
     acked: BTreeMap<(u16, u64), String>,
     next_slot: u64,
@@ -99,9 +111,13 @@ impl World {
             disk_faults,
             partitions,
             members,
+            clock_steps,
         }: Variant,
     ) -> World {
         let mut net = Net::retaining(JOURNAL_RETAIN_BYTES, seed.wrapping_mul(1_000), Some(seed));
+        if clock_steps {
+            net.now.wall_ms = WALL_CLOCK_START_MS;
+        }
         let l = net.settled_leader();
         let topic = net.declare_partitions(l, "orders", partitions);
         let producers = (0..PRODUCERS).map(|i| Producer {
@@ -117,6 +133,7 @@ impl World {
             sent: BTreeMap::new(),
             partitions,
             members,
+            clock_steps,
             acked: BTreeMap::new(),
             next_slot: 10_000,
             next_ticket: 1,
@@ -161,6 +178,7 @@ impl World {
                 self.reopen(i, roll >= 86);
             }
             (92..=95, _) if self.disk_faults => self.start_disk_faults(),
+            (96..=99, _) if self.clock_steps => self.step_clock(),
             _ => {}
         }
     }
@@ -242,7 +260,8 @@ impl World {
             self.net.deliver();
             for push in std::mem::take(&mut self.net.nodes[l].pushes) {
                 let roll = self.rng.below(10);
-                let (broker, now) = (&mut self.net.nodes[l].broker, self.net.now);
+                let now = self.net.now_of(l);
+                let broker = &mut self.net.nodes[l].broker;
                 match push {
                     Effect::Notice { conn, notice } => {
                         let answer = ControlAck::answering(&notice, ControlResult::Ok);
@@ -262,7 +281,7 @@ impl World {
             }
             self.net.tick();
         }
-        let now = self.net.now;
+        let now = self.net.now_of(l);
         for &conn in &conns {
             self.net.nodes[l].broker.connection_closed(conn, now);
         }
@@ -300,7 +319,8 @@ impl World {
         };
         let ticket = self.next_ticket;
         self.next_ticket += 1;
-        let (broker, now) = (&mut self.net.nodes[l].broker, self.net.now);
+        let now = self.net.now_of(l);
+        let broker = &mut self.net.nodes[l].broker;
         let taken = broker.change(ticket, &change, now).map_err(|e| e.kind);
         self.trace
             .push(format!("{}: {change:?} on node {l}: {taken:?}", self.step));
@@ -314,6 +334,19 @@ impl World {
         }
         self.trace
             .push(format!("{}: node {i} isolated (others joined)", self.step));
+    }
+
+    /// One node's wall clock is set anew, behind or ahead of the others'.
+    fn step_clock(&mut self) {
+        let i = self.rng.below(NODES) as usize;
+        let drawn = self.rng.below(CLOCK_BEHIND_MAX_MS + CLOCK_AHEAD_MAX_MS + 1);
+        let skew = drawn as i64 - CLOCK_BEHIND_MAX_MS as i64;
+        self.net.nodes[i].wall_skew_ms = skew;
+        self.stats.clock_steps += 1;
+        self.trace.push(format!(
+            "{}: node {i}'s wall clock at {skew:+} ms",
+            self.step
+        ));
     }
 
     /// One node's disk fails some writes (EIO, ENOSPC) and fdatasyncs (EIO) for a few
@@ -447,8 +480,19 @@ impl World {
                 self.purge_asked || floor == 1,
                 "partition {p}: records below {floor} gone without a purge"
             );
+            // A leader stamps its own wall clock, never behind the log's (the records
+            // of a twin keep their source's stamps, so only sources are in order).
+            let mut stamped = 0;
             for sequence in floor..self.net.next_sequence_at(0, (self.topic, p)) {
-                let value = self.value(0, (self.topic, p), sequence).expect("held");
+                let node = &mut self.net.nodes[0].broker;
+                let record = node.read_record(self.topic, p, sequence).unwrap();
+                let record = record.expect("held");
+                assert!(
+                    record.timestamp_ms >= stamped,
+                    "{p}/{sequence} stamped back"
+                );
+                stamped = record.timestamp_ms;
+                let value = String::from_utf8(record.value).unwrap();
                 assert!(
                     values.insert(value.clone()),
                     "{value} twice, again at {p}/{sequence}"
@@ -520,27 +564,38 @@ struct Variant {
     partitions: u16,
     /// Group `g` joins with up to this many members, each on its own connection.
     members: u8,
+    clock_steps: bool,
 }
 
 const PLAIN: Variant = Variant {
     disk_faults: false,
     partitions: 1,
     members: 1,
+    clock_steps: false,
 };
 const DISK_FAULTS_ON: Variant = Variant {
     disk_faults: true,
     partitions: 1,
     members: 1,
+    clock_steps: false,
 };
 const TWO_PARTITIONS: Variant = Variant {
     disk_faults: true,
     partitions: 2,
     members: 1,
+    clock_steps: false,
 };
 const THREE_MEMBERS: Variant = Variant {
     disk_faults: true,
     partitions: 2,
     members: 3,
+    clock_steps: false,
+};
+const CLOCK_STEPS: Variant = Variant {
+    disk_faults: false,
+    partitions: 1,
+    members: 1,
+    clock_steps: true,
 };
 
 fn run_seed(seed: u64, variant: Variant) -> Result<Stats, String> {
@@ -587,6 +642,10 @@ fn run_seeds(variant: Variant) {
         !variant.disk_faults || stopped,
         "no disk fault stopped a node"
     );
+    assert!(
+        !variant.clock_steps || total.clock_steps > 0,
+        "no wall clock was stepped"
+    );
 }
 
 #[test]
@@ -607,6 +666,11 @@ fn nor_over_two_partitions_with_disk_faults() {
 #[test]
 fn nor_with_up_to_three_members() {
     run_seeds(THREE_MEMBERS);
+}
+
+#[test]
+fn nor_with_wall_clocks_set_wrong() {
+    run_seeds(CLOCK_STEPS);
 }
 
 /// Seeds that found a hole, each fixed since (`docs/REPLICATION.md` §9.5): 2, a group
