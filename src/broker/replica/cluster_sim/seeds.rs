@@ -5,7 +5,8 @@
 //! applying one log must give: every node holds the same records and dead letters, the
 //! same applied group positions and the same tombstone; every acknowledged record is at
 //! its sequence exactly once, on every node, unless a purge was asked for below it;
-//! record timestamps never go back along a partition.
+//! record timestamps never go back along a partition; every node would deduplicate a
+//! resend of any producer's record alike.
 //! Variants add disk faults that stop nodes, a second partition, more members, and
 //! wall clocks set wrong.
 //!
@@ -17,6 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use super::*;
+use crate::broker::producers::Idempotence;
 use crate::broker::replica::simnet::env_u64;
 use crate::broker::PartitionKey;
 use crate::log::simdisk::{FaultRates, SimRng};
@@ -67,6 +69,8 @@ struct Stats {
     /// Nodes that stopped on a failed write or sync (disk faults).
     failed: usize,
     clock_steps: usize,
+    /// Runs whose producers were compared (not those with a purge).
+    producers_compared: usize,
 }
 
 impl Stats {
@@ -78,6 +82,7 @@ impl Stats {
         self.installs += other.installs;
         self.failed += other.failed;
         self.clock_steps += other.clock_steps;
+        self.producers_compared += other.producers_compared;
     }
 }
 
@@ -506,6 +511,13 @@ impl World {
                 assert_eq!(held, Some(value), "acknowledged at {p}/{sequence}");
             }
         }
+        // A node that rebuilds its producers after a purge no longer finds the purged
+        // records (a single node forgets them alike); a resend of one is then a record
+        // again, held once since the first copy went with the purge.
+        if !self.purge_asked {
+            self.same_producers();
+            self.stats.producers_compared += 1;
+        }
         let applied = |net: &Net, i: usize| net.cluster(i).applied.positions();
         let tombstone = |w: &mut World, i| tombstone_marks(&mut w.net, i, w.topic);
         let (positions, marks) = (applied(&self.net, 0), tombstone(self, 0));
@@ -513,6 +525,31 @@ impl World {
             let theirs = applied(&self.net, i);
             assert_eq!(theirs, positions, "node {i}'s applied positions");
             assert_eq!(tombstone(self, i), marks, "node {i}'s tombstone");
+        }
+    }
+
+    /// Every node would append, or refuse to append, a resend of any record of every
+    /// producer alike: the same dedup after any failover.
+    fn same_producers(&mut self) {
+        for p in 0..self.partitions {
+            let answers = |net: &Net, i: usize| {
+                let part = net.nodes[i].broker.partition(self.topic, p);
+                let producers = &part.expect("open").producers;
+                let known: Vec<_> = (self.producers.iter())
+                    .flat_map(|pr| (1..=pr.seq + 1).map(move |seq| (pr.id, seq)))
+                    .map(|(id, seq)| (id, seq, producers.check(id, seq) == Idempotence::Fresh))
+                    .collect();
+                known
+            };
+            let ours = answers(&self.net, 0);
+            for i in 1..self.net.nodes.len() {
+                let theirs = answers(&self.net, i);
+                let differ = ours.iter().zip(&theirs).find(|(a, b)| a != b);
+                assert!(
+                    differ.is_none(),
+                    "node {i} vs node 0, partition {p}: {differ:?}"
+                );
+            }
         }
     }
 
