@@ -18,7 +18,7 @@ use crate::broker::{
 };
 use crate::fsync::{Completion, Job as _};
 use crate::log::simdisk::SimDisk;
-use crate::log::Storage;
+use crate::log::{LogConfig, Storage};
 use crate::wire::limits::SUB_PARTITION_ANY;
 use crate::wire::ops::{ControlAck, Declare, DeliveryRef, Pub, PubResult, Sub};
 use crate::wire::AckFlags;
@@ -80,7 +80,7 @@ fn open_node_on(id: u64, disk: SimDisk) -> Node {
 }
 
 fn open_node_with(id: u64, disk: SimDisk, options: ReplicaOptions) -> Node {
-    open_node_retaining(id, disk, options, u64::MAX)
+    open_node_retaining(id, disk, options, u64::MAX, LogConfig::default())
 }
 
 /// A node whose leader keeps `journal_retain_bytes` of journal for a laggard.
@@ -89,6 +89,7 @@ fn open_node_retaining(
     disk: SimDisk,
     options: ReplicaOptions,
     journal_retain_bytes: u64,
+    log: LogConfig,
 ) -> Node {
     let storage: Arc<dyn Storage> = Arc::new(disk.clone());
     let config = BrokerConfig {
@@ -97,6 +98,7 @@ fn open_node_retaining(
         max_partitions: 8,
         journal_file_bytes: JOURNAL_FILE_BYTES,
         producer_ttl_ms: 60_000,
+        log,
         // Only a checkpoint writes the positions file within a test.
         commit_interval_ms: 3_600_000,
         ..BrokerConfig::default()
@@ -138,6 +140,8 @@ struct Net {
     /// raft's own generator, so that a seeded run replays.
     election_seed: Option<u64>,
     opened: u64,
+    /// Every node's segment size and retention.
+    log_config: LogConfig,
 }
 
 impl Net {
@@ -155,12 +159,28 @@ impl Net {
             journal_retain_bytes: u64::MAX,
             election_seed: None,
             opened: 0,
+            log_config: LogConfig::default(),
         }
     }
 
     /// Nodes whose leader keeps `journal_retain_bytes` of journal for a laggard, node
     /// `id`'s disk seeded with `disk_seed + id`.
     fn retaining(journal_retain_bytes: u64, disk_seed: u64, election_seed: Option<u64>) -> Net {
+        let log_config = LogConfig::default();
+        Net::opened(journal_retain_bytes, disk_seed, election_seed, log_config)
+    }
+
+    /// Nodes whose partitions have `log_config`'s segment size and retention.
+    fn with_log(log_config: LogConfig) -> Net {
+        Net::opened(u64::MAX, 0, None, log_config)
+    }
+
+    fn opened(
+        journal_retain_bytes: u64,
+        disk_seed: u64,
+        election_seed: Option<u64>,
+        log_config: LogConfig,
+    ) -> Net {
         let mut net = Net {
             nodes: Vec::new(),
             now: Now::default(),
@@ -168,6 +188,7 @@ impl Net {
             journal_retain_bytes,
             election_seed,
             opened: 0,
+            log_config,
         };
         for id in 1..=NODES {
             let node = net.open(id, SimDisk::seeded(disk_seed + id));
@@ -186,7 +207,13 @@ impl Net {
             election_seed: self.election_seed.map(|s| s ^ (self.opened << 40) ^ id),
             ..ReplicaOptions::default()
         };
-        open_node_retaining(id, disk, options, self.journal_retain_bytes)
+        open_node_retaining(
+            id,
+            disk,
+            options,
+            self.journal_retain_bytes,
+            self.log_config,
+        )
     }
 
     /// Node `i` reads its inbox and ends its pass, its jobs run and it passes again until
@@ -1172,6 +1199,46 @@ fn a_follower_whose_wall_clock_runs_ahead_keeps_the_producers_the_leader_keeps()
         1,
         "aged on the follower's own clock"
     );
+}
+
+#[test]
+fn a_follower_whose_wall_clock_runs_ahead_deletes_no_segment_the_leader_keeps() {
+    // A record per segment, and half the follower's lead as --retention-age.
+    let log = LogConfig {
+        segment_size_bytes: 256,
+        retention_age_ms: 60_000,
+        ..LogConfig::default()
+    };
+    let mut net = Net::with_log(log);
+    net.now.wall_ms = WALL_CLOCK_START_MS;
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    let f = (0..3).find(|&i| i != l).unwrap();
+    net.nodes[f].wall_skew_ms = CLOCK_STEP_MS;
+    for seq in 1..=3 {
+        net.publish(l, seq, topic, (9, seq), &"r".repeat(200));
+        assert_eq!(pub_ok(&net.wait_answer(l, seq)).sequence, seq);
+    }
+    net.run_until("every node applied them", |n| n.all_at(topic, 4));
+    net.housekeeping_everywhere();
+    let first = |net: &Net, i: usize| {
+        let part = net.nodes[i].broker.partition(topic, 0).unwrap();
+        part.log.first_sequence()
+    };
+    for i in 0..3 {
+        assert_eq!(
+            first(&net, i),
+            1,
+            "node {i} deleted segments the leader keeps"
+        );
+    }
+    // Past the retention age on an idle cluster, the log's clock deletes them everywhere
+    // (the active segment stays).
+    net.now.mono_ms += 61_000;
+    net.now.wall_ms += 61_000;
+    net.run_until("every node deleted the two closed segments", |net| {
+        (0..3).all(|i| first(net, i) == 3)
+    });
 }
 
 #[test]
