@@ -3,7 +3,8 @@
 //! no violation, and its checker,
 //! given the same history with one acknowledged record taken out of one node's log,
 //! must say the record is lost and exit non-zero. (`tools/chaos/tests.rs` has the
-//! checker's unit tests, one per rule.)
+//! checker's unit tests, one per rule.) A third run steps the leader's wall clock
+//! (`--clock-faults`, through libfaketime, which `tools/test.sh` installs).
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -18,6 +19,10 @@ const SEED: u64 = 27;
 /// The 5-node run: shorter, a few faults of whichever kinds the seed draws first.
 const FIVE_NODE_SEED: u64 = 5;
 const FIVE_NODE_FAULT_SECONDS: u64 = 20;
+/// The clock run: seed 11's first fault steps the leader's wall clock
+/// (`tools/chaos/tests.rs` holds it), then one-way loss and a kill -9 may follow.
+const CLOCK_SEED: u64 = 11;
+const CLOCK_FAULT_SECONDS: u64 = 12;
 
 fn chaos(args: &[&str]) -> Output {
     let out = Command::new(env!("CARGO_BIN_EXE_mortar-chaos"))
@@ -70,24 +75,7 @@ static ONE_RUN: Mutex<()> = Mutex::new(());
 /// faults: its output and summary line, after checking that it found no violation
 /// and that every node compacted its journal under the faults.
 fn compacting_run(nodes: u8, seed: u64, seconds: u64, history: &Path) -> (Output, String) {
-    let _one = ONE_RUN.lock().unwrap_or_else(|e| e.into_inner());
-    let run = chaos(&[
-        "--nodes",
-        &nodes.to_string(),
-        "--duration",
-        &format!("{seconds}s"),
-        "--seed",
-        &seed.to_string(),
-        "--history",
-        history.to_str().unwrap(),
-        "--mortard",
-        env!("CARGO_BIN_EXE_mortard"),
-        // Small journal files: every node compacts many times under the faults.
-        "--mortard-arg=--journal-file-size=64KiB",
-    ]);
-    let line = summary(&run);
-    assert!(run.status.success(), "{line}");
-    assert!(line.ends_with("lost: 0, violations: 0"), "{line}");
+    let (run, line) = clean_run(nodes, seed, seconds, history, &[]);
     let out = String::from_utf8_lossy(&run.stdout);
     let firsts = out
         .lines()
@@ -98,6 +86,39 @@ fn compacting_run(nodes: u8, seed: u64, seconds: u64, history: &Path) -> (Output
         let first: u64 = node.rsplit(' ').next().unwrap().parse().unwrap();
         assert!(first > 1, "a node never compacted: {firsts}");
     }
+    (run, line)
+}
+
+/// A run as [`compacting_run`]'s with `more` flags: its output and summary line, after
+/// checking that it found no violation.
+fn clean_run(
+    nodes: u8,
+    seed: u64,
+    seconds: u64,
+    history: &Path,
+    more: &[&str],
+) -> (Output, String) {
+    let _one = ONE_RUN.lock().unwrap_or_else(|e| e.into_inner());
+    let (nodes, duration, seed) = (nodes.to_string(), format!("{seconds}s"), seed.to_string());
+    let mut args = vec![
+        "--nodes",
+        &nodes,
+        "--duration",
+        &duration,
+        "--seed",
+        &seed,
+        "--history",
+        history.to_str().unwrap(),
+        "--mortard",
+        env!("CARGO_BIN_EXE_mortard"),
+        // Small journal files: every node compacts many times under the faults.
+        "--mortard-arg=--journal-file-size=64KiB",
+    ];
+    args.extend(more);
+    let run = chaos(&args);
+    let line = summary(&run);
+    assert!(run.status.success(), "{line}");
+    assert!(line.ends_with("lost: 0, violations: 0"), "{line}");
     (run, line)
 }
 
@@ -138,4 +159,19 @@ fn a_short_five_node_run_compacts_under_faults_and_finds_no_violation() {
     let history = dir.path().join("history.jsonl");
     let (_, line) = compacting_run(5, FIVE_NODE_SEED, FIVE_NODE_FAULT_SECONDS, &history);
     assert!(line.contains("nodes checked 5"), "{line}");
+}
+
+#[test]
+fn a_short_run_with_the_leaders_wall_clock_stepped_finds_no_violation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let history = dir.path().join("history.jsonl");
+    let args = ["--clock-faults"];
+    let (_, line) = clean_run(3, CLOCK_SEED, CLOCK_FAULT_SECONDS, &history, &args);
+    assert!(line.contains("ClockStep="), "no clock stepped: {line}");
+    let text = std::fs::read_to_string(&history).expect("the history");
+    let stepped = text.lines().find(|l| l.contains("\"wall clock "));
+    assert!(
+        stepped.is_some_and(|l| !l.contains("not stepped")),
+        "{stepped:?}"
+    );
 }

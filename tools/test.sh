@@ -13,6 +13,7 @@ cd "$(dirname "$0")/.."
 # nothing is skipped. Recommended packages are left out (prometheus recommends
 # prometheus-node-exporter, which the tests never use); prometheus then installs in about
 # 12 s. On a host run by systemd the package also starts a Prometheus server (:9090).
+# faketime brings libfaketime, through which tests/chaos.rs steps a node's wall clock.
 need() {
   local tool=$1 package=$2 sudo=
   command -v "$tool" >/dev/null 2>&1 && return 0
@@ -29,6 +30,7 @@ need mandoc mandoc
 need strace strace
 need python3 python3
 need promtool prometheus
+need faketime faketime
 
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings

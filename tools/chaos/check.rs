@@ -19,7 +19,11 @@
 //! 8. after healing (every node applied the same index, the members gone), every node
 //!    shows the same committed position for every partition of the group: positions
 //!    are replicated state, and a node holding a lower one would, once elected, move
-//!    the group's committed position backwards and deliver acknowledged records again.
+//!    the group's committed position backwards and deliver acknowledged records again;
+//! 9. record timestamps never go back along a partition of a node's log: a leader
+//!    stamps its wall clock but never behind the log's clock (`docs/DECISIONS.md`, "The
+//!    log's clock"), whatever `--clock-faults` did to it. A history whose logs carry no
+//!    timestamps (before they were read) is not checked.
 //!
 //! A wiped node (`--wipe-faults`) gets no exception from rules 1–3 and 8: its log and
 //! positions are read only after healing, when it must again hold every acknowledged
@@ -156,6 +160,7 @@ pub fn check(events: &[Value]) -> Report {
             "run" => run = Some((num(e, "nodes"), num(e, "partitions"))),
             "wipe" => report.wipes.entry(num(e, "node")).or_default().0 += 1,
             "log" => {
+                check_timestamps(e, &mut report);
                 logs_read.insert((num(e, "node"), num(e, "partition")));
                 let log = logs.entry(num(e, "node")).or_default();
                 for r in e["records"].as_array().into_iter().flatten() {
@@ -180,6 +185,25 @@ pub fn check(events: &[Value]) -> Report {
     check_delivered(&acks, &delivered, &mut report);
     check_final_positions(events, &logs, &mut report);
     report
+}
+
+/// Rule 9 on one node's log of one partition (`[sequence, value, timestamp_ms]` each).
+fn check_timestamps(log: &Value, report: &mut Report) {
+    let mut before: Option<(u64, u64)> = None;
+    for r in log["records"].as_array().into_iter().flatten() {
+        let (Some(sequence), Some(stamped)) = (r[0].as_u64(), r[2].as_u64()) else {
+            continue;
+        };
+        if let Some((prev_sequence, prev_stamped)) = before.filter(|&(_, t)| stamped < t) {
+            report.violations.push(format!(
+                "time went back: node {} partition {}: sequence {sequence} stamped \
+                 {stamped}, sequence {prev_sequence} {prev_stamped}",
+                num(log, "node"),
+                num(log, "partition"),
+            ));
+        }
+        before = Some((sequence, stamped));
+    }
 }
 
 /// Rule 1; `lost` counts acknowledged records missing from at least one node.

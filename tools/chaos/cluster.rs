@@ -1,5 +1,6 @@
 //! The `mortard` processes (3 or 5): ports, data directories, start, kill -9, SIGSTOP and
-//! SIGCONT, SIGTERM, and their admin HTTP (`/stats`, `/topics/…`).
+//! SIGCONT, SIGTERM, their wall clocks (stepped through libfaketime), and their admin
+//! HTTP (`/stats`, `/topics/…`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -38,6 +39,10 @@ pub struct Node {
     peer_real: SocketAddr,
     data: PathBuf,
     log: PathBuf,
+    /// The offset of its wall clock, in libfaketime's form (`+0`, `-600`): read by the
+    /// process's libfaketime at most a second late. Beside the data directory, which a
+    /// wipe deletes.
+    clock: PathBuf,
     child: Option<Child>,
     pub state: State,
     /// False from a wipe (`--wipe-faults`) until the node was seen caught up: the
@@ -103,6 +108,9 @@ pub struct Cluster {
     /// `--mortard-arg`s, given to every node after the cluster's own flags.
     mortard_args: Vec<String>,
     pub links: Arc<Links>,
+    /// libfaketime, preloaded into every node whose wall clock may be stepped
+    /// (`--clock-faults`); `None`: real clocks.
+    libfaketime: Option<PathBuf>,
 }
 
 impl Cluster {
@@ -126,6 +134,7 @@ impl Cluster {
                 peer_real,
                 data: dir.join(format!("node{id}")),
                 log: dir.join(format!("node{id}.log")),
+                clock: dir.join(format!("node{id}.clock")),
                 child: None,
                 state: State::Killed,
                 intact: true,
@@ -139,7 +148,37 @@ impl Cluster {
             mortard: mortard.to_path_buf(),
             mortard_args: mortard_args.to_vec(),
             links,
+            libfaketime: None,
         }
+    }
+
+    /// From now on nodes start with libfaketime preloaded and their wall clocks at the
+    /// real time, until [`Cluster::step_clock`].
+    pub fn fake_clocks(&mut self, libfaketime: &Path) -> Result<(), String> {
+        self.libfaketime = Some(libfaketime.to_path_buf());
+        (0..self.nodes.len()).try_for_each(|i| self.step_clock(i, 0))
+    }
+
+    /// Node `i`'s wall clock set `offset_s` seconds from the real time (its monotonic
+    /// clock untouched).
+    pub fn step_clock(&self, i: usize, offset_s: i64) -> Result<(), String> {
+        let clock = &self.nodes[i].clock;
+        std::fs::write(clock, format!("{offset_s:+}\n"))
+            .map_err(|e| format!("{}: {e}", clock.display()))
+    }
+
+    /// What a node's process needs in its environment for [`Cluster::step_clock`]: the
+    /// cache of one second keeps libfaketime from reading the file on every call.
+    fn clock_env(&self, node: &Node) -> Vec<(&'static str, String)> {
+        let Some(lib) = &self.libfaketime else {
+            return Vec::new();
+        };
+        vec![
+            ("LD_PRELOAD", lib.display().to_string()),
+            ("FAKETIME_TIMESTAMP_FILE", node.clock.display().to_string()),
+            ("FAKETIME_CACHE_DURATION", "1".into()),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()),
+        ]
     }
 
     pub fn start_all(&mut self) -> Result<(), String> {
@@ -148,6 +187,7 @@ impl Cluster {
 
     /// Starts node `i` (again) on its ports and data directory.
     pub fn start(&mut self, i: usize) -> Result<(), String> {
+        let clock_env = self.clock_env(&self.nodes[i]);
         let node = &mut self.nodes[i];
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -162,6 +202,7 @@ impl Cluster {
             .args(["--peers", &self.peers_arg])
             .args(["--listen-peer", &node.peer_real.to_string()])
             .args(&self.mortard_args)
+            .envs(clock_env)
             .env(
                 "RUST_LOG",
                 std::env::var("MORTARD_LOG").unwrap_or("info".into()),

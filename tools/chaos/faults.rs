@@ -30,6 +30,17 @@ const RECHECK_MS: u64 = 4_000;
 /// Caught up means serving in one process at or above the target this long (ms).
 const STEADY_MS: u64 = 1_000;
 
+/// A stepped wall clock stands up to this far behind the real time (s)...
+const CLOCK_BEHIND_MAX_S: u64 = 600;
+/// ...or up to this far ahead: far below `--producer-ttl`, so no producer expires
+/// early; further ahead, a leader's clock ages producers by design (`docs/DECISIONS.md`,
+/// "The log's clock").
+const CLOCK_AHEAD_MAX_S: u64 = 120;
+/// A clock step is held at least this long (ms): a node's libfaketime reads its offset
+/// at most a second late (`Cluster::step_clock`), so the step is in force for a while
+/// and so is its undoing.
+const CLOCK_HOLD_MIN_MS: u64 = 2_500;
+
 /// The first fault waits for the first leader this long at most.
 const FIRST_LEADER_MS: u64 = 10_000;
 
@@ -64,6 +75,10 @@ pub enum Kind {
     /// every node is intact (one wiped at a time, a majority always intact); the end
     /// waits, bounded, until it caught up. Only with `--wipe-faults`.
     WipeFollower,
+    /// The leader's wall clock stepped back (up to 10 minutes) or ahead (up to 2), and
+    /// back to the real time when the hold ends: the records it stamps meanwhile must
+    /// not go back in time (rule 9). Only with `--clock-faults`.
+    ClockStep,
 }
 
 const KINDS: [Kind; 8] = [
@@ -77,16 +92,19 @@ const KINDS: [Kind; 8] = [
     Kind::RestartFollower,
 ];
 
-/// The kinds of a run: [`KINDS`], then the disk fault and the wipe if asked for. Without
-/// them the list, hence every draw of a seed's schedule, is what it was before either
-/// existed (`tests/chaos.rs` relies on seed 27's).
-pub fn kinds(disk_faults: bool, wipe_faults: bool) -> Vec<Kind> {
+/// The kinds of a run: [`KINDS`], then the disk fault, the wipe and the clock step if
+/// asked for. Without them the list, hence every draw of a seed's schedule, is what it
+/// was before any existed (`tests/chaos.rs` relies on seed 27's).
+pub fn kinds(disk_faults: bool, wipe_faults: bool, clock_faults: bool) -> Vec<Kind> {
     let mut kinds = KINDS.to_vec();
     if disk_faults {
         kinds.push(Kind::DiskFault);
     }
     if wipe_faults {
         kinds.push(Kind::WipeFollower);
+    }
+    if clock_faults {
+        kinds.push(Kind::ClockStep);
     }
     kinds
 }
@@ -147,7 +165,10 @@ pub fn run(cluster: &mut Cluster, load: &Load, rng: &mut SimRng, until: Instant,
             round = shuffled(kinds, rng);
         }
         let kind = round.pop().expect("refilled");
-        let hold = Duration::from_millis(between(rng, HOLD_MS));
+        let mut hold = Duration::from_millis(between(rng, HOLD_MS));
+        if kind == Kind::ClockStep {
+            hold = hold.max(Duration::from_millis(CLOCK_HOLD_MIN_MS));
+        }
         let target = leader(cluster, rng);
         let mut held = None;
         let mut wiped = None;
@@ -271,6 +292,14 @@ fn begin(
         Kind::RestartFollower => restart_follower(cluster, t, rng),
         Kind::DiskFault => disk_fault(cluster, t, rng, held),
         Kind::WipeFollower => wipe_follower(cluster, t, rng, wiped),
+        Kind::ClockStep => {
+            let drawn = between(rng, (0, CLOCK_BEHIND_MAX_S + CLOCK_AHEAD_MAX_S));
+            let offset_s = drawn as i64 - CLOCK_BEHIND_MAX_S as i64;
+            match cluster.step_clock(t, offset_s) {
+                Ok(()) => format!("wall clock {offset_s:+} s"),
+                Err(e) => format!("wall clock not stepped: {e}"),
+            }
+        }
     }
 }
 
@@ -408,6 +437,7 @@ fn end(cluster: &mut Cluster, kind: Kind, t: usize, node: u8) -> Result<(), Stri
             Ok(())
         }
         Kind::RestartFollower | Kind::WipeFollower => Ok(()),
+        Kind::ClockStep => cluster.step_clock(t, 0),
         _ => {
             cluster.links.heal();
             Ok(())

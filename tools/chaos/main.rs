@@ -68,6 +68,8 @@ struct Opts {
     disk_faults: bool,
     /// [`faults::Kind::WipeFollower`], likewise opt-in.
     wipe_faults: bool,
+    /// [`faults::Kind::ClockStep`], likewise opt-in.
+    clock_faults: bool,
     check_only: Option<PathBuf>,
 }
 
@@ -146,6 +148,12 @@ fn options() -> Options {
          come back through INSTALL with every acknowledged record); one at a time, never \
          the leader",
     );
+    o.optflag(
+        "",
+        "clock-faults",
+        "also step the leader's wall clock back or ahead for a while (needs libfaketime, \
+         Debian package faketime)",
+    );
     o.optopt(
         "",
         "check",
@@ -190,6 +198,7 @@ fn parse_opts(args: impl IntoIterator<Item = String>) -> Result<Opts, String> {
         rate: number("rate", 200)?.max(1),
         disk_faults: m.opt_present("disk-faults"),
         wipe_faults: m.opt_present("wipe-faults"),
+        clock_faults: m.opt_present("clock-faults"),
         check_only: m.opt_str("check").map(PathBuf::from),
     })
 }
@@ -243,6 +252,10 @@ fn run(opts: &Opts) -> Result<ExitCode, String> {
     if opts.disk_faults && Command::new("strace").arg("-V").output().is_err() {
         return Err("--disk-faults needs strace (tools/test.sh installs it)".into());
     }
+    let libfaketime = match opts.clock_faults {
+        true => Some(find_libfaketime()?),
+        false => None,
+    };
     let dir = work_dir()?;
     let history = Arc::new(History::create(&opts.history)?);
     let mut rng = SimRng::new(opts.seed);
@@ -260,11 +273,15 @@ fn run(opts: &Opts) -> Result<ExitCode, String> {
         (&opts.mortard, &opts.mortard_args),
         rng.next_u64(),
     );
+    if let Some(lib) = &libfaketime {
+        cluster.fake_clocks(lib)?;
+    }
     cluster.start_all()?;
     history.add(
         "run",
         json!({"nodes": opts.nodes, "seed": opts.seed, "partitions": opts.partitions,
-            "disk_faults": opts.disk_faults, "wipe_faults": opts.wipe_faults}),
+            "disk_faults": opts.disk_faults, "wipe_faults": opts.wipe_faults,
+            "clock_faults": opts.clock_faults}),
     );
     let load = Arc::new(Load::new(
         Arc::clone(&history),
@@ -279,7 +296,7 @@ fn run(opts: &Opts) -> Result<ExitCode, String> {
         &load,
         &mut rng,
         Instant::now() + opts.duration,
-        &faults::kinds(opts.disk_faults, opts.wipe_faults),
+        &faults::kinds(opts.disk_faults, opts.wipe_faults, opts.clock_faults),
     );
     let mut extra = Vec::new();
     settle(&mut cluster, &load, threads, &mut extra)?;
@@ -296,6 +313,16 @@ fn run(opts: &Opts) -> Result<ExitCode, String> {
         println!("mortar-chaos: node logs and data kept in {}", dir.display());
     }
     Ok(code)
+}
+
+/// Where Debian's `libfaketime` package puts the library: `/usr/lib/<triplet>/faketime/`.
+fn find_libfaketime() -> Result<PathBuf, String> {
+    let lib_dirs = std::fs::read_dir("/usr/lib").map_err(|e| format!("/usr/lib: {e}"))?;
+    lib_dirs
+        .filter_map(Result::ok)
+        .map(|d| d.path().join("faketime/libfaketime.so.1"))
+        .find(|p| p.exists())
+        .ok_or_else(|| "--clock-faults needs libfaketime (tools/test.sh installs it)".into())
 }
 
 type Threads = (
@@ -424,7 +451,8 @@ fn read_logs(cluster: &Cluster, history: &History, partitions: u16, extra: &mut 
     }
 }
 
-fn read_partition(admin: std::net::SocketAddr, p: u16) -> Result<Vec<(u64, String)>, String> {
+/// Partition `p`'s records on a node: (sequence, value, timestamp_ms) each.
+fn read_partition(admin: std::net::SocketAddr, p: u16) -> Result<Vec<(u64, String, u64)>, String> {
     let mut out = Vec::new();
     let mut from = 0;
     loop {
@@ -441,7 +469,11 @@ fn read_partition(admin: std::net::SocketAddr, p: u16) -> Result<Vec<(u64, Strin
             let seq = r["sequence"]
                 .as_u64()
                 .ok_or("a record without a sequence")?;
-            out.push((seq, r["value"].as_str().unwrap_or_default().to_string()));
+            let value = r["value"].as_str().unwrap_or_default().to_string();
+            let timestamp_ms = r["timestamp_ms"]
+                .as_u64()
+                .ok_or("a record without a time")?;
+            out.push((seq, value, timestamp_ms));
         }
         from = page["next"].as_u64().ok_or("a page without next")?;
     }

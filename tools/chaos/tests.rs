@@ -108,6 +108,30 @@ fn an_acknowledged_record_missing_on_one_node_is_lost() {
 }
 
 #[test]
+fn a_record_stamped_before_the_one_ahead_of_it_is_time_going_back() {
+    let stamped = |stamps: [u64; 3]| {
+        let mut h = clean();
+        let node2 = (h.iter_mut())
+            .find(|e| e["ev"] == "log" && e["node"] == 2 && e["partition"] == 0)
+            .unwrap();
+        let records = [
+            (1, "a", stamps[0]),
+            (2, "b", stamps[1]),
+            (3, "c", stamps[2]),
+        ];
+        *node2 = json!({"ev": "log", "t": 0, "node": 2, "partition": 0, "records": records});
+        violations(&h)
+    };
+    assert_eq!(stamped([1_000, 1_000, 1_001]), Vec::<String>::new());
+    let back = stamped([1_000, 2_000, 1_999]);
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert!(
+        back[0].starts_with("time went back: node 2 partition 0: sequence 3"),
+        "{back:?}"
+    );
+}
+
+#[test]
 fn a_record_held_twice_is_a_duplicate() {
     let mut h = clean();
     h.push(log(3, 1, &[(1, "d"), (2, "a")]));
@@ -345,7 +369,7 @@ fn disk_faults_are_off_unless_asked_for() {
 /// The kinds of the first round of `seed`, in the order they run, drawn as `run` and
 /// `faults::run` draw them (the cluster's proxy seed first).
 fn first_round(seed: u64, disk_faults: bool) -> Vec<Kind> {
-    first_round_of(seed, &faults::kinds(disk_faults, false))
+    first_round_of(seed, &faults::kinds(disk_faults, false, false))
 }
 
 fn first_round_of(seed: u64, kinds: &[Kind]) -> Vec<Kind> {
@@ -359,7 +383,7 @@ fn first_round_of(seed: u64, kinds: &[Kind]) -> Vec<Kind> {
 #[test]
 fn without_disk_faults_a_seed_keeps_its_schedule() {
     assert_eq!(
-        faults::kinds(false, false),
+        faults::kinds(false, false, false),
         [
             Kind::KillLeader,
             Kind::PauseLeader,
@@ -390,13 +414,13 @@ fn without_disk_faults_a_seed_keeps_its_schedule() {
 
 #[test]
 fn with_disk_faults_every_round_has_one_of_nine_kinds_each() {
-    let mut all = faults::kinds(false, false);
+    let mut all = faults::kinds(false, false, false);
     all.push(Kind::DiskFault);
-    assert_eq!(faults::kinds(true, false), all);
+    assert_eq!(faults::kinds(true, false, false), all);
     let mut rng = SimRng::new(27);
     let mut places = BTreeSet::new();
     for _ in 0..200 {
-        let round = faults::shuffled(&faults::kinds(true, false), &mut rng);
+        let round = faults::shuffled(&faults::kinds(true, false, false), &mut rng);
         assert_eq!(round.len(), 9);
         for kind in &all {
             assert_eq!(round.iter().filter(|k| *k == kind).count(), 1, "{round:?}");
@@ -508,10 +532,10 @@ fn wipe_faults_are_off_unless_asked_for() {
 
 #[test]
 fn without_wipe_faults_a_seed_keeps_its_schedule_and_with_them_a_wipe_is_in_every_round() {
-    let eight = faults::kinds(false, false);
+    let eight = faults::kinds(false, false, false);
     let mut nine = eight.clone();
     nine.push(Kind::DiskFault);
-    assert_eq!(faults::kinds(true, false), nine);
+    assert_eq!(faults::kinds(true, false, false), nine);
     // The lists before `--wipe-faults`, so every seed's draws: seed 27's first round as
     // `tests/chaos.rs` knows it, and for other seeds the same round from the old lists.
     assert_eq!(
@@ -523,7 +547,7 @@ fn without_wipe_faults_a_seed_keeps_its_schedule_and_with_them_a_wipe_is_in_ever
         assert_eq!(first_round(seed, true), first_round_of(seed, &nine));
     }
     for (disk, kinds) in [(false, 9), (true, 10)] {
-        let with = faults::kinds(disk, true);
+        let with = faults::kinds(disk, true, false);
         assert_eq!(with.len(), kinds);
         assert_eq!(with.last(), Some(&Kind::WipeFollower));
         let mut rng = SimRng::new(31);
@@ -688,4 +712,19 @@ fn a_wipe_event_alone_separates_the_node_s_observations() {
         position_as(3, 1, 26, 1, "follower", 9_000),
     ]);
     assert_eq!(violations(&h), Vec::<String>::new());
+}
+
+#[test]
+fn clock_faults_are_off_unless_asked_for_and_seed_11_steps_a_clock_first() {
+    let parse = |args: &[&str]| crate::parse_opts(args.iter().map(|a| a.to_string()));
+    assert_eq!(parse(&[]).map(|o| o.clock_faults), Ok(false));
+    assert_eq!(parse(&["--clock-faults"]).map(|o| o.clock_faults), Ok(true));
+    let with = faults::kinds(false, false, true);
+    assert_eq!(with.last(), Some(&Kind::ClockStep));
+    assert!(!faults::kinds(true, true, false).contains(&Kind::ClockStep));
+    // `tests/chaos.rs` runs seed 11 for a few seconds: its first fault steps a clock.
+    assert_eq!(
+        first_round_of(11, &with)[..2],
+        [Kind::ClockStep, Kind::OneWay]
+    );
 }
