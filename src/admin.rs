@@ -151,6 +151,8 @@ pub struct ClusterFigures {
     /// The newest leader's wall-clock stamp applied (Unix ms): what `--producer-ttl` and
     /// `--retention-age` are measured on in a cluster.
     pub log_clock_ms: u64,
+    /// BATCHes applied whose stamp stood far ahead of this node's wall clock.
+    pub clock_skewed_batches: u64,
     /// Snapshot chunk bytes this node sent (INSTALL, as a leader), since start.
     pub snapshot_bytes_sent: u64,
     /// While this node installs a snapshot: bytes written so far and in all.

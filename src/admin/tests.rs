@@ -438,6 +438,7 @@ fn clustered() -> Snapshot {
             first_index: 25,
             journal_bytes: 65_536,
             log_clock_ms: 1_764_600_000_123,
+            clock_skewed_batches: 0,
             snapshot_bytes_sent: 1 << 20,
             install_bytes_done: 0,
             install_bytes_total: 0,

@@ -295,6 +295,7 @@ impl Reactor {
             first_index: status.first_index,
             journal_bytes: status.journal_bytes,
             log_clock_ms: status.log_clock_ms,
+            clock_skewed_batches: status.clock_skewed_batches,
             snapshot_bytes_sent: status.snapshot_bytes_sent,
             install_bytes_done: status.install_bytes.0,
             install_bytes_total: status.install_bytes.1,

@@ -108,6 +108,12 @@ pub const POSITIONS_REPLICATE_INTERVAL_MS: u64 = 100;
 /// entry and one fdatasync per node at this interval.
 pub const LOG_CLOCK_TICK_MS: u64 = 10_000;
 
+/// A BATCH stamped this far ahead of a node's wall clock means a clock set wrong (NTP
+/// keeps them within milliseconds): counted, and logged.
+pub const CLOCK_SKEW_WARN_MS: u64 = 30_000;
+/// At most one such warning in the log per this interval.
+const CLOCK_SKEW_WARN_INTERVAL_MS: u64 = 60_000;
+
 /// A group's committed position on one partition: (group, topic id, partition).
 type PositionKey = (Vec<u8>, u16, u16);
 
@@ -135,6 +141,10 @@ pub struct Cluster {
     next_positions_ms: u64,
     /// When a serving leader that proposed nothing since proposes an empty BATCH.
     next_clock_tick_ms: u64,
+    /// BATCHes applied with a stamp over `CLOCK_SKEW_WARN_MS` ahead of this node's wall
+    /// clock, and when the next warning may be logged.
+    clock_skewed_batches: u64,
+    next_clock_warning_ms: u64,
     /// Peers whose link is down: a leader among them is not "known" (§7.1).
     links_down: std::collections::BTreeSet<u64>,
     /// The raft journal failed or an entry could not be applied: the node refuses all.
@@ -175,6 +185,8 @@ pub struct ClusterStatus {
     pub journal_bytes: u64,
     /// The log's clock (Unix ms; 0 before any stamp): `Partitions::log_clock_ms`.
     pub log_clock_ms: u64,
+    /// BATCHes applied stamped over `CLOCK_SKEW_WARN_MS` ahead of this node's clock.
+    pub clock_skewed_batches: u64,
     /// INSTALL (`replica::install`): chunk bytes sent as a leader since start, and while
     /// installing, bytes written of all.
     pub snapshot_bytes_sent: u64,
@@ -205,6 +217,8 @@ impl Cluster {
             positions_sent: HashMap::new(),
             next_positions_ms: 0,
             next_clock_tick_ms: 0,
+            clock_skewed_batches: 0,
+            next_clock_warning_ms: 0,
             failed: None,
             compaction: Compaction::from_checkpoint(checkpoint),
             installs: Installs::default(),
@@ -664,6 +678,7 @@ impl Broker {
             first_index: c.replica.first_index(),
             journal_bytes: c.replica.journal_bytes(),
             log_clock_ms: self.partitions.log_clock_ms().unwrap_or(0),
+            clock_skewed_batches: c.clock_skewed_batches,
             snapshot_bytes_sent: c.installs.bytes_sent(),
             install_bytes: c.installs.progress(),
             match_indexes: c.replica.match_indexes(),
@@ -1080,6 +1095,7 @@ impl Broker {
 
     fn apply_batch(&mut self, batch: &Batch, now: Now) {
         self.partitions.log_clock_reads(batch.leader_wall_ms);
+        self.check_clock_skew(batch.leader_wall_ms, now);
         // A leader's own groups are live and ignore these; a follower keeps them for
         // the day it leads (§7.4).
         for pc in &batch.positions {
@@ -1105,6 +1121,29 @@ impl Broker {
                 }
             }
         }
+    }
+
+    /// A stamp far ahead of this node's wall clock: this node's clock is behind, or a
+    /// leader's (which moved the log's clock) ahead. On a leader set back, its own
+    /// stamps, which stay at the log's clock, show it. A stamp from the past is no sign:
+    /// a node catching up applies old entries.
+    fn check_clock_skew(&mut self, stamp_ms: u64, now: Now) {
+        let ahead_ms = stamp_ms.saturating_sub(now.wall_ms);
+        if ahead_ms <= CLOCK_SKEW_WARN_MS {
+            return;
+        }
+        let c = self.cluster_mut();
+        c.clock_skewed_batches += 1;
+        if now.mono_ms < c.next_clock_warning_ms {
+            return;
+        }
+        c.next_clock_warning_ms = now.mono_ms + CLOCK_SKEW_WARN_INTERVAL_MS;
+        log::warn!(
+            "the log's clock (the leaders' stamps) is {} s ahead of this node's wall clock: \
+             a clock is set wrong (check NTP); records are stamped, producers expire and \
+             segments age on the log's clock",
+            ahead_ms / 1_000
+        );
     }
 
     fn apply_registry(&mut self, index: u64, change: RegistryChange, now: Now) {

@@ -1272,6 +1272,19 @@ fn a_leader_whose_wall_clock_was_set_back_stamps_no_record_older_than_the_log() 
         (again.sequence, again.result_flags),
         (2, PubResultFlags::DEDUPLICATED)
     );
+    // The leader's own stamps, at the log's clock, show its clock behind; the others'
+    // clocks are right.
+    let skewed = |net: &Net, i: usize| {
+        let status = net.nodes[i].broker.cluster_status().unwrap();
+        status.clock_skewed_batches
+    };
+    assert!(
+        skewed(&net, l) > 0,
+        "the leader's clock set back went unnoticed"
+    );
+    for i in (0..3).filter(|&i| i != l) {
+        assert_eq!(skewed(&net, i), 0, "node {i}'s clock is right");
+    }
 }
 
 /// A vote request from node `from` for `term`, its log ending at `(index, log_term)`.
