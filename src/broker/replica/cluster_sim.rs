@@ -351,14 +351,11 @@ impl Net {
     fn tick(&mut self) {
         self.now.mono_ms += TICK_MS;
         self.now.wall_ms += TICK_MS;
-        let housekeeping = self.now.mono_ms.is_multiple_of(HOUSEKEEPING_INTERVAL_MS);
-        for i in 0..self.nodes.len() {
-            let now = self.now_of(i);
-            let broker = &mut self.nodes[i].broker;
-            broker.raft_tick();
-            if housekeeping {
-                broker.housekeeping(now);
-            }
+        for n in &mut self.nodes {
+            n.broker.raft_tick();
+        }
+        if self.now.mono_ms.is_multiple_of(HOUSEKEEPING_INTERVAL_MS) {
+            self.housekeeping_everywhere();
         }
     }
 

@@ -535,11 +535,10 @@ impl World {
             let answers = |net: &Net, i: usize| {
                 let part = net.nodes[i].broker.partition(self.topic, p);
                 let producers = &part.expect("open").producers;
-                let known: Vec<_> = (self.producers.iter())
+                (self.producers.iter())
                     .flat_map(|pr| (1..=pr.seq + 1).map(move |seq| (pr.id, seq)))
                     .map(|(id, seq)| (id, seq, producers.check(id, seq) == Idempotence::Fresh))
-                    .collect();
-                known
+                    .collect::<Vec<_>>()
             };
             let ours = answers(&self.net, 0);
             for i in 1..self.net.nodes.len() {
