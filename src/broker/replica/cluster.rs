@@ -123,6 +123,10 @@ pub struct Cluster {
     overlay: HashMap<PartitionKey, PendingPart>,
     /// The term the overlay belongs to; 0 while not leading.
     leading_term: u64,
+    /// The newest stamp this leader put on what it proposed in the overlay's term. Its
+    /// entries move the log's clock only once applied, so a leader whose wall clock is
+    /// set back while they are in flight stamps no later record older than them.
+    proposed_stamp_ms: u64,
     pass: BTreeMap<PartitionKey, PassPart>,
     pass_waiters: Vec<Waiter>,
     pubs: HashMap<(ConnRef, u64), PubWait>,
@@ -203,6 +207,7 @@ impl Cluster {
         Cluster {
             replica,
             overlay: HashMap::new(),
+            proposed_stamp_ms: 0,
             leading_term: 0,
             pass: BTreeMap::new(),
             pass_waiters: Vec::new(),
@@ -417,6 +422,15 @@ impl Cluster {
     /// A truncated or never-proposed entry's sequences may be handed out again.
     fn drop_overlay(&mut self) {
         self.overlay.clear();
+        // The entries it stamped are applied before this node serves again, or never.
+        self.proposed_stamp_ms = 0;
+    }
+
+    /// The stamp for what this leader proposes now: the log's clock or its wall clock
+    /// (`Partitions::stamp_ms`), and never behind what it proposed before in this term.
+    fn stamp_ms(&mut self, partitions: &Partitions, now: Now) -> u64 {
+        self.proposed_stamp_ms = self.proposed_stamp_ms.max(partitions.stamp_ms(now));
+        self.proposed_stamp_ms
     }
 
     /// Forgets what apply has caught up with (the applied state says it), so the overlay
@@ -720,11 +734,12 @@ impl Broker {
             return pub_err(ErrorCode::StorageFull, text);
         }
         let sequence = c.take_sequence(key, part.log.next_sequence());
+        let timestamp_ms = c.stamp_ms(&self.partitions, now);
         c.encode(
             key,
             &RecordView {
                 sequence,
-                timestamp_ms: self.partitions.stamp_ms(now),
+                timestamp_ms,
                 producer_id: p.producer_id,
                 producer_seq: p.producer_seq,
                 flags: 0,
@@ -756,10 +771,12 @@ impl Broker {
         c.gate(now.mono_ms).ok()?;
         let part = self.partitions.get(twin)?;
         let sequence = c.take_sequence(twin, part.log.next_sequence());
+        let timestamp_ms = c.stamp_ms(&self.partitions, now);
         c.encode(
             twin,
             &RecordView {
                 sequence,
+                timestamp_ms,
                 ..*record
             },
         );
@@ -870,12 +887,12 @@ impl Broker {
     /// The pass's records become one BATCH proposal waited on by the pass's PUBs.
     pub(super) fn propose_pass(&mut self, now: Now) {
         let positions = self.moved_positions(now);
-        let stamp_ms = self.partitions.stamp_ms(now);
         let c = self.cluster.as_deref_mut().expect("cluster mode");
         let tick = c.serving() && now.mono_ms >= c.next_clock_tick_ms;
         if c.pass.is_empty() && c.pass_waiters.is_empty() && positions.is_empty() && !tick {
             return;
         }
+        let stamp_ms = c.stamp_ms(&self.partitions, now);
         c.next_clock_tick_ms = now.mono_ms + LOG_CLOCK_TICK_MS;
         let parts = std::mem::take(&mut c.pass)
             .into_iter()

@@ -1284,6 +1284,38 @@ fn a_leader_whose_wall_clock_was_set_back_stamps_no_record_older_than_the_log() 
     }
 }
 
+#[test]
+fn a_leader_whose_wall_clock_is_set_back_while_a_batch_is_in_flight_stamps_no_record_older() {
+    let mut net = Net::new();
+    net.now.wall_ms = WALL_CLOCK_START_MS;
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    // "a" is stamped past every stamp the log's clock has applied…
+    net.now.wall_ms += IN_FLIGHT_STAMP_AHEAD_MS;
+    net.publish(l, 1, topic, (9, 1), "a");
+    net.pass(l);
+    // …and is still in flight, on no follower yet, when the leader's clock goes back.
+    net.nodes[l].wall_skew_ms = -CLOCK_STEP_MS;
+    net.publish(l, 2, topic, (10, 1), "b");
+    net.pass(l);
+    assert_eq!(pub_ok(&net.wait_answer(l, 1)).sequence, 1);
+    assert_eq!(pub_ok(&net.wait_answer(l, 2)).sequence, 2);
+    net.run_until("every node applied it", |n| n.all_at(topic, 3));
+    for i in 0..3 {
+        let (a, b) = (
+            net.record_timestamp(i, topic, 1),
+            net.record_timestamp(i, topic, 2),
+        );
+        assert!(
+            b >= a,
+            "node {i}: record 2 stamped {b}, before record 1's {a}"
+        );
+    }
+}
+
+/// How far a record in flight is stamped past what the log's clock applied.
+const IN_FLIGHT_STAMP_AHEAD_MS: u64 = 1_000;
+
 /// A vote request from node `from` for `term`, its log ending at `(index, log_term)`.
 fn vote_request(from: u64, to: u64, term: u64, index: u64, log_term: u64) -> PeerMessage {
     let mut m = PeerMessage::default();

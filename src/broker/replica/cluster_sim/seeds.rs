@@ -479,25 +479,18 @@ impl World {
         let mut values = BTreeSet::new();
         for p in 0..self.partitions {
             self.stats.dead_letters += self.net.next_sequence_at(0, (twin, p)).saturating_sub(1);
-            self.same_records((twin, p));
+            let twin_floor = self.same_records((twin, p));
+            self.in_time_order((twin, p), twin_floor);
             let floor = self.same_records((self.topic, p));
             assert!(
                 self.purge_asked || floor == 1,
                 "partition {p}: records below {floor} gone without a purge"
             );
-            // A leader stamps its own wall clock, never behind the log's (the records
-            // of a twin keep their source's stamps, so only sources are in order).
-            let mut stamped = 0;
+            self.in_time_order((self.topic, p), floor);
             for sequence in floor..self.net.next_sequence_at(0, (self.topic, p)) {
                 let node = &mut self.net.nodes[0].broker;
                 let record = node.read_record(self.topic, p, sequence).unwrap();
-                let record = record.expect("held");
-                assert!(
-                    record.timestamp_ms >= stamped,
-                    "{p}/{sequence} stamped back"
-                );
-                stamped = record.timestamp_ms;
-                let value = String::from_utf8(record.value).unwrap();
+                let value = String::from_utf8(record.expect("held").value).unwrap();
                 assert!(
                     values.insert(value.clone()),
                     "{value} twice, again at {p}/{sequence}"
@@ -573,6 +566,23 @@ impl World {
 
     /// Every node holds the same records of `key` from the highest first sequence among
     /// them to the same end; returns that first sequence.
+    /// A leader stamps records (a dead letter's too) with its wall clock, never behind
+    /// the log's nor what it proposed before: timestamps never go back along a
+    /// partition (node 0's records stand for every node's, `same_records`).
+    fn in_time_order(&mut self, (topic, partition): PartitionKey, floor: u64) {
+        let mut stamped = 0;
+        for sequence in floor..self.net.next_sequence_at(0, (topic, partition)) {
+            let node = &mut self.net.nodes[0].broker;
+            let record = node.read_record(topic, partition, sequence).unwrap();
+            let record = record.expect("held");
+            assert!(
+                record.timestamp_ms >= stamped,
+                "{topic}/{partition}/{sequence} stamped back"
+            );
+            stamped = record.timestamp_ms;
+        }
+    }
+
     fn same_records(&mut self, key: PartitionKey) -> u64 {
         let first = |net: &Net, i: usize| {
             let part = net.nodes[i].broker.partition(key.0, key.1);
