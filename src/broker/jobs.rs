@@ -4,7 +4,7 @@
 
 use std::io;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::log::journal::{CheckpointWrite, JournalSync, SpareWrite};
 use crate::log::journal2::Checkpoint2Write;
@@ -38,6 +38,32 @@ pub struct SegmentSync {
     pub key: PartitionKey,
     pub sync: SyncJob,
     pub result: Option<io::Result<()>>,
+}
+
+/// One write of a partition's producer snapshot, the state through `covered`: the
+/// periodic one, or a purge's before its files go.
+#[derive(Debug)]
+pub struct SnapshotWrite {
+    pub key: PartitionKey,
+    pub path: PathBuf,
+    pub bytes: Vec<u8>,
+    pub covered: u64,
+    /// The coverage of the snapshot on disk (`Partition::producers_on_disk`).
+    pub on_disk: Arc<Mutex<u64>>,
+}
+
+impl SnapshotWrite {
+    /// Holds the partition's snapshot lock while it writes, so a periodic write and a
+    /// purge's never share the temporary file, and never replaces a newer snapshot.
+    fn run(&self, storage: &dyn Storage) -> io::Result<()> {
+        let mut on_disk = self.on_disk.lock().unwrap_or_else(PoisonError::into_inner);
+        if *on_disk > self.covered {
+            return Ok(());
+        }
+        meta::write_atomic(storage, &self.path, &self.bytes)?;
+        *on_disk = self.covered;
+        Ok(())
+    }
 }
 
 /// What a [`DurableJob`] does.
@@ -92,17 +118,16 @@ pub enum Work {
         generation: u64,
     },
     /// Partitions' purges (`log/purge.rs`): answers the operator's `ticket` once done
-    /// (`None`: a cluster node applying a purge no operator waits for here).
+    /// (`None`: a cluster node applying a purge no operator waits for here). Their
+    /// producer snapshots are written first: a producer whose records the purge removes
+    /// is still known after a restart, as it is until then.
     Purge {
         ticket: Option<u64>,
+        snapshots: Vec<SnapshotWrite>,
         files: Vec<(PartitionKey, PurgeFiles)>,
     },
     /// A partition's producer-state snapshot.
-    WriteProducerSnapshot {
-        key: PartitionKey,
-        path: PathBuf,
-        bytes: Vec<u8>,
-    },
+    WriteProducerSnapshot { write: SnapshotWrite },
     /// Cluster mode: one raft Ready's journal fdatasync and `raft-state` write
     /// (`broker::replica::machine`).
     Persist {
@@ -172,7 +197,9 @@ impl crate::fsync::Job for DurableJob {
             | Work::SyncJournal { .. } => Ok(()),
             Work::MakeSpare { write } => write.run(),
             Work::Persist { job } => job.run(),
-            Work::Purge { files, .. } => files.iter().try_for_each(|(_, f)| f.run()),
+            Work::Purge {
+                snapshots, files, ..
+            } => run_purge(storage, snapshots, files),
             Work::RemoveFiles { paths } => {
                 for path in paths {
                     if let Err(e) = storage.remove_file(path) {
@@ -181,11 +208,10 @@ impl crate::fsync::Job for DurableJob {
                 }
                 Ok(())
             }
-            Work::WriteRegistry { path, bytes, .. }
-            | Work::WritePositions { path, bytes, .. }
-            | Work::WriteProducerSnapshot { path, bytes, .. } => {
+            Work::WriteRegistry { path, bytes, .. } | Work::WritePositions { path, bytes, .. } => {
                 meta::write_atomic(storage, path, bytes)
             }
+            Work::WriteProducerSnapshot { write } => write.run(storage),
             Work::RemoveDirectories { dirs, .. } => {
                 for dir in dirs.iter() {
                     if let Err(e) = storage.remove_dir_all(dir) {
@@ -196,6 +222,16 @@ impl crate::fsync::Job for DurableJob {
             }
         }
     }
+}
+
+/// The producer snapshots first: nothing is unlinked before they are durable.
+fn run_purge(
+    storage: &dyn Storage,
+    snapshots: &[SnapshotWrite],
+    files: &[(PartitionKey, PurgeFiles)],
+) -> io::Result<()> {
+    snapshots.iter().try_for_each(|w| w.run(storage))?;
+    files.iter().try_for_each(|(_, f)| f.run())
 }
 
 impl Work {
@@ -299,3 +335,29 @@ impl JobSink for crate::fsync::Submitter<DurableJob> {
 
 /// The completion the reactor hands back to [`Broker::job_done`](super::Broker::job_done).
 pub type JobDone = crate::fsync::Completion<DurableJob>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_producer_snapshot_written_late_never_replaces_a_newer_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = crate::log::FsStorage::shared();
+        let on_disk = Arc::new(Mutex::new(0));
+        let write = |covered: u64| SnapshotWrite {
+            key: (1, 0),
+            path: dir.path().join("producers"),
+            bytes: format!("covered {covered}").into_bytes(),
+            covered,
+            on_disk: Arc::clone(&on_disk),
+        };
+        // A purge's snapshot (through 40) lands before the periodic one taken earlier.
+        write(40).run(&*storage).unwrap();
+        write(25).run(&*storage).unwrap();
+        let path = dir.path().join("producers");
+        let held = meta::read_checked(&*storage, &path).unwrap().unwrap();
+        assert_eq!(held, b"covered 40");
+        assert_eq!(*on_disk.lock().unwrap(), 40);
+    }
+}

@@ -17,7 +17,7 @@ use crate::consume::GroupRefusal;
 use crate::log::{PartitionLog, PurgeFiles, StorageError};
 use crate::wire::ErrorCode;
 
-use super::jobs::{DurableJob, Work};
+use super::jobs::{DurableJob, SnapshotWrite, Work};
 use super::positions::GroupTombstone;
 use super::{Broker, Now, PartitionKey};
 
@@ -242,7 +242,7 @@ impl Broker {
                 coordinator.reset_group(key, &targets).map_err(refusal)?;
                 self.wait_for_positions(ticket, ChangeDone::GroupReset(targets), now);
             }
-            Change::Purge { topic } => self.purge(ticket, topic)?,
+            Change::Purge { topic } => self.purge(ticket, topic, now)?,
         }
         Ok(())
     }
@@ -345,7 +345,7 @@ impl Broker {
 
     /// Purges every partition of `topic` and submits the file work; the records are
     /// gone for readers at once, the answer waits for the files.
-    fn purge(&mut self, ticket: u64, topic: &str) -> Result<(), ManageError> {
+    fn purge(&mut self, ticket: u64, topic: &str, now: Now) -> Result<(), ManageError> {
         let (topic_id, count, _) = self.topic_named(topic)?;
         let mut files = Vec::new();
         let mut report = Vec::new();
@@ -362,17 +362,19 @@ impl Broker {
             report.push((p, first, purged.as_ref().map_or(0, |f| f.records)));
             files.extend(purged.map(|f| (key, f)));
         }
-        self.submit_purge(Some(ticket), report, files);
+        self.submit_purge(Some(ticket), report, files, now);
         Ok(())
     }
 
-    /// The file work of a purge made in memory; `ticket`, if someone waits, is answered
-    /// with `report` once it is done (at once when no file was involved).
+    /// The file work of a purge made in memory, after the purged partitions' producer
+    /// snapshots; `ticket`, if someone waits, is answered with `report` once it is done
+    /// (at once when no file was involved).
     pub(super) fn submit_purge(
         &mut self,
         ticket: Option<u64>,
         report: Vec<(u16, u64, u64)>,
         files: Vec<(PartitionKey, PurgeFiles)>,
+        now: Now,
     ) {
         if files.is_empty() {
             if let Some(ticket) = ticket {
@@ -386,9 +388,15 @@ impl Broker {
             self.manage.waiting.insert(ticket, done);
         }
         self.manage.purges_running += 1;
+        let keys: Vec<PartitionKey> = files.iter().map(|(key, _)| *key).collect();
+        let snapshots = self.partitions.purge_snapshots(&keys, now);
         let job = DurableJob {
             storage: std::sync::Arc::clone(&self.storage),
-            work: Work::Purge { ticket, files },
+            work: Work::Purge {
+                ticket,
+                snapshots,
+                files,
+            },
         };
         self.sink.submit(job);
     }
@@ -414,13 +422,16 @@ impl Broker {
     pub(super) fn purge_done(
         &mut self,
         ticket: Option<u64>,
-        keys: &[PartitionKey],
+        (snapshots, files): (&[SnapshotWrite], &[(PartitionKey, PurgeFiles)]),
         result: &std::io::Result<()>,
     ) {
         self.manage.purges_running = self.manage.purges_running.saturating_sub(1);
+        if result.is_ok() {
+            self.partitions.snapshots_durable(snapshots);
+        }
         if let Err(e) = result {
             log::error!("removing the files of purged records failed: {e}");
-            for &key in keys {
+            for &(key, _) in files {
                 if let Some(part) = self.partitions.get_mut(key) {
                     part.log.purge_failed(e);
                 }

@@ -585,12 +585,13 @@ impl Broker {
                 self.consume.positions_written(&result);
                 self.write_waited_positions(now);
             }
-            Work::Purge { ticket, files } => {
-                let keys: Vec<PartitionKey> = files.iter().map(|(key, _)| *key).collect();
-                self.purge_done(ticket, &keys, &result)
-            }
-            Work::WriteProducerSnapshot { key, .. } => {
-                self.partitions.snapshot_written(key, &result)
+            Work::Purge {
+                ticket,
+                snapshots,
+                files,
+            } => self.purge_done(ticket, (&snapshots, &files), &result),
+            Work::WriteProducerSnapshot { write } => {
+                self.partitions.snapshot_written(&write, &result)
             }
             Work::Persist { job } => self.persist_done(&job, result),
             Work::Install { job } => self.install_job_done(job, result, now),

@@ -1,6 +1,8 @@
 //! One partition as the publish path sees it: its log, its producers, the PUBs waiting for
 //! the durability they asked for, and its share of the journal's group commit.
 
+use std::sync::{Arc, Mutex};
+
 use crate::log::PartitionLog;
 use crate::wire::ops::PubResult;
 use crate::wire::{Durability, PubResultFlags, Response};
@@ -24,9 +26,16 @@ pub struct Partition {
     pub log: PartitionLog,
     pub producers: Producers,
     pub waiters: Vec<Waiter>,
-    /// Last sequence the producer snapshot on disk covers; one write at a time.
+    /// Last sequence the newest producer snapshot submitted covers; one periodic write
+    /// at a time.
     pub producers_snapshot_covered: u64,
     pub producers_snapshot_in_flight: bool,
+    /// Last sequence a snapshot known durable covers: retention deletes no segment
+    /// holding a record above it, so a restart still knows the producers it removes.
+    pub producers_snapshot_durable: u64,
+    /// The same as the fsync workers see it, held while one writes the snapshot
+    /// (`jobs::SnapshotWrite`); the reactor never takes it.
+    pub producers_on_disk: Arc<Mutex<u64>>,
     /// Bytes flushed to the segment since start, and of those made durable by the
     /// journal; the difference is what BACKPRESSURE watches.
     pub flushed_bytes: u64,
@@ -47,6 +56,8 @@ impl Partition {
             waiters: Vec::new(),
             producers_snapshot_covered: 0,
             producers_snapshot_in_flight: false,
+            producers_snapshot_durable: 0,
+            producers_on_disk: Arc::default(),
             flushed_bytes: 0,
             synced_bytes: 0,
             dirty: false,

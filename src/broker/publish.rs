@@ -7,8 +7,9 @@
 //! partition written before it was taken (group commit, `commit.rs`). A PUB is answered
 //! when its record reached what it asked for (`docs/STORAGE.md`, `man/mortarmq.7` PUB).
 
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::log::journal::Journal;
 use crate::log::{meta, LogConfig, PartitionLog, RecordView, Storage, StorageError};
@@ -19,7 +20,7 @@ use crate::wire::{Durability, ErrorCode, Op, Response};
 use super::commit::GroupCommit;
 use super::counters::{bucket_of, BrokerCounters, FSYNC_BATCH_BUCKETS, FSYNC_LATENCY_BUCKETS_US};
 use super::idhash::IdMap;
-use super::jobs::{DurableJob, OpenedLogs, SegmentSync, Work};
+use super::jobs::{DurableJob, OpenedLogs, SegmentSync, SnapshotWrite, Work};
 use super::partition::{Partition, Waiter};
 use super::producers::{self, Idempotence, Producers};
 use super::topics::{partition_dir, TopicPair};
@@ -226,6 +227,8 @@ impl Partitions {
                 self.rebuild_producers(key, &dir, &mut part.log, now, counters);
             part.producers = producers;
             part.producers_snapshot_covered = covered;
+            part.producers_snapshot_durable = covered;
+            part.producers_on_disk = Arc::new(Mutex::new(covered));
             self.map.insert(key, part);
         }
         self.data_bytes = self.map.values().map(|p| p.log.stats().bytes).sum();
@@ -710,7 +713,8 @@ impl Partitions {
         // visits every partition, so it runs here and not on every pass.
         self.data_bytes = self.map.values().map(|p| p.log.stats().bytes).sum();
         for part in self.map.values_mut() {
-            match part.log.enforce_retention(aging_now.wall_ms) {
+            let saved = part.producers_snapshot_durable;
+            match part.log.enforce_retention(aging_now.wall_ms, saved) {
                 Ok(report) if report.segments_deleted > 0 => log::info!(
                     "retention deleted {} segments of topic {} partition {}",
                     report.segments_deleted,
@@ -740,18 +744,58 @@ impl Partitions {
         }
     }
 
-    pub(super) fn snapshot_written(&mut self, key: PartitionKey, result: &std::io::Result<()>) {
-        if let Some(part) = self.map.get_mut(&key) {
-            part.producers_snapshot_in_flight = false;
+    pub(super) fn snapshot_written(&mut self, write: &SnapshotWrite, result: &io::Result<()>) {
+        let key = write.key;
+        let Some(part) = self.map.get_mut(&key) else {
+            return;
+        };
+        part.producers_snapshot_in_flight = false;
+        match result {
+            Ok(()) => self.snapshots_durable(std::slice::from_ref(write)),
+            Err(e) => {
+                // Start-up scans from the previous snapshot, and retention waits for the
+                // next one, which the next interval writes.
+                part.producers_snapshot_covered = part.producers_snapshot_durable;
+                log::warn!(
+                    "producer snapshot of topic {} partition {}: {e}",
+                    key.0,
+                    key.1
+                );
+            }
         }
-        if let Err(e) = result {
-            // Harmless: start-up then scans from the previous snapshot.
-            log::warn!(
-                "producer snapshot of topic {} partition {}: {e}",
-                key.0,
-                key.1
-            );
+    }
+
+    /// Snapshots on disk: retention may delete what they cover.
+    pub(super) fn snapshots_durable(&mut self, writes: &[SnapshotWrite]) {
+        for w in writes {
+            if let Some(part) = self.map.get_mut(&w.key) {
+                let durable = &mut part.producers_snapshot_durable;
+                *durable = (*durable).max(w.covered);
+            }
         }
+    }
+
+    /// `part`'s producer snapshot as of its newest record (an INSTALL's copy).
+    pub(super) fn producers_file(&self, part: &Partition, now: Now) -> Vec<u8> {
+        let now = self.aging_now(now);
+        let covered = part.log.next_sequence() - 1;
+        part.producers.encode(covered, now.mono_ms, now.wall_ms)
+    }
+
+    /// The producer snapshots a purge of `keys` writes before it removes files, so that
+    /// a restart still knows the producers of the records it removes (as this node does
+    /// until then, and every node of a cluster that does not restart).
+    pub(super) fn purge_snapshots(
+        &mut self,
+        keys: &[PartitionKey],
+        now: Now,
+    ) -> Vec<SnapshotWrite> {
+        let now = self.aging_now(now);
+        let mut writes = Vec::with_capacity(keys.len());
+        for key in keys {
+            writes.extend(self.map.get_mut(key).map(|part| snapshot_write(part, now)));
+        }
+        writes
     }
 
     /// At shutdown, after the worker pool stopped: writes and syncs everything still
@@ -966,10 +1010,19 @@ fn snapshot_job(part: &mut Partition, now: Now) -> Option<Work> {
         return None;
     }
     part.producers_snapshot_in_flight = true;
-    part.producers_snapshot_covered = covered;
-    Some(Work::WriteProducerSnapshot {
+    let write = snapshot_write(part, now);
+    Some(Work::WriteProducerSnapshot { write })
+}
+
+/// The partition's producer state now, as a snapshot write.
+fn snapshot_write(part: &mut Partition, now: Now) -> SnapshotWrite {
+    let covered = part.log.next_sequence() - 1;
+    part.producers_snapshot_covered = part.producers_snapshot_covered.max(covered);
+    SnapshotWrite {
         key: (part.topic_id, part.index),
         path: part.log.dir().join(producers::PRODUCERS_FILE),
         bytes: part.producers.encode(covered, now.mono_ms, now.wall_ms),
-    })
+        covered,
+        on_disk: Arc::clone(&part.producers_on_disk),
+    }
 }

@@ -74,6 +74,25 @@ fn open_on(
     (broker, jobs)
 }
 
+/// A broker whose partitions have `log`'s segments and retention; producers live long.
+fn open_logged(dir: &std::path::Path, log: crate::log::LogConfig) -> (Broker, HeldJobs) {
+    let jobs = HeldJobs::default();
+    let config = BrokerConfig {
+        data_dir: dir.to_path_buf(),
+        max_partitions: 8,
+        producer_ttl_ms: LONG_PRODUCER_TTL_MS,
+        log,
+        ..BrokerConfig::default()
+    };
+    let storage = crate::log::FsStorage::shared();
+    let (broker, _) =
+        Broker::open(config, storage, Box::new(jobs.clone()), Now::default()).unwrap();
+    (broker, jobs)
+}
+
+/// Longer than any test's clock runs.
+const LONG_PRODUCER_TTL_MS: u64 = 3_600_000;
+
 fn answers(broker: &mut Broker) -> Vec<(u64, Response)> {
     broker.check_invariants();
     let mut effects = Vec::new();
@@ -462,6 +481,94 @@ fn a_duplicate_waits_for_its_original_to_be_durable() {
         2,
         "nothing appended"
     );
+}
+
+/// Small segments, and retention that wants all but the active one gone.
+fn retention_of_all_but_the_active_segment() -> crate::log::LogConfig {
+    crate::log::LogConfig {
+        segment_size_bytes: 256,
+        retention_size_bytes: 1,
+        ..crate::log::LogConfig::default()
+    }
+}
+
+/// Producer 7's record at sequence 1, then anonymous ones up to sequence 40.
+fn a_producer_then_records(broker: &mut Broker, jobs: &HeldJobs, topic: u16) {
+    publish(broker, 1, topic, 0, (7, 1));
+    for slot in 2..=40 {
+        publish(broker, slot, topic, 0, (0, 0));
+    }
+    settle(broker, jobs);
+    answers(broker);
+}
+
+/// The same, over more than two segments.
+fn a_producer_then_segments(broker: &mut Broker, jobs: &HeldJobs, topic: u16) {
+    a_producer_then_records(broker, jobs, topic);
+    assert!(broker.partition(topic, 0).unwrap().log.stats().segments > 2);
+}
+
+/// After a restart (no clean shutdown), producer 7 resending its record 1 is told it
+/// is a duplicate of sequence 1: the broker still knows it.
+fn assert_producer_7_known_after_a_restart(dir: &std::path::Path, topic: u16) {
+    let (mut broker, jobs) = open_logged(dir, retention_of_all_but_the_active_segment());
+    let resend = match publish(&mut broker, 100, topic, 0, (7, 1)) {
+        Handled::Answer(answer) => answer,
+        Handled::Wait => {
+            settle(&mut broker, &jobs);
+            answers(&mut broker).remove(0).1
+        }
+    };
+    let resend = pub_result(&resend);
+    assert_eq!(
+        (resend.sequence, resend.result_flags),
+        (1, PubResultFlags::DEDUPLICATED),
+        "the resend was appended again"
+    );
+}
+
+#[test]
+fn retention_waits_for_a_producer_snapshot_so_a_restart_still_deduplicates_a_resend() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut broker, jobs) = open_logged(dir.path(), retention_of_all_but_the_active_segment());
+    let topic = declare(&mut broker, &jobs, "t", 1);
+    a_producer_then_segments(&mut broker, &jobs, topic);
+    let first = |b: &Broker| b.partition(topic, 0).unwrap().log.first_sequence();
+    let at = |mono_ms| Now {
+        mono_ms,
+        wall_ms: mono_ms,
+    };
+    broker.housekeeping(at(1_000));
+    assert_eq!(
+        first(&broker),
+        1,
+        "deleted before any snapshot holds producer 7"
+    );
+    // The interval's snapshot is submitted, not yet durable.
+    broker.housekeeping(at(producers::PRODUCER_SNAPSHOT_INTERVAL_MS));
+    assert_eq!(jobs.len(), 1);
+    broker.housekeeping(at(producers::PRODUCER_SNAPSHOT_INTERVAL_MS + 1_000));
+    assert_eq!(first(&broker), 1, "deleted before the snapshot was durable");
+    jobs.run(&mut broker, |_| false);
+    broker.housekeeping(at(producers::PRODUCER_SNAPSHOT_INTERVAL_MS + 2_000));
+    assert!(first(&broker) > 1, "retention never ran");
+    drop(broker);
+    assert_producer_7_known_after_a_restart(dir.path(), topic);
+}
+
+#[test]
+fn a_purge_saves_the_producers_of_the_records_it_removes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut broker, jobs) = open_logged(dir.path(), crate::log::LogConfig::default());
+    let topic = declare(&mut broker, &jobs, "t", 1);
+    a_producer_then_records(&mut broker, &jobs, topic);
+    purge_t(&mut broker, 1).unwrap();
+    jobs.run(&mut broker, |_| false);
+    let done = broker.take_manage_done();
+    assert!(matches!(&done[..], [(1, Ok(_))]), "{done:?}");
+    assert_eq!(broker.partition(topic, 0).unwrap().log.first_sequence(), 41);
+    drop(broker);
+    assert_producer_7_known_after_a_restart(dir.path(), topic);
 }
 
 #[test]

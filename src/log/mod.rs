@@ -1379,8 +1379,14 @@ impl PartitionLog {
     /// Deletes closed segments, oldest first, while the partition is over
     /// `retention_size_bytes` or the oldest segment's newest record is more than
     /// `retention_age_ms` older than `now_ms`. Never deletes the active segment, never
-    /// part of a segment. Readers below the new first sequence skip ahead.
-    pub fn enforce_retention(&mut self, now_ms: u64) -> Result<RetentionReport, StorageError> {
+    /// part of a segment, never one holding a record above `saved_through` (the
+    /// caller's state derived from the records, its producers, is saved up to there).
+    /// Readers below the new first sequence skip ahead.
+    pub fn enforce_retention(
+        &mut self,
+        now_ms: u64,
+        saved_through: u64,
+    ) -> Result<RetentionReport, StorageError> {
         let mut report = RetentionReport::default();
         if self.poisoned.is_some() {
             // After a failed purge job files it no longer lists may precede its oldest
@@ -1389,7 +1395,8 @@ impl PartitionLog {
         }
         let size_max = self.config.retention_size_bytes;
         let age_max = self.config.retention_age_ms;
-        while self.segments.len() > 1 {
+        // The oldest segment's last record is the one before the next segment's first.
+        while self.segments.len() > 1 && self.segments[1].first_sequence - 1 <= saved_through {
             let total: u64 = self.segments.iter().map(|s| s.len_bytes).sum();
             let over_size = size_max > 0 && total > size_max;
             let too_old = age_max > 0

@@ -557,7 +557,7 @@ fn retention_by_size_deletes_only_whole_closed_segments() {
     let (mut log, _) = open(dir, config);
     append_range(&mut log, 80, 5);
     let before = log.stats();
-    let report = log.enforce_retention(0).unwrap();
+    let report = log.enforce_retention(0, u64::MAX).unwrap();
     let after = log.stats();
     assert!(report.segments_deleted > 0);
     assert_eq!(after.segments, before.segments - report.segments_deleted);
@@ -577,13 +577,16 @@ fn retention_by_size_deletes_only_whole_closed_segments() {
     assert_eq!(got[0], (first, value_for(first)));
     assert_holds(&mut log, first, 80);
     // Nothing left to do; then a tiny limit keeps only the active segment.
-    assert_eq!(log.enforce_retention(0).unwrap().segments_deleted, 0);
+    assert_eq!(
+        log.enforce_retention(0, u64::MAX).unwrap().segments_deleted,
+        0
+    );
     let mut log2 = {
         drop(log);
         config.retention_size_bytes = 1;
         open(dir, config).0
     };
-    log2.enforce_retention(0).unwrap();
+    log2.enforce_retention(0, u64::MAX).unwrap();
     assert_eq!(log2.stats().segments, 1);
     let active_first = log2.first_sequence();
     assert_holds(&mut log2, active_first, 80);
@@ -592,6 +595,23 @@ fn retention_by_size_deletes_only_whole_closed_segments() {
     assert!(report.is_clean());
     assert_eq!(log.first_sequence(), active_first);
     assert_holds(&mut log, active_first, 80);
+}
+
+#[test]
+fn retention_deletes_no_segment_holding_a_record_past_what_the_caller_saved() {
+    let tmp = TempDir::new().unwrap();
+    let mut config = cfg(300);
+    config.retention_size_bytes = 1;
+    let (mut log, _) = open(tmp.path(), config);
+    append_range(&mut log, 80, 5);
+    let second = log_files(tmp.path())[1];
+    // The first segment ends at `second - 1`: saved one short of it, it stays.
+    let report = log.enforce_retention(0, second - 2).unwrap();
+    assert_eq!(report.segments_deleted, 0);
+    assert_eq!(log.first_sequence(), 1);
+    let report = log.enforce_retention(0, second - 1).unwrap();
+    assert_eq!(report.segments_deleted, 1, "only the segment saved through");
+    assert_eq!(log.first_sequence(), second);
 }
 
 #[test]
@@ -605,7 +625,7 @@ fn retention_by_age_uses_each_segments_newest_record() {
     drop(log);
     let (mut log, _) = open(dir, config); // timestamps must come from disk too
     let now = 60_000;
-    let report = log.enforce_retention(now).unwrap();
+    let report = log.enforce_retention(now, u64::MAX).unwrap();
     assert!(report.segments_deleted > 0);
     let first = log.first_sequence();
     // The deleted segment before `first` ended at first - 1, which was too old; the first
@@ -614,7 +634,7 @@ fn retention_by_age_uses_each_segments_newest_record() {
     let seg0_last = log.segments[0].end_sequence() - 1;
     assert!(now - seg0_last * 1000 <= 10_000);
     // Far in the future: everything closed goes, the active segment stays.
-    log.enforce_retention(u64::MAX).unwrap();
+    log.enforce_retention(u64::MAX, u64::MAX).unwrap();
     assert_eq!(log.stats().segments, 1);
     assert!(log.written_sequence() == 60);
 }

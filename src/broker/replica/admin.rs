@@ -257,7 +257,7 @@ impl Broker {
         };
         match change {
             AdminChange::Purge { below, .. } => {
-                self.apply_purge(ticket, (topic_id, count), &name, &below)
+                self.apply_purge(ticket, (topic_id, count), &name, &below, now)
             }
             AdminChange::GroupDelete { group, marks, .. } => {
                 self.cluster_mut().applied.delete(&group, topic_id);
@@ -294,6 +294,7 @@ impl Broker {
         (topic_id, count): (u16, u16),
         name: &str,
         below: &[(u16, u64)],
+        now: Now,
     ) {
         let (mut files, mut report) = (Vec::new(), Vec::new());
         for &(p, below) in below.iter().filter(|&&(p, _)| p < count) {
@@ -322,6 +323,6 @@ impl Broker {
             report.push((p, first, purged.as_ref().map_or(0, |f| f.records)));
             files.extend(purged.map(|f| (key, f)));
         }
-        self.submit_purge(ticket, report, files);
+        self.submit_purge(ticket, report, files, now);
     }
 }

@@ -62,6 +62,7 @@ use super::entry::{EntryError, Reader};
 use super::storage::{write_hard_state, RAFT_JOURNAL_DIR};
 use crate::broker::jobs::{DurableJob, Work};
 use crate::broker::positions::GROUPS_FILE;
+use crate::broker::producers::PRODUCERS_FILE;
 use crate::broker::registry::REGISTRY_FILE;
 use crate::broker::{Broker, Now, TOPICS_DIR};
 use crate::log::storage::{create_dir_durable, Open};
@@ -817,7 +818,7 @@ impl Broker {
         if wanted.is_empty() || !self.topics.settled() {
             return;
         }
-        let (manifest, sources) = self.manifest_now();
+        let (manifest, sources) = self.manifest_now(now);
         let c = self.cluster.as_deref_mut().expect("cluster mode");
         let encoded = manifest.encode();
         if encoded.len() > MANIFEST_BYTES_MAX as usize {
@@ -852,7 +853,7 @@ impl Broker {
 
     /// The manifest of this node's state at its applied index, and where each file is
     /// read from.
-    fn manifest_now(&self) -> (Manifest, Vec<(Source, u64)>) {
+    fn manifest_now(&self, now: Now) -> (Manifest, Vec<(Source, u64)>) {
         let c = self.cluster.as_deref().expect("cluster mode");
         let data_dir = &self.config.data_dir;
         let index = c.applied_index;
@@ -863,6 +864,18 @@ impl Broker {
                     let rel = rel.to_string_lossy().into_owned();
                     files.push((rel, Source::Disk(path), len));
                 }
+            }
+            // The producers as applied, those of records a purge or retention removed
+            // included: the follower's start rebuilds from it and the records after.
+            let path = part.log.dir().join(PRODUCERS_FILE);
+            if let Ok(rel) = path.strip_prefix(data_dir) {
+                let bytes = meta::with_footer(&self.partitions.producers_file(part, now));
+                let len = bytes.len() as u64;
+                files.push((
+                    rel.to_string_lossy().into_owned(),
+                    Source::Bytes(bytes),
+                    len,
+                ));
             }
         }
         // As their files hold them, so that the follower's copies read back; the

@@ -504,13 +504,10 @@ impl World {
                 assert_eq!(held, Some(value), "acknowledged at {p}/{sequence}");
             }
         }
-        // A node that rebuilds its producers after a purge no longer finds the purged
-        // records (a single node forgets them alike); a resend of one is then a record
-        // again, held once since the first copy went with the purge.
-        if !self.purge_asked {
-            self.same_producers();
-            self.stats.producers_compared += 1;
-        }
+        // A purge writes the producer snapshots before it removes files, so a node
+        // that rebuilds its producers after one knows those of the purged records.
+        self.same_producers();
+        self.stats.producers_compared += 1;
         let applied = |net: &Net, i: usize| net.cluster(i).applied.positions();
         let tombstone = |w: &mut World, i| tombstone_marks(&mut w.net, i, w.topic);
         let (positions, marks) = (applied(&self.net, 0), tombstone(self, 0));
