@@ -715,13 +715,22 @@ impl Partitions {
         for part in self.map.values_mut() {
             let saved = part.producers_snapshot_durable;
             match part.log.enforce_retention(aging_now.wall_ms, saved) {
-                Ok(report) if report.segments_deleted > 0 => log::info!(
-                    "retention deleted {} segments of topic {} partition {}",
-                    report.segments_deleted,
-                    part.topic_id,
-                    part.index
-                ),
-                Ok(_) => {}
+                Ok(report) => {
+                    if report.segments_deleted > 0 {
+                        log::info!(
+                            "retention deleted {} segments of topic {} partition {}",
+                            report.segments_deleted,
+                            part.topic_id,
+                            part.index
+                        );
+                    }
+                    // Retention waits for this snapshot: written now, not at the interval.
+                    let work = report.waits_for_save.then(|| snapshot_job(part, aging_now));
+                    jobs.extend(work.flatten().map(|work| DurableJob {
+                        storage: Arc::clone(&self.storage),
+                        work,
+                    }));
+                }
                 Err(e) => log::warn!(
                     "retention on topic {} partition {}: {e}",
                     part.topic_id,

@@ -164,6 +164,9 @@ pub struct RetentionReport {
     pub bytes_deleted: u64,
     /// Oldest retained sequence afterwards.
     pub first_sequence: u64,
+    /// A segment due for deletion holds records past `saved_through`: it goes once the
+    /// caller saved them.
+    pub waits_for_save: bool,
 }
 
 /// Snapshot for `/stats` and metrics.
@@ -1395,8 +1398,7 @@ impl PartitionLog {
         }
         let size_max = self.config.retention_size_bytes;
         let age_max = self.config.retention_age_ms;
-        // The oldest segment's last record is the one before the next segment's first.
-        while self.segments.len() > 1 && self.segments[1].first_sequence - 1 <= saved_through {
+        while self.segments.len() > 1 {
             let total: u64 = self.segments.iter().map(|s| s.len_bytes).sum();
             let over_size = size_max > 0 && total > size_max;
             let too_old = age_max > 0
@@ -1405,6 +1407,11 @@ impl PartitionLog {
                     None => true, // holds no record
                 };
             if !over_size && !too_old {
+                break;
+            }
+            // The oldest segment's last record is the one before the next one's first.
+            if self.segments[1].first_sequence - 1 > saved_through {
+                report.waits_for_save = true;
                 break;
             }
             let seg = &self.segments[0];

@@ -607,11 +607,15 @@ fn retention_deletes_no_segment_holding_a_record_past_what_the_caller_saved() {
     let second = log_files(tmp.path())[1];
     // The first segment ends at `second - 1`: saved one short of it, it stays.
     let report = log.enforce_retention(0, second - 2).unwrap();
-    assert_eq!(report.segments_deleted, 0);
+    assert_eq!((report.segments_deleted, report.waits_for_save), (0, true));
     assert_eq!(log.first_sequence(), 1);
     let report = log.enforce_retention(0, second - 1).unwrap();
     assert_eq!(report.segments_deleted, 1, "only the segment saved through");
+    assert!(report.waits_for_save, "the next one is due too");
     assert_eq!(log.first_sequence(), second);
+    let report = log.enforce_retention(0, u64::MAX).unwrap();
+    assert!(!report.waits_for_save);
+    assert_eq!(log.stats().segments, 1);
 }
 
 #[test]
