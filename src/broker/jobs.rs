@@ -48,20 +48,25 @@ pub struct SnapshotWrite {
     pub path: PathBuf,
     pub bytes: Vec<u8>,
     pub covered: u64,
-    /// The coverage of the snapshot on disk (`Partition::producers_on_disk`).
+    /// Its place among the partition's writes (`ProducerSnapshots::made`).
+    pub number: u64,
+    /// The number of the write on disk (`ProducerSnapshots::on_disk`).
     pub on_disk: Arc<Mutex<u64>>,
+    /// Set by the worker: it wrote (a newer write was not on disk already).
+    pub written: bool,
 }
 
 impl SnapshotWrite {
     /// Holds the partition's snapshot lock while it writes, so a periodic write and a
     /// purge's never share the temporary file, and never replaces a newer snapshot.
-    fn run(&self, storage: &dyn Storage) -> io::Result<()> {
+    fn run(&mut self, storage: &dyn Storage) -> io::Result<()> {
         let mut on_disk = self.on_disk.lock().unwrap_or_else(PoisonError::into_inner);
-        if *on_disk > self.covered {
+        if *on_disk > self.number {
             return Ok(());
         }
         meta::write_atomic(storage, &self.path, &self.bytes)?;
-        *on_disk = self.covered;
+        *on_disk = self.number;
+        self.written = true;
         Ok(())
     }
 }
@@ -189,7 +194,7 @@ impl crate::fsync::Job for DurableJob {
             return sync.run();
         }
         let storage = &*self.storage;
-        match &self.work {
+        match &mut self.work {
             Work::CreateTopic { .. }
             | Work::Checkpoint { .. }
             | Work::RaftCheckpoint { .. }
@@ -227,10 +232,10 @@ impl crate::fsync::Job for DurableJob {
 /// The producer snapshots first: nothing is unlinked before they are durable.
 fn run_purge(
     storage: &dyn Storage,
-    snapshots: &[SnapshotWrite],
+    snapshots: &mut [SnapshotWrite],
     files: &[(PartitionKey, PurgeFiles)],
 ) -> io::Result<()> {
-    snapshots.iter().try_for_each(|w| w.run(storage))?;
+    snapshots.iter_mut().try_for_each(|w| w.run(storage))?;
     files.iter().try_for_each(|(_, f)| f.run())
 }
 
@@ -345,19 +350,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let storage = crate::log::FsStorage::shared();
         let on_disk = Arc::new(Mutex::new(0));
-        let write = |covered: u64| SnapshotWrite {
+        let write = |number: u64, covered: u64| SnapshotWrite {
             key: (1, 0),
             path: dir.path().join("producers"),
             bytes: format!("covered {covered}").into_bytes(),
             covered,
+            number,
             on_disk: Arc::clone(&on_disk),
+            written: false,
         };
-        // A purge's snapshot (through 40) lands before the periodic one taken earlier.
-        write(40).run(&*storage).unwrap();
-        write(25).run(&*storage).unwrap();
+        // Write 2, made after an undo moved the log back, lands before write 1.
+        let (mut newer, mut older) = (write(2, 25), write(1, 40));
+        newer.run(&*storage).unwrap();
+        older.run(&*storage).unwrap();
+        assert!(newer.written && !older.written);
         let path = dir.path().join("producers");
         let held = meta::read_checked(&*storage, &path).unwrap().unwrap();
-        assert_eq!(held, b"covered 40");
-        assert_eq!(*on_disk.lock().unwrap(), 40);
+        assert_eq!(held, b"covered 25");
+        assert_eq!(*on_disk.lock().unwrap(), 2);
     }
 }

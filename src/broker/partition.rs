@@ -20,22 +20,52 @@ pub struct Waiter {
     pub deduplicated: bool,
 }
 
+/// A partition's producer snapshot file: the writes made of it and which is on disk.
+#[derive(Debug, Default)]
+pub struct ProducerSnapshots {
+    /// The last sequence the newest write made covers: the periodic one skips a state
+    /// already written.
+    pub made_covered: u64,
+    /// A periodic write is in flight (one at a time).
+    pub in_flight: bool,
+    /// A write failed since the last interval: retention does not ask again before it.
+    pub failed: bool,
+    /// Writes made so far, each numbered in turn: a later one holds the newer state,
+    /// whatever it covers (a failed write's undo moves the log back).
+    pub made: u64,
+    /// (number, covered) of the newest write known on disk: retention deletes no
+    /// segment holding a record past it, so a restart still knows the producers of the
+    /// records it removes.
+    pub durable: (u64, u64),
+    /// The number of the write on disk as the fsync workers see it, held while one
+    /// writes (`jobs::SnapshotWrite`): an older write never replaces a newer one. The
+    /// reactor never takes it.
+    pub on_disk: Arc<Mutex<u64>>,
+}
+
+impl ProducerSnapshots {
+    /// After a start-up rebuild: the snapshot found covers `covered` (write number 0).
+    pub fn rebuilt(covered: u64) -> ProducerSnapshots {
+        ProducerSnapshots {
+            made_covered: covered,
+            durable: (0, covered),
+            ..ProducerSnapshots::default()
+        }
+    }
+
+    /// The last sequence the snapshot on disk is known to cover.
+    pub fn saved_through(&self) -> u64 {
+        self.durable.1
+    }
+}
+
 pub struct Partition {
     pub topic_id: u16,
     pub index: u16,
     pub log: PartitionLog,
     pub producers: Producers,
     pub waiters: Vec<Waiter>,
-    /// Last sequence the newest producer snapshot submitted covers; one periodic write
-    /// at a time.
-    pub producers_snapshot_covered: u64,
-    pub producers_snapshot_in_flight: bool,
-    /// Last sequence a snapshot known durable covers: retention deletes no segment
-    /// holding a record above it, so a restart still knows the producers it removes.
-    pub producers_snapshot_durable: u64,
-    /// The same as the fsync workers see it, held while one writes the snapshot
-    /// (`jobs::SnapshotWrite`); the reactor never takes it.
-    pub producers_on_disk: Arc<Mutex<u64>>,
+    pub snapshots: ProducerSnapshots,
     /// Bytes flushed to the segment since start, and of those made durable by the
     /// journal; the difference is what BACKPRESSURE watches.
     pub flushed_bytes: u64,
@@ -54,10 +84,7 @@ impl Partition {
             log,
             producers: Producers::default(),
             waiters: Vec::new(),
-            producers_snapshot_covered: 0,
-            producers_snapshot_in_flight: false,
-            producers_snapshot_durable: 0,
-            producers_on_disk: Arc::default(),
+            snapshots: ProducerSnapshots::default(),
             flushed_bytes: 0,
             synced_bytes: 0,
             dirty: false,

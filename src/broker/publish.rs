@@ -9,7 +9,7 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::log::journal::Journal;
 use crate::log::{meta, LogConfig, PartitionLog, RecordView, Storage, StorageError};
@@ -21,7 +21,7 @@ use super::commit::GroupCommit;
 use super::counters::{bucket_of, BrokerCounters, FSYNC_BATCH_BUCKETS, FSYNC_LATENCY_BUCKETS_US};
 use super::idhash::IdMap;
 use super::jobs::{DurableJob, OpenedLogs, SegmentSync, SnapshotWrite, Work};
-use super::partition::{Partition, Waiter};
+use super::partition::{Partition, ProducerSnapshots, Waiter};
 use super::producers::{self, Idempotence, Producers};
 use super::topics::{partition_dir, TopicPair};
 use super::{ConnRef, Effect, Handled, Now, PartitionKey, JOURNAL_DIR};
@@ -226,9 +226,7 @@ impl Partitions {
             let (producers, covered) =
                 self.rebuild_producers(key, &dir, &mut part.log, now, counters);
             part.producers = producers;
-            part.producers_snapshot_covered = covered;
-            part.producers_snapshot_durable = covered;
-            part.producers_on_disk = Arc::new(Mutex::new(covered));
+            part.snapshots = ProducerSnapshots::rebuilt(covered);
             self.map.insert(key, part);
         }
         self.data_bytes = self.map.values().map(|p| p.log.stats().bytes).sum();
@@ -713,7 +711,7 @@ impl Partitions {
         // visits every partition, so it runs here and not on every pass.
         self.data_bytes = self.map.values().map(|p| p.log.stats().bytes).sum();
         for part in self.map.values_mut() {
-            let saved = part.producers_snapshot_durable;
+            let saved = part.snapshots.saved_through();
             match part.log.enforce_retention(aging_now.wall_ms, saved) {
                 Ok(report) => {
                     if report.segments_deleted > 0 {
@@ -724,8 +722,10 @@ impl Partitions {
                             part.index
                         );
                     }
-                    // Retention waits for this snapshot: written now, not at the interval.
-                    let work = report.waits_for_save.then(|| snapshot_job(part, aging_now));
+                    // Retention waits for this snapshot: written now, not at the interval
+                    // (unless one failed since: then at the interval, as a retry).
+                    let ask = report.waits_for_save && !part.snapshots.failed;
+                    let work = ask.then(|| snapshot_job(part, aging_now));
                     jobs.extend(work.flatten().map(|work| DurableJob {
                         storage: Arc::clone(&self.storage),
                         work,
@@ -744,6 +744,7 @@ impl Partitions {
         if now.mono_ms >= self.next_producer_snapshot_ms {
             self.next_producer_snapshot_ms = now.mono_ms + producers::PRODUCER_SNAPSHOT_INTERVAL_MS;
             for part in self.map.values_mut() {
+                part.snapshots.failed = false;
                 let work = snapshot_job(part, aging_now);
                 jobs.extend(work.map(|work| DurableJob {
                     storage: Arc::clone(&self.storage),
@@ -758,13 +759,14 @@ impl Partitions {
         let Some(part) = self.map.get_mut(&key) else {
             return;
         };
-        part.producers_snapshot_in_flight = false;
+        part.snapshots.in_flight = false;
         match result {
             Ok(()) => self.snapshots_durable(std::slice::from_ref(write)),
             Err(e) => {
                 // Start-up scans from the previous snapshot, and retention waits for the
                 // next one, which the next interval writes.
-                part.producers_snapshot_covered = part.producers_snapshot_durable;
+                part.snapshots.made_covered = part.snapshots.saved_through();
+                part.snapshots.failed = true;
                 log::warn!(
                     "producer snapshot of topic {} partition {}: {e}",
                     key.0,
@@ -774,12 +776,14 @@ impl Partitions {
         }
     }
 
-    /// Snapshots on disk: retention may delete what they cover.
+    /// Snapshot writes done: what the newest one written covers is saved.
     pub(super) fn snapshots_durable(&mut self, writes: &[SnapshotWrite]) {
-        for w in writes {
+        for w in writes.iter().filter(|w| w.written) {
             if let Some(part) = self.map.get_mut(&w.key) {
-                let durable = &mut part.producers_snapshot_durable;
-                *durable = (*durable).max(w.covered);
+                let durable = &mut part.snapshots.durable;
+                if w.number > durable.0 {
+                    *durable = (w.number, w.covered);
+                }
             }
         }
     }
@@ -1015,10 +1019,10 @@ fn count_sync(counters: &mut BrokerCounters, records: u64, elapsed: std::time::D
 /// A write of a partition's producer snapshot, when it changed and none is in flight.
 fn snapshot_job(part: &mut Partition, now: Now) -> Option<Work> {
     let covered = part.log.next_sequence() - 1;
-    if part.producers_snapshot_in_flight || covered == part.producers_snapshot_covered {
+    if part.snapshots.in_flight || covered == part.snapshots.made_covered {
         return None;
     }
-    part.producers_snapshot_in_flight = true;
+    part.snapshots.in_flight = true;
     let write = snapshot_write(part, now);
     Some(Work::WriteProducerSnapshot { write })
 }
@@ -1026,12 +1030,16 @@ fn snapshot_job(part: &mut Partition, now: Now) -> Option<Work> {
 /// The partition's producer state now, as a snapshot write.
 fn snapshot_write(part: &mut Partition, now: Now) -> SnapshotWrite {
     let covered = part.log.next_sequence() - 1;
-    part.producers_snapshot_covered = part.producers_snapshot_covered.max(covered);
+    let snapshots = &mut part.snapshots;
+    snapshots.made_covered = covered;
+    snapshots.made += 1;
     SnapshotWrite {
         key: (part.topic_id, part.index),
         path: part.log.dir().join(producers::PRODUCERS_FILE),
         bytes: part.producers.encode(covered, now.mono_ms, now.wall_ms),
         covered,
-        on_disk: Arc::clone(&part.producers_on_disk),
+        number: snapshots.made,
+        on_disk: Arc::clone(&snapshots.on_disk),
+        written: false,
     }
 }
