@@ -117,7 +117,13 @@ impl Producers {
         entries.sort_unstable();
         let mut producers = Producers::default();
         for (wall, id, first, sequences) in entries {
-            let active_mono = mono_ms.saturating_sub(wall_ms.saturating_sub(wall));
+            // A stamp ahead of `wall_ms` stays ahead: a cluster node whose log's clock
+            // starts behind its snapshot (every record purged) must not age a producer
+            // from the clock's reading instead of its record's stamp.
+            let active_mono = match wall.checked_sub(wall_ms) {
+                Some(ahead) => mono_ms.saturating_add(ahead),
+                None => mono_ms.saturating_sub(wall_ms - wall),
+            };
             for (i, &sequence) in sequences.iter().enumerate() {
                 producers.record(id, first + i as u64, sequence, active_mono, max_producers);
             }
@@ -371,5 +377,22 @@ mod tests {
         assert_eq!(back.len(), 4);
         assert_eq!(back.check(10, 1), Idempotence::Duplicate { sequence: 10 });
         assert_eq!(back.check(6, 1), Idempotence::Fresh);
+    }
+
+    #[test]
+    fn a_snapshot_read_on_a_clock_behind_its_stamps_keeps_each_producers_activity() {
+        // A cluster node whose log's clock starts at 0 (every record purged) reads a
+        // snapshot stamped at 5,000: the producer is active at 5,000, not at 0, so the
+        // clock reaching 5,500 with a TTL of 1,000 does not expire it.
+        let mut p = Producers::default();
+        p.record(7, 1, 1, 5_000, MANY);
+        let bytes = p.encode(1, 5_000, 5_000);
+        let (mut back, _) = Producers::decode(&bytes, (0, 0), 1_000, MANY).unwrap();
+        assert_eq!(
+            back.expire(5_500, 1_000),
+            0,
+            "aged from the clock, not the stamp"
+        );
+        assert_eq!(back.expire(6_001, 1_000), 1);
     }
 }

@@ -80,15 +80,20 @@ fn open_node_on(id: u64, disk: SimDisk) -> Node {
 }
 
 fn open_node_with(id: u64, disk: SimDisk, options: ReplicaOptions) -> Node {
-    open_node_retaining(id, disk, options, u64::MAX, LogConfig::default())
+    let kept = (u64::MAX, PRODUCER_TTL_MS);
+    open_node_retaining(id, disk, options, kept, LogConfig::default())
 }
 
-/// A node whose leader keeps `journal_retain_bytes` of journal for a laggard.
+/// The harness's `--producer-ttl`.
+pub(super) const PRODUCER_TTL_MS: u64 = 60_000;
+
+/// A node whose leader keeps `journal_retain_bytes` of journal for a laggard, and which
+/// forgets a producer idle for `producer_ttl_ms`.
 fn open_node_retaining(
     id: u64,
     disk: SimDisk,
     options: ReplicaOptions,
-    journal_retain_bytes: u64,
+    (journal_retain_bytes, producer_ttl_ms): (u64, u64),
     log: LogConfig,
 ) -> Node {
     let storage: Arc<dyn Storage> = Arc::new(disk.clone());
@@ -97,7 +102,7 @@ fn open_node_retaining(
         durability: Durability::Replicated,
         max_partitions: 8,
         journal_file_bytes: JOURNAL_FILE_BYTES,
-        producer_ttl_ms: 60_000,
+        producer_ttl_ms,
         log,
         // Only a checkpoint writes the positions file within a test.
         commit_interval_ms: 3_600_000,
@@ -142,6 +147,8 @@ struct Net {
     opened: u64,
     /// Every node's segment size and retention.
     log_config: LogConfig,
+    /// Every node's `--producer-ttl`, from its next start on.
+    producer_ttl_ms: u64,
 }
 
 impl Net {
@@ -160,6 +167,7 @@ impl Net {
             election_seed: None,
             opened: 0,
             log_config: LogConfig::default(),
+            producer_ttl_ms: PRODUCER_TTL_MS,
         }
     }
 
@@ -167,16 +175,18 @@ impl Net {
     /// `id`'s disk seeded with `disk_seed + id`.
     fn retaining(journal_retain_bytes: u64, disk_seed: u64, election_seed: Option<u64>) -> Net {
         let log_config = LogConfig::default();
-        Net::opened(journal_retain_bytes, disk_seed, election_seed, log_config)
+        let kept = (journal_retain_bytes, PRODUCER_TTL_MS);
+        Net::opened(kept, disk_seed, election_seed, log_config)
     }
 
     /// Nodes whose partitions have `log_config`'s segment size and retention.
     fn with_log(log_config: LogConfig) -> Net {
-        Net::opened(u64::MAX, 0, None, log_config)
+        Net::opened((u64::MAX, PRODUCER_TTL_MS), 0, None, log_config)
     }
 
+    /// Nodes opened with what they keep: journal for a laggard, producers for so long.
     fn opened(
-        journal_retain_bytes: u64,
+        (journal_retain_bytes, producer_ttl_ms): (u64, u64),
         disk_seed: u64,
         election_seed: Option<u64>,
         log_config: LogConfig,
@@ -189,6 +199,7 @@ impl Net {
             election_seed,
             opened: 0,
             log_config,
+            producer_ttl_ms,
         };
         for id in 1..=NODES {
             let node = net.open(id, SimDisk::seeded(disk_seed + id));
@@ -207,13 +218,8 @@ impl Net {
             election_seed: self.election_seed.map(|s| s ^ (self.opened << 40) ^ id),
             ..ReplicaOptions::default()
         };
-        open_node_retaining(
-            id,
-            disk,
-            options,
-            self.journal_retain_bytes,
-            self.log_config,
-        )
+        let kept = (self.journal_retain_bytes, self.producer_ttl_ms);
+        open_node_retaining(id, disk, options, kept, self.log_config)
     }
 
     /// Node `i` reads its inbox and ends its pass, its jobs run and it passes again until

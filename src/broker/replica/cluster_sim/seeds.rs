@@ -4,17 +4,17 @@
 //! node checks its invariants after every pass. After healing, the checker asks what
 //! applying one log must give: every node holds the same records and dead letters, the
 //! same applied group positions and the same tombstone; every acknowledged record is at
-//! its sequence exactly once, on every node, unless a purge was asked for below it;
-//! record timestamps never go back along a partition; every node would deduplicate a
-//! resend of any producer's record alike.
-//! Variants add disk faults that stop nodes, a second partition, more members, and
-//! wall clocks set wrong.
+//! its sequence exactly once, on every node, unless a purge was asked for below it or
+//! its producer expired between its copies; record timestamps never go back along a
+//! partition; every node would deduplicate a resend of any producer's record alike.
+//! Variants add disk faults that stop nodes, a second partition, more members, wall
+//! clocks set wrong, and a `--producer-ttl` of a second.
 //!
 //! `MORTAR_CLUSTER_SIM_SEEDS=N` runs seeds 1..=N, `MORTAR_CLUSTER_SIM_SEED=S` one; a
 //! failure prints `cluster simulation FAILED at seed S` with the seed's steps. Election
 //! timeouts come from the seed too, so a seed replays (`docs/REPLICATION.md` §9.5).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use super::*;
@@ -69,8 +69,10 @@ struct Stats {
     /// Nodes that stopped on a failed write or sync (disk faults).
     failed: usize,
     clock_steps: usize,
-    /// Runs whose producers were compared (not those with a purge).
-    producers_compared: usize,
+    /// Producers forgotten after `--producer-ttl` (counted by nodes since their start).
+    producers_expired: u64,
+    /// Records appended again after their producer expired (a new record by design).
+    resent_after_expiry: usize,
 }
 
 impl Stats {
@@ -82,7 +84,8 @@ impl Stats {
         self.installs += other.installs;
         self.failed += other.failed;
         self.clock_steps += other.clock_steps;
-        self.producers_compared += other.producers_compared;
+        self.producers_expired += other.producers_expired;
+        self.resent_after_expiry += other.resent_after_expiry;
     }
 }
 
@@ -96,6 +99,7 @@ struct World {
     partitions: u16,
     members: u8,
     clock_steps: bool,
+    producer_ttl_ms: u64,
     /// Acknowledged records: (partition, sequence) -> value.
     acked: BTreeMap<(u16, u64), String>,
     next_slot: u64,
@@ -117,9 +121,12 @@ impl World {
             partitions,
             members,
             clock_steps,
+            producer_ttl_ms,
         }: Variant,
     ) -> World {
-        let mut net = Net::retaining(JOURNAL_RETAIN_BYTES, seed.wrapping_mul(1_000), Some(seed));
+        let kept = (JOURNAL_RETAIN_BYTES, producer_ttl_ms);
+        let disk_seed = seed.wrapping_mul(1_000);
+        let mut net = Net::opened(kept, disk_seed, Some(seed), LogConfig::default());
         if clock_steps {
             net.now.wall_ms = WALL_CLOCK_START_MS;
         }
@@ -139,6 +146,7 @@ impl World {
             partitions,
             members,
             clock_steps,
+            producer_ttl_ms,
             acked: BTreeMap::new(),
             next_slot: 10_000,
             next_ticket: 1,
@@ -422,6 +430,26 @@ impl World {
         self.stats.installs += node.restarts.len();
         let changes = std::mem::take(&mut node.changes);
         self.stats.changes_answered_ok += changes.values().filter(|r| r.is_ok()).count();
+        self.stats.producers_expired += node.broker.counters.producers_expired;
+    }
+
+    /// A node restarted since it applied the last record-less BATCH (an idle tick's, a
+    /// consumer's positions) reads its log's clock from its newest record, behind that
+    /// BATCH's stamp, until it applies the next BATCH (`docs/DECISIONS.md`, "The log's
+    /// clock"): the idle leader's tick, here, which every node applies.
+    fn clocks_caught_up(&mut self) {
+        let applied = |w: &World, i: usize| w.net.cluster(i).applied_index;
+        let before = applied(self, 0);
+        self.net.now.mono_ms += super::super::cluster::LOG_CLOCK_TICK_MS;
+        for _ in 0..HEAL_ROUNDS_MAX {
+            self.net.tick();
+            self.net.deliver();
+            let now = applied(self, 0);
+            if now > before && (1..self.net.nodes.len()).all(|i| applied(self, i) == now) {
+                return;
+            }
+        }
+        panic!("no BATCH applied everywhere after healing");
     }
 
     /// Every node reachable, until a leader serves and every node applied what it did.
@@ -476,7 +504,7 @@ impl World {
         for i in 0..self.net.nodes.len() {
             self.count_node(i);
         }
-        let mut values = BTreeSet::new();
+        let mut values = BTreeMap::new();
         for p in 0..self.partitions {
             self.stats.dead_letters += self.net.next_sequence_at(0, (twin, p)).saturating_sub(1);
             let twin_floor = self.same_records((twin, p));
@@ -489,12 +517,21 @@ impl World {
             self.in_time_order((self.topic, p), floor);
             for sequence in floor..self.net.next_sequence_at(0, (self.topic, p)) {
                 let node = &mut self.net.nodes[0].broker;
-                let record = node.read_record(self.topic, p, sequence).unwrap();
-                let value = String::from_utf8(record.expect("held").value).unwrap();
+                let record = node
+                    .read_record(self.topic, p, sequence)
+                    .unwrap()
+                    .expect("held");
+                let value = String::from_utf8(record.value).unwrap();
+                let Some(first_ms) = values.insert(value.clone(), record.timestamp_ms) else {
+                    continue;
+                };
+                // Held twice only if its producer had expired between the two: its
+                // newest record, at best this one's first copy, over a TTL old.
                 assert!(
-                    values.insert(value.clone()),
+                    record.timestamp_ms - first_ms > self.producer_ttl_ms,
                     "{value} twice, again at {p}/{sequence}"
                 );
+                self.stats.resent_after_expiry += 1;
             }
             let acked: Vec<_> = self.acked.range((p, floor)..(p + 1, 0)).collect();
             let acked: Vec<(u64, String)> =
@@ -506,8 +543,10 @@ impl World {
         }
         // A purge writes the producer snapshots before it removes files, so a node
         // that rebuilds its producers after one knows those of the purged records.
+        // Expiry is housekeeping's: every node's runs on the same log's clock.
+        self.clocks_caught_up();
+        self.net.housekeeping_everywhere();
         self.same_producers();
-        self.stats.producers_compared += 1;
         let applied = |net: &Net, i: usize| net.cluster(i).applied.positions();
         let tombstone = |w: &mut World, i| tombstone_marks(&mut w.net, i, w.topic);
         let (positions, marks) = (applied(&self.net, 0), tombstone(self, 0));
@@ -608,6 +647,7 @@ struct Variant {
     /// Group `g` joins with up to this many members, each on its own connection.
     members: u8,
     clock_steps: bool,
+    producer_ttl_ms: u64,
 }
 
 const PLAIN: Variant = Variant {
@@ -615,30 +655,45 @@ const PLAIN: Variant = Variant {
     partitions: 1,
     members: 1,
     clock_steps: false,
+    producer_ttl_ms: PRODUCER_TTL_MS,
 };
 const DISK_FAULTS_ON: Variant = Variant {
     disk_faults: true,
     partitions: 1,
     members: 1,
     clock_steps: false,
+    producer_ttl_ms: PRODUCER_TTL_MS,
 };
 const TWO_PARTITIONS: Variant = Variant {
     disk_faults: true,
     partitions: 2,
     members: 1,
     clock_steps: false,
+    producer_ttl_ms: PRODUCER_TTL_MS,
 };
 const THREE_MEMBERS: Variant = Variant {
     disk_faults: true,
     partitions: 2,
     members: 3,
     clock_steps: false,
+    producer_ttl_ms: PRODUCER_TTL_MS,
 };
 const CLOCK_STEPS: Variant = Variant {
     disk_faults: false,
     partitions: 1,
     members: 1,
     clock_steps: true,
+    producer_ttl_ms: PRODUCER_TTL_MS,
+};
+/// Producers idle for a second of the log's clock are forgotten: several times a run
+/// (a few steps without a PUB), and a resend after that may be a second copy. Wall
+/// clocks set wrong as well: each node must still forget on the log's clock.
+const PRODUCERS_EXPIRING: Variant = Variant {
+    disk_faults: false,
+    partitions: 1,
+    members: 1,
+    clock_steps: true,
+    producer_ttl_ms: 1_000,
 };
 
 fn run_seed(seed: u64, variant: Variant) -> Result<Stats, String> {
@@ -689,6 +744,11 @@ fn run_seeds(variant: Variant) {
         !variant.clock_steps || total.clock_steps > 0,
         "no wall clock was stepped"
     );
+    let expiring = variant.producer_ttl_ms < PRODUCER_TTL_MS;
+    assert!(
+        !expiring || total.producers_expired > 0,
+        "no producer expired"
+    );
 }
 
 #[test]
@@ -716,13 +776,20 @@ fn nor_with_wall_clocks_set_wrong() {
     run_seeds(CLOCK_STEPS);
 }
 
+#[test]
+fn nor_with_producers_expiring() {
+    run_seeds(PRODUCERS_EXPIRING);
+}
+
 /// Seeds that found a hole, each fixed since (`docs/REPLICATION.md` §9.5): 2, a group
 /// delete applied again at a restart buried the group above a re-created group's dead
 /// letter; 549, a leader sent a snapshot offered for an earlier ask, older than its
 /// journal, and waited for it forever; 3340, a snapshot dropped at send (the link could
 /// not take it) left the leader waiting for it forever; 2525 with disk faults, a purge
 /// whose file job failed left old segments that a later purge put before a gap, and the
-/// node never started again.
+/// node never started again; 524 with producers expiring, a node restarted after a purge
+/// of every record aged its snapshot's producers from its log's clock, which had no
+/// record to start from, and forgot them.
 #[test]
 fn the_seeds_that_once_found_a_hole_stay_clean() {
     let seeds = [
@@ -730,6 +797,7 @@ fn the_seeds_that_once_found_a_hole_stay_clean() {
         (549, PLAIN),
         (3340, PLAIN),
         (2525, DISK_FAULTS_ON),
+        (524, PRODUCERS_EXPIRING),
     ];
     for (seed, variant) in seeds {
         run_seed(seed, variant).unwrap_or_else(|failure| panic!("{failure}"));
