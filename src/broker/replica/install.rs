@@ -5,8 +5,9 @@
 //! **Leader.** Raft asks its storage for a snapshot; the broker answers with a
 //! *manifest* of its state at its applied index `A`: each segment file of every
 //! partition with the bytes flushed to it (apply writes segments, and only committed
-//! entries are applied, so these are exactly the records up to `A`), and the registry and
-//! group positions as of `A`, which it keeps in memory. Segments are append-only, so the
+//! entries are applied, so these are exactly the records up to `A`), and the registry,
+//! group positions and each partition's producers as of `A`, which it keeps in memory
+//! (the producers of records a purge or retention removed are in no segment). Segments are append-only, so the
 //! listed prefixes stay as they are while the follower pulls them; a segment removed
 //! meanwhile (retention, a DELETE) fails the read, and the follower gives up and starts
 //! over. The leader reads chunks on the fsync pool, never on the reactor.
