@@ -7,10 +7,11 @@
 //! partition with the bytes flushed to it (apply writes segments, and only committed
 //! entries are applied, so these are exactly the records up to `A`), and the registry,
 //! group positions and each partition's producers as of `A`, which it keeps in memory
-//! (the producers of records a purge or retention removed are in no segment). Segments are append-only, so the
-//! listed prefixes stay as they are while the follower pulls them; a segment removed
-//! meanwhile (retention, a DELETE) fails the read, and the follower gives up and starts
-//! over. The leader reads chunks on the fsync pool, never on the reactor.
+//! (the producers of records a purge or retention removed are in no segment).
+//! Segments are append-only, so the listed prefixes stay as they are while the follower
+//! pulls them; a segment removed meanwhile (retention, a DELETE) fails the read, and the
+//! follower gives up and starts over. The leader reads chunks on the fsync pool, never
+//! on the reactor.
 //!
 //! **Follower.** A Ready with a snapshot stops raft for good in this process: the node
 //! writes an `install` marker (leader, manifest, raft's term and vote) and restarts its
