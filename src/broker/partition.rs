@@ -30,8 +30,6 @@ pub struct ProducerSnapshots {
     pub in_flight: bool,
     /// A write failed since the last interval: retention does not ask again before it.
     pub failed: bool,
-    /// When retention last asked for a write (monotonic ms).
-    pub asked_at_ms: Option<u64>,
     /// Writes made so far, each numbered in turn: a later one holds the newer state,
     /// whatever it covers (a failed write's undo moves the log back).
     pub made: u64,
@@ -59,26 +57,7 @@ impl ProducerSnapshots {
     pub fn saved_through(&self) -> u64 {
         self.durable.1
     }
-
-    /// Whether retention, waiting for a snapshot, may ask for one at `now_ms` (and
-    /// then notes that it did): not after a failed write before the interval retries
-    /// it, nor twice within `RETENTION_SNAPSHOT_GAP_MS`.
-    pub fn may_ask(&mut self, now_ms: u64) -> bool {
-        let gap_over = self
-            .asked_at_ms
-            .is_none_or(|at| now_ms >= at + RETENTION_SNAPSHOT_GAP_MS);
-        let ask = gap_over && !self.failed;
-        if ask {
-            self.asked_at_ms = Some(now_ms);
-        }
-        ask
-    }
 }
-
-/// Retention on a busy partition would otherwise ask for a producer snapshot (an
-/// fsync and a directory sync of a file that grows with the producers) at every
-/// housekeeping pass; a segment it waits for goes at most this much later.
-pub const RETENTION_SNAPSHOT_GAP_MS: u64 = 10_000;
 
 pub struct Partition {
     pub topic_id: u16,
@@ -187,20 +166,5 @@ impl Partition {
                 w.need
             );
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn retention_asks_for_a_snapshot_once_a_gap_and_not_after_a_failed_write() {
-        let mut s = ProducerSnapshots::default();
-        assert!(s.may_ask(1_000));
-        assert!(!s.may_ask(1_000 + RETENTION_SNAPSHOT_GAP_MS - 1));
-        assert!(s.may_ask(1_000 + RETENTION_SNAPSHOT_GAP_MS));
-        s.failed = true;
-        assert!(!s.may_ask(1_000 + 3 * RETENTION_SNAPSHOT_GAP_MS));
     }
 }

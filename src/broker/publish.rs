@@ -722,8 +722,9 @@ impl Partitions {
                             part.index
                         );
                     }
-                    // Retention waits for this snapshot: written now, not at the interval.
-                    let ask = report.waits_for_save && part.snapshots.may_ask(now.mono_ms);
+                    // Retention waits for this snapshot: written now, not at the interval
+                    // (unless one failed since: then at the interval, as a retry).
+                    let ask = report.waits_for_save && !part.snapshots.failed;
                     let work = ask.then(|| snapshot_job(part, aging_now));
                     jobs.extend(work.flatten().map(|work| DurableJob {
                         storage: Arc::clone(&self.storage),
