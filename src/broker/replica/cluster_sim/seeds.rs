@@ -528,7 +528,7 @@ impl World {
                 // Held twice only if its producer had expired between the two: its
                 // newest record, at best this one's first copy, over a TTL old.
                 assert!(
-                    record.timestamp_ms - first_ms > self.producer_ttl_ms,
+                    record.timestamp_ms.saturating_sub(first_ms) > self.producer_ttl_ms,
                     "{value} twice, again at {p}/{sequence}"
                 );
                 self.stats.resent_after_expiry += 1;
@@ -600,8 +600,6 @@ impl World {
         Some(String::from_utf8(value).unwrap())
     }
 
-    /// Every node holds the same records of `key` from the highest first sequence among
-    /// them to the same end; returns that first sequence.
     /// A leader stamps records (a dead letter's too) with its wall clock, never behind
     /// the log's nor what it proposed before: timestamps never go back along a
     /// partition (node 0's records stand for every node's, `same_records`).
@@ -619,6 +617,8 @@ impl World {
         }
     }
 
+    /// Every node holds the same records of `key` from the highest first sequence among
+    /// them to the same end; returns that first sequence.
     fn same_records(&mut self, key: PartitionKey) -> u64 {
         let first = |net: &Net, i: usize| {
             let part = net.nodes[i].broker.partition(key.0, key.1);
