@@ -371,6 +371,45 @@ fn after_a_failover_a_group_resumes_at_its_committed_position() {
     assert!(epoch.is_some_and(|e| e > 2 << 32), "{epoch:?}");
 }
 
+/// A group the leader removed after `--group-ttl` is removed on every node
+/// (`docs/DECISIONS.md`, "Group expiry in a cluster"): no survivor shows it, and after a
+/// failover a SUB of its name starts a new group from its start policy instead of at the
+/// old position.
+#[test]
+fn a_group_the_leader_expired_is_gone_from_every_node_and_stays_gone_after_a_failover() {
+    let (mut cluster, old, mut c, topic_id) = cluster_with_topic(&["--group-ttl", "2s"]);
+    for seq in 1..=5 {
+        publish(&mut c, topic_id, seq, None);
+    }
+    let mut member = client_of(&cluster, old);
+    subscribe(&mut member, topic_id);
+    for m in receive(&mut member, 3, CONVERGE_LIMIT) {
+        let ack = Frame::Ack(m.ack(AckFlags::empty()));
+        member.request(&ack).unwrap();
+    }
+    let groups = |i: usize| {
+        let (_, body) = cluster.nodes[i].http("GET", "/stats");
+        let stats: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        let names = stats["groups"].as_array().expect("groups").iter();
+        names
+            .map(|g| g["group"].as_str().unwrap_or("").to_string())
+            .collect::<Vec<_>>()
+    };
+    wait_until("every node to show group g", CONVERGE_LIMIT, || {
+        (0..3).all(|i| groups(i) == ["g"])
+    });
+    drop(member);
+    wait_until("every node to let group g go", CONVERGE_LIMIT, || {
+        (0..3).all(|i| groups(i).is_empty())
+    });
+    cluster.kill9(old);
+    let new = cluster.wait_leader(ELECTION_LIMIT);
+    let mut member = client_of(&cluster, new);
+    subscribe(&mut member, topic_id);
+    let first = receive(&mut member, 1, CONVERGE_LIMIT);
+    assert_eq!(first[0].sequence, 1, "a new group, from EARLIEST");
+}
+
 /// Node `i`'s `/stats` `cluster` figure `name`.
 fn cluster_figure(cluster: &Cluster, i: usize, name: &str) -> u64 {
     let (_, body) = cluster.nodes[i].http("GET", "/stats");

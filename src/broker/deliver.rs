@@ -625,6 +625,11 @@ impl Broker {
                 };
                 self.dead_letter(group_id, origin, now);
             }
+            consume::Effect::GroupExpired { group, topic_id } => {
+                if self.cluster.is_some() {
+                    self.propose_group_expiry(group, topic_id, now);
+                }
+            }
         }
     }
 

@@ -153,6 +153,26 @@ impl Coordinator {
         }
     }
 
+    /// A group expiry applied from the raft log (`broker::replica::admin`): a node
+    /// forgets the positions it kept for the group, as its leader's coordinator did. The
+    /// records its dead letters settled stay known, as a single node reads them back
+    /// from the twin at its next start: a restart applies the entry again over what that
+    /// read found, which may include a later group's of the same name. A live group of
+    /// that name was created by this leader after it proposed the expiry (a node serves
+    /// no SUB before it applied its log), so it stays.
+    pub fn replicated_expiry(&mut self, (name, topic_id): (&[u8], u16)) {
+        let key = (name.to_vec(), topic_id);
+        if self.group_ids.contains_key(&key) {
+            return;
+        }
+        if let Some(r) = self.restored.get_mut(&key) {
+            r.committed.clear();
+            if r.dead_lettered.is_empty() {
+                self.restored.remove(&key);
+            }
+        }
+    }
+
     /// The records of `(topic_id, partition)` below `first` were purged: every group on
     /// the topic moves past them (`Group::purged`), restored positions too.
     pub fn purged(&mut self, topic_id: u16, partition: u16, first: u64) {

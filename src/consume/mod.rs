@@ -150,6 +150,11 @@ pub enum Effect {
         attempts: u16,
         reason: OriginReason,
     },
+    /// A group without members was removed after `--group-ttl`, its positions with it
+    /// (a live group, or one restored from disk or from a cluster leader before). A
+    /// single node has nothing more to do; a cluster leader removes it from every node's
+    /// replicated positions (`docs/REPLICATION.md` §7.4).
+    GroupExpired { group: Vec<u8>, topic_id: u16 },
 }
 
 /// A committed position to persist.
@@ -1288,10 +1293,15 @@ impl Coordinator {
         }
         let g = self.groups.remove(&group_id).expect("found above");
         g.clear_timers(&mut self.sh);
-        self.group_ids.remove(&(g.name, g.topic_id));
+        let key = (g.name, g.topic_id);
+        self.group_ids.remove(&key);
         self.sh.dirty.remove(&group_id);
         self.free_group_ids.insert(group_id);
         self.sh.stats.groups_expired += 1;
+        let (group, topic_id) = key;
+        self.sh
+            .effects
+            .push(Effect::GroupExpired { group, topic_id });
     }
 
     fn fire(&mut self, timer: Timer, at_ms: u64, now_ms: u64) {
@@ -1347,7 +1357,11 @@ impl Coordinator {
             Timer::RestoredExpiry => {
                 // They were shown as groups without members: their removal counts as such.
                 self.sh.stats.groups_expired += self.restored.len() as u64;
-                self.restored.clear();
+                for (group, topic_id) in std::mem::take(&mut self.restored).into_keys() {
+                    self.sh
+                        .effects
+                        .push(Effect::GroupExpired { group, topic_id });
+                }
             }
             // Redeliveries and PULL deadlines are served by the delivery pass.
             Timer::Retry { group_id, .. }

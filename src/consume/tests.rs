@@ -1426,7 +1426,13 @@ fn restored_groups_are_shown_without_members_until_rejoined_or_expired() {
     assert_eq!(snap.groups.last().unwrap().name, b"idle".to_vec());
 
     // The unclaimed one is removed by --group-ttl, counted as an expired group.
+    h.c.take_effects();
     h.advance(ttl);
+    let expired = Effect::GroupExpired {
+        group: b"idle".to_vec(),
+        topic_id: TOPIC,
+    };
+    assert!(h.c.take_effects().contains(&expired));
     let snap = h.c.snapshot();
     assert!(snap.groups.iter().all(|g| g.name != b"idle"));
     assert_eq!(snap.stats.groups_expired, 1);
@@ -1840,8 +1846,18 @@ fn a_group_without_members_is_removed_after_the_ttl_with_its_positions() {
     h.heartbeat(A, &a, HeartbeatState::Leave.as_code()).unwrap();
     h.advance(ttl - 1);
     assert_eq!(h.c.snapshot().groups.len(), 1, "kept until the ttl");
+    h.c.take_effects();
     h.advance(1);
     assert!(h.c.snapshot().groups.is_empty());
+    let expired = Effect::GroupExpired {
+        group: b"g".to_vec(),
+        topic_id: TOPIC,
+    };
+    assert_eq!(
+        h.c.take_effects(),
+        vec![expired],
+        "a cluster leader replicates it"
+    );
     assert!(h.c.positions().is_empty(), "its positions go with it");
     assert_eq!(h.c.stats().groups_expired, 1);
     assert_eq!(h.c.next_deadline_ms(), None, "no timer outlives it");
@@ -2041,6 +2057,7 @@ fn churn_settles_everything() {
                     h.c.dead_lettered(1, TOPIC, *partition, *sequence);
                 }
                 Effect::PullAnswer { .. } => unreachable!("no PULLs here"),
+                Effect::GroupExpired { .. } => {}
             }
         }
     }

@@ -105,7 +105,7 @@ impl Broker {
             unreachable!("built above")
         };
         match admin {
-            AdminChange::Purge { .. } => {}
+            AdminChange::Purge { .. } | AdminChange::GroupExpire { .. } => {}
             AdminChange::GroupDelete {
                 topic_id, group, ..
             } => {
@@ -239,6 +239,9 @@ impl Broker {
         }
         | AdminChange::GroupReset {
             topic_id, topic, ..
+        }
+        | AdminChange::GroupExpire {
+            topic_id, topic, ..
         }) = &change;
         let (topic_id, name) = (*topic_id, String::from_utf8_lossy(topic).into_owned());
         // A restart applies again entries whose topic a later entry deleted, and whose
@@ -283,6 +286,52 @@ impl Broker {
                     self.wait_for_positions(t, ChangeDone::GroupReset(targets), now);
                 }
             }
+            AdminChange::GroupExpire { group, .. } => self.apply_group_expiry(&group, topic_id),
+        }
+    }
+
+    /// Every node forgets the group's positions; its live state on the leader that
+    /// proposed the expiry is already gone.
+    fn apply_group_expiry(&mut self, group: &[u8], topic_id: u16) {
+        self.cluster_mut().applied.delete(group, topic_id);
+        let (coordinator, _) = self.consume.parts_mut();
+        coordinator.replicated_expiry((group, topic_id));
+    }
+
+    /// The leader's coordinator removed a group after `--group-ttl` without members:
+    /// every node's applied positions, which a node that comes to lead restores and
+    /// which the positions file and snapshots hold, drop it too, or a failover or a
+    /// restart would bring back a group the leader let go (`docs/REPLICATION.md` §7.4).
+    /// Nobody waits for it: on a leader that cannot propose now the group stays in the
+    /// applied positions, comes back as a group without members where it is restored,
+    /// and expires again a `--group-ttl` later.
+    pub(in crate::broker) fn propose_group_expiry(
+        &mut self,
+        group: Vec<u8>,
+        topic_id: u16,
+        now: Now,
+    ) {
+        let registry = self.topics.registry();
+        let Some((pair, twin)) = registry.by_topic_id(topic_id) else {
+            return; // its topic is gone, and its positions with it
+        };
+        let topic = match twin {
+            true => pair.twin_name(),
+            false => pair.name.clone(),
+        };
+        let c = self.cluster_mut();
+        // A group of this name created later starts from its own positions.
+        c.resend_positions(&group, topic_id);
+        if c.gate(now.mono_ms).is_err() {
+            return;
+        }
+        let entry = EntryData::Admin(AdminChange::GroupExpire {
+            topic_id,
+            topic: topic.into_bytes(),
+            group,
+        });
+        if let Err(refused) = c.replica.propose(&entry, Vec::new(), now.mono_ms) {
+            log::debug!("group expiry not proposed: {}", refused.text);
         }
     }
 

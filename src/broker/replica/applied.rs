@@ -50,7 +50,7 @@ impl AppliedPositions {
         }
     }
 
-    /// An applied group delete.
+    /// An applied group delete or expiry.
     pub(super) fn delete(&mut self, group: &[u8], topic_id: u16) {
         (self.0).retain(|(g, t, _), _| !(g == group && *t == topic_id));
     }

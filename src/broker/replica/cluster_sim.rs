@@ -80,20 +80,39 @@ fn open_node_on(id: u64, disk: SimDisk) -> Node {
 }
 
 fn open_node_with(id: u64, disk: SimDisk, options: ReplicaOptions) -> Node {
-    let kept = (u64::MAX, PRODUCER_TTL_MS);
-    open_node_retaining(id, disk, options, kept, LogConfig::default())
+    open_node_retaining(id, disk, options, Kept::default(), LogConfig::default())
 }
 
 /// The harness's `--producer-ttl`.
 pub(super) const PRODUCER_TTL_MS: u64 = 60_000;
 
-/// A node whose leader keeps `journal_retain_bytes` of journal for a laggard, and which
-/// forgets a producer idle for `producer_ttl_ms`.
+/// What a node keeps, and for how long.
+#[derive(Debug, Clone, Copy)]
+struct Kept {
+    /// Journal a leader keeps for a laggard before it offers a snapshot.
+    journal_retain_bytes: u64,
+    /// `--producer-ttl`.
+    producer_ttl_ms: u64,
+    /// `--group-ttl`.
+    group_ttl_ms: u64,
+}
+
+impl Default for Kept {
+    fn default() -> Kept {
+        Kept {
+            journal_retain_bytes: u64::MAX,
+            producer_ttl_ms: PRODUCER_TTL_MS,
+            group_ttl_ms: crate::consume::ConsumeConfig::default().group_ttl_ms,
+        }
+    }
+}
+
+/// A node that keeps what `kept` says.
 fn open_node_retaining(
     id: u64,
     disk: SimDisk,
     options: ReplicaOptions,
-    (journal_retain_bytes, producer_ttl_ms): (u64, u64),
+    kept: Kept,
     log: LogConfig,
 ) -> Node {
     let storage: Arc<dyn Storage> = Arc::new(disk.clone());
@@ -102,7 +121,11 @@ fn open_node_retaining(
         durability: Durability::Replicated,
         max_partitions: 8,
         journal_file_bytes: JOURNAL_FILE_BYTES,
-        producer_ttl_ms,
+        producer_ttl_ms: kept.producer_ttl_ms,
+        consume: crate::consume::ConsumeConfig {
+            group_ttl_ms: kept.group_ttl_ms,
+            ..crate::consume::ConsumeConfig::default()
+        },
         log,
         // Only a checkpoint writes the positions file within a test.
         commit_interval_ms: 3_600_000,
@@ -111,7 +134,7 @@ fn open_node_retaining(
     let replica = ReplicaConfig {
         election_ticks: ELECTION_TICKS,
         journal_file_bytes: JOURNAL_FILE_BYTES,
-        journal_retain_bytes,
+        journal_retain_bytes: kept.journal_retain_bytes,
         ..test_config(id, NODES)
     };
     let jobs = Jobs::default();
@@ -139,16 +162,15 @@ struct Net {
     now: Now,
     /// INSTALL frames still delivered; `None`: all are.
     install_frames_left: Option<usize>,
-    /// What a node's leader keeps of journal for a laggard when the harness restarts it.
-    journal_retain_bytes: u64,
+    /// What every node keeps (journal for a laggard, producers, groups), from its next
+    /// start on.
+    kept: Kept,
     /// Election timeouts drawn from this seed (and the count of nodes opened) instead of
     /// raft's own generator, so that a seeded run replays.
     election_seed: Option<u64>,
     opened: u64,
     /// Every node's segment size and retention.
     log_config: LogConfig,
-    /// Every node's `--producer-ttl`, from its next start on.
-    producer_ttl_ms: u64,
 }
 
 impl Net {
@@ -163,11 +185,10 @@ impl Net {
             nodes,
             now: Now::default(),
             install_frames_left: None,
-            journal_retain_bytes: u64::MAX,
+            kept: Kept::default(),
             election_seed: None,
             opened: 0,
             log_config: LogConfig::default(),
-            producer_ttl_ms: PRODUCER_TTL_MS,
         }
     }
 
@@ -175,18 +196,21 @@ impl Net {
     /// `id`'s disk seeded with `disk_seed + id`.
     fn retaining(journal_retain_bytes: u64, disk_seed: u64, election_seed: Option<u64>) -> Net {
         let log_config = LogConfig::default();
-        let kept = (journal_retain_bytes, PRODUCER_TTL_MS);
+        let kept = Kept {
+            journal_retain_bytes,
+            ..Kept::default()
+        };
         Net::opened(kept, disk_seed, election_seed, log_config)
     }
 
     /// Nodes whose partitions have `log_config`'s segment size and retention.
     fn with_log(log_config: LogConfig) -> Net {
-        Net::opened((u64::MAX, PRODUCER_TTL_MS), 0, None, log_config)
+        Net::opened(Kept::default(), 0, None, log_config)
     }
 
-    /// Nodes opened with what they keep: journal for a laggard, producers for so long.
+    /// Nodes opened with what they keep.
     fn opened(
-        (journal_retain_bytes, producer_ttl_ms): (u64, u64),
+        kept: Kept,
         disk_seed: u64,
         election_seed: Option<u64>,
         log_config: LogConfig,
@@ -195,11 +219,10 @@ impl Net {
             nodes: Vec::new(),
             now: Now::default(),
             install_frames_left: None,
-            journal_retain_bytes,
+            kept,
             election_seed,
             opened: 0,
             log_config,
-            producer_ttl_ms,
         };
         for id in 1..=NODES {
             let node = net.open(id, SimDisk::seeded(disk_seed + id));
@@ -208,7 +231,7 @@ impl Net {
         net
     }
 
-    /// Node `id` opened on `disk` with the net's journal retention and election seed.
+    /// Node `id` opened on `disk` with what the net keeps and its election seed.
     /// A disk that was failing heals first: a start that failed on it would be tried
     /// again by the node's supervisor until it succeeds.
     fn open(&mut self, id: u64, disk: SimDisk) -> Node {
@@ -218,8 +241,7 @@ impl Net {
             election_seed: self.election_seed.map(|s| s ^ (self.opened << 40) ^ id),
             ..ReplicaOptions::default()
         };
-        let kept = (self.journal_retain_bytes, self.producer_ttl_ms);
-        open_node_retaining(id, disk, options, kept, self.log_config)
+        open_node_retaining(id, disk, options, self.kept, self.log_config)
     }
 
     /// Node `i` reads its inbox and ends its pass, its jobs run and it passes again until
@@ -950,6 +972,47 @@ fn a_deposed_leader_ends_its_groups_and_leading_again_redelivers_what_they_had_n
     net.run_until("the group settled it", |net| {
         net.nodes[l].broker.coordinator().positions()[0].committed == 1
     });
+}
+
+/// A group the leader removed after `--group-ttl` without members leaves every node's
+/// positions (`docs/REPLICATION.md` §7.4): a new leader does not bring it back at its
+/// old position, and a SUB of its name there starts a new group, as it would have on the
+/// leader that let it go.
+#[test]
+fn a_group_the_leader_expired_is_gone_from_every_node_and_a_new_leader_starts_it_anew() {
+    let kept = Kept {
+        group_ttl_ms: 1_000,
+        ..Kept::default()
+    };
+    let mut net = Net::opened(kept, 0, None, LogConfig::default());
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    net.publish_many(l, topic, 1, 3);
+    net.consume_upto(l, topic, 3);
+    net.publish_many(l, topic, 4, 2);
+    let held = |net: &Net, i: usize| net.cluster(i).applied.positions().len();
+    net.run_until("every node holds the group's position", |net| {
+        (0..NODES as usize).all(|i| held(net, i) == 1)
+    });
+    net.now.mono_ms += kept.group_ttl_ms;
+    net.run_until("every node let the group go", |net| {
+        (0..NODES as usize).all(|i| held(net, i) == 0)
+    });
+    net.nodes[l].isolated = true;
+    net.run_until("another leader", |net| {
+        net.serving_leader(Some(l)).is_some()
+    });
+    let n = net.serving_leader(Some(l)).unwrap();
+    assert_eq!(
+        net.position(n, topic),
+        None,
+        "the new leader knows no group g"
+    );
+    let first = net.first_delivery(n, topic);
+    assert_eq!(
+        first.sequence, 1,
+        "a new group, from its start policy (earliest)"
+    );
 }
 
 #[test]

@@ -13,14 +13,15 @@
 //!           name_len u16, name
 //! FLOOR     kind u8 = 3, floor u64: every node held every entry up to `floor` when the
 //!           leader proposed it, so each may forget what lies below (§5.4)
-//! ADMIN     kind u8 = 4, op u8 (1 PURGE, 2 GROUP_DELETE, 3 GROUP_RESET), topic_id u16,
+//! ADMIN     kind u8 = 4, op u8 (1 PURGE, 2 GROUP_DELETE, 3 GROUP_RESET, 4 GROUP_EXPIRE),
+//!           topic_id u16,
 //!           topic_len u16, topic (as the operator named it, source or `.dlq` twin),
 //!           group_len u16, group (empty for PURGE),
 //!           targets u16, each: partition u16, sequence u64
 //!           (PURGE: the records below `sequence` go; GROUP_RESET: the next delivery;
 //!           GROUP_DELETE: the tombstone's marks, the `.dlq` twin's next sequence per
-//!           partition, none from a leader before marks were carried), resolved by the
-//!           leader when it proposed it
+//!           partition, none from a leader before marks were carried; GROUP_EXPIRE:
+//!           none), resolved by the leader when it proposed it
 //! ```
 //!
 //! Pure code: no I/O, no raft types.
@@ -36,6 +37,7 @@ const OP_DELETE: u8 = 2;
 const OP_PURGE: u8 = 1;
 const OP_GROUP_DELETE: u8 = 2;
 const OP_GROUP_RESET: u8 = 3;
+const OP_GROUP_EXPIRE: u8 = 4;
 
 /// One committed (or proposed) entry's meaning.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,6 +127,13 @@ pub enum AdminChange {
         topic: Vec<u8>,
         group: Vec<u8>,
         targets: Vec<(u16, u64)>,
+    },
+    /// The leader removed the group after `--group-ttl` without members: every node
+    /// forgets its positions, as a single node does (no tombstone).
+    GroupExpire {
+        topic_id: u16,
+        topic: Vec<u8>,
+        group: Vec<u8>,
     },
 }
 
@@ -248,6 +257,11 @@ fn encode_admin(a: &AdminChange, out: &mut Vec<u8>) {
             group,
             targets,
         } => (OP_GROUP_RESET, topic_id, topic, &group[..], &targets[..]),
+        AdminChange::GroupExpire {
+            topic_id,
+            topic,
+            group,
+        } => (OP_GROUP_EXPIRE, topic_id, topic, &group[..], &[][..]),
     };
     out.push(ENTRY_ADMIN);
     out.push(op);
@@ -371,7 +385,12 @@ fn decode_admin(r: &mut Reader<'_>) -> Result<AdminChange, EntryError> {
             group,
             targets,
         }),
-        OP_PURGE => Err(EntryError("admin fields its op does not take")),
+        OP_GROUP_EXPIRE if targets.is_empty() => Ok(AdminChange::GroupExpire {
+            topic_id,
+            topic,
+            group,
+        }),
+        OP_PURGE | OP_GROUP_EXPIRE => Err(EntryError("admin fields its op does not take")),
         _ => Err(EntryError("unknown admin op")),
     }
 }
@@ -422,7 +441,7 @@ mod tests {
         ]
     }
 
-    fn admin() -> [EntryData; 3] {
+    fn admin() -> [EntryData; 4] {
         [
             EntryData::Admin(AdminChange::Purge {
                 topic_id: 2,
@@ -441,13 +460,18 @@ mod tests {
                 group: b"billing".to_vec(),
                 targets: vec![(3, 1 << 40)],
             }),
+            EntryData::Admin(AdminChange::GroupExpire {
+                topic_id: 2,
+                topic: b"orders".to_vec(),
+                group: b"billing".to_vec(),
+            }),
         ]
     }
 
     #[test]
     fn every_kind_round_trips_and_the_empty_entry_is_the_noop() {
         let [declare, delete] = registry();
-        let [purge, group_delete, reset] = admin();
+        let [purge, group_delete, reset, expire] = admin();
         let floor = EntryData::Floor(1 << 40);
         for e in [
             batch(),
@@ -458,6 +482,7 @@ mod tests {
             purge,
             group_delete,
             reset,
+            expire,
         ] {
             let bytes = e.encode();
             assert_eq!(EntryData::decode(&bytes), Ok(e));
@@ -484,7 +509,7 @@ mod tests {
         assert_eq!(&b[13..15], &2u16.to_be_bytes(), "topic id first");
         let floor = EntryData::Floor(0x0102).encode();
         assert_eq!(floor, [ENTRY_FLOOR, 0, 0, 0, 0, 0, 0, 1, 2]);
-        let [purge, _, reset] = admin();
+        let [purge, _, reset, expire] = admin();
         let mut want = vec![ENTRY_ADMIN, OP_PURGE, 0, 2, 0, 6];
         want.extend_from_slice(b"orders");
         want.extend_from_slice(&[0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 41]);
@@ -496,12 +521,18 @@ mod tests {
         want.extend_from_slice(b"billing");
         want.extend_from_slice(&[0, 1, 0, 3, 0, 0, 1, 0, 0, 0, 0, 0]);
         assert_eq!(reset.encode(), want);
+        let mut want = vec![ENTRY_ADMIN, OP_GROUP_EXPIRE, 0, 2, 0, 6];
+        want.extend_from_slice(b"orders");
+        want.extend_from_slice(&[0, 7]);
+        want.extend_from_slice(b"billing");
+        want.extend_from_slice(&[0, 0]);
+        assert_eq!(expire.encode(), want);
     }
 
     #[test]
     fn every_cut_short_or_padded_entry_is_refused() {
         let [declare, _] = registry();
-        let [purge, group_delete, reset] = admin();
+        let [purge, group_delete, reset, expire] = admin();
         for e in [
             batch(),
             declare,
@@ -509,6 +540,7 @@ mod tests {
             purge,
             group_delete,
             reset,
+            expire,
         ] {
             let bytes = e.encode();
             for len in 1..bytes.len() {
@@ -522,7 +554,7 @@ mod tests {
             );
         }
         assert_eq!(EntryData::decode(&[9]), Err(EntryError("unknown kind")));
-        let [purge, group_delete, _] = admin();
+        let [purge, group_delete, _, _] = admin();
         let mut bytes = purge.encode();
         bytes[1] = 9;
         let unknown = Err(EntryError("unknown admin op"));
@@ -532,11 +564,15 @@ mod tests {
         bytes[1] = OP_PURGE;
         let refused = Err(EntryError("admin fields its op does not take"));
         assert_eq!(EntryData::decode(&bytes), refused);
+        // Nor does an expiry take targets.
+        let mut bytes = group_delete.encode();
+        bytes[1] = OP_GROUP_EXPIRE;
+        assert_eq!(EntryData::decode(&bytes), refused);
     }
 
     #[test]
     fn a_group_delete_carries_its_marks_and_one_from_an_older_leader_none() {
-        let [_, group_delete, _] = admin();
+        let [_, group_delete, _, _] = admin();
         let mut want = vec![ENTRY_ADMIN, OP_GROUP_DELETE, 0x80, 2, 0, 10];
         want.extend_from_slice(b"orders.dlq");
         want.extend_from_slice(&[0, 7]);

@@ -73,6 +73,9 @@ struct Stats {
     producers_expired: u64,
     /// Records appended again after their producer expired (a new record by design).
     resent_after_expiry: usize,
+    /// Groups removed after `--group-ttl` without members (counted by nodes since their
+    /// start).
+    groups_expired: u64,
 }
 
 impl Stats {
@@ -86,6 +89,7 @@ impl Stats {
         self.clock_steps += other.clock_steps;
         self.producers_expired += other.producers_expired;
         self.resent_after_expiry += other.resent_after_expiry;
+        self.groups_expired += other.groups_expired;
     }
 }
 
@@ -100,6 +104,7 @@ struct World {
     members: u8,
     clock_steps: bool,
     producer_ttl_ms: u64,
+    group_ttl_ms: Option<u64>,
     /// Acknowledged records: (partition, sequence) -> value.
     acked: BTreeMap<(u16, u64), String>,
     next_slot: u64,
@@ -122,9 +127,14 @@ impl World {
             members,
             clock_steps,
             producer_ttl_ms,
+            group_ttl_ms,
         }: Variant,
     ) -> World {
-        let kept = (JOURNAL_RETAIN_BYTES, producer_ttl_ms);
+        let kept = Kept {
+            journal_retain_bytes: JOURNAL_RETAIN_BYTES,
+            producer_ttl_ms,
+            group_ttl_ms: group_ttl_ms.unwrap_or(Kept::default().group_ttl_ms),
+        };
         let disk_seed = seed.wrapping_mul(1_000);
         let mut net = Net::opened(kept, disk_seed, Some(seed), LogConfig::default());
         if clock_steps {
@@ -147,6 +157,7 @@ impl World {
             members,
             clock_steps,
             producer_ttl_ms,
+            group_ttl_ms,
             acked: BTreeMap::new(),
             next_slot: 10_000,
             next_ticket: 1,
@@ -431,6 +442,7 @@ impl World {
         let changes = std::mem::take(&mut node.changes);
         self.stats.changes_answered_ok += changes.values().filter(|r| r.is_ok()).count();
         self.stats.producers_expired += node.broker.counters.producers_expired;
+        self.stats.groups_expired += node.broker.coordinator().stats().groups_expired;
     }
 
     /// A node restarted since it applied the last record-less BATCH (an idle tick's, a
@@ -555,6 +567,31 @@ impl World {
             assert_eq!(theirs, positions, "node {i}'s applied positions");
             assert_eq!(tombstone(self, i), marks, "node {i}'s tombstone");
         }
+        if let Some(ttl_ms) = self.group_ttl_ms {
+            self.groups_expire_everywhere(ttl_ms);
+        }
+    }
+
+    /// Group `g` has no member now: once the leader lets it go after `--group-ttl`,
+    /// every node forgets its positions, so that no failover or restart brings back a
+    /// group the leader removed.
+    fn groups_expire_everywhere(&mut self, ttl_ms: u64) {
+        let held = |net: &Net| {
+            let nodes = 0..net.nodes.len();
+            nodes
+                .map(|i| net.cluster(i).applied.positions())
+                .collect::<Vec<_>>()
+        };
+        self.net.now.mono_ms += ttl_ms;
+        for _ in 0..HEAL_ROUNDS_MAX {
+            self.net.tick();
+            self.net.deliver();
+            if held(&self.net).iter().all(|positions| positions.is_empty()) {
+                return;
+            }
+        }
+        let held = held(&self.net);
+        panic!("group positions outlived --group-ttl: {held:?}");
     }
 
     /// Every node would append, or refuse to append, a resend of any record of every
@@ -648,6 +685,8 @@ struct Variant {
     members: u8,
     clock_steps: bool,
     producer_ttl_ms: u64,
+    /// `None`: the flag's default, so no group expires within a run.
+    group_ttl_ms: Option<u64>,
 }
 
 const PLAIN: Variant = Variant {
@@ -656,44 +695,37 @@ const PLAIN: Variant = Variant {
     members: 1,
     clock_steps: false,
     producer_ttl_ms: PRODUCER_TTL_MS,
+    group_ttl_ms: None,
 };
 const DISK_FAULTS_ON: Variant = Variant {
     disk_faults: true,
-    partitions: 1,
-    members: 1,
-    clock_steps: false,
-    producer_ttl_ms: PRODUCER_TTL_MS,
+    ..PLAIN
 };
 const TWO_PARTITIONS: Variant = Variant {
-    disk_faults: true,
     partitions: 2,
-    members: 1,
-    clock_steps: false,
-    producer_ttl_ms: PRODUCER_TTL_MS,
+    ..DISK_FAULTS_ON
 };
 const THREE_MEMBERS: Variant = Variant {
-    disk_faults: true,
-    partitions: 2,
     members: 3,
-    clock_steps: false,
-    producer_ttl_ms: PRODUCER_TTL_MS,
+    ..TWO_PARTITIONS
 };
 const CLOCK_STEPS: Variant = Variant {
-    disk_faults: false,
-    partitions: 1,
-    members: 1,
     clock_steps: true,
-    producer_ttl_ms: PRODUCER_TTL_MS,
+    ..PLAIN
 };
 /// Producers idle for a second of the log's clock are forgotten: several times a run
 /// (a few steps without a PUB), and a resend after that may be a second copy. Wall
 /// clocks set wrong as well: each node must still forget on the log's clock.
 const PRODUCERS_EXPIRING: Variant = Variant {
-    disk_faults: false,
-    partitions: 1,
-    members: 1,
-    clock_steps: true,
     producer_ttl_ms: 1_000,
+    ..CLOCK_STEPS
+};
+/// Group `g` is removed 250 ms after its last member left, many times a run, on
+/// whichever node leads then; members join it again as a new group. Up to three members
+/// over two partitions, disk faults on.
+const GROUPS_EXPIRING: Variant = Variant {
+    group_ttl_ms: Some(250),
+    ..THREE_MEMBERS
 };
 
 fn run_seed(seed: u64, variant: Variant) -> Result<Stats, String> {
@@ -749,6 +781,10 @@ fn run_seeds(variant: Variant) {
         !expiring || total.producers_expired > 0,
         "no producer expired"
     );
+    assert!(
+        variant.group_ttl_ms.is_none() || total.groups_expired > 0,
+        "no group expired"
+    );
 }
 
 #[test]
@@ -779,6 +815,11 @@ fn nor_with_wall_clocks_set_wrong() {
 #[test]
 fn nor_with_producers_expiring() {
     run_seeds(PRODUCERS_EXPIRING);
+}
+
+#[test]
+fn nor_with_groups_expiring() {
+    run_seeds(GROUPS_EXPIRING);
 }
 
 /// Seeds that found a hole, each fixed since (`docs/REPLICATION.md` §9.5): 2, a group
