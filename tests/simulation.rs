@@ -3,9 +3,10 @@
 //!
 //! From one seed it drives the broker's state machine with random clients (declares,
 //! idempotent FSYNC and WRITTEN publishes, subscribes, acks, nacks, rejects, leaves),
-//! completes its durable-I/O jobs in random order, injects I/O faults, and cuts the power:
-//! the simulated disk keeps what a real one may keep (`src/log/simdisk.rs`). After each
-//! power cut the broker is opened again over what the disk kept and the checker verifies:
+//! completes its durable-I/O jobs in random order, injects I/O faults, cuts the power (the
+//! simulated disk keeps what a real one may keep, `src/log/simdisk.rs`) and kills the
+//! process (the page cache keeps everything written, synced or not). After each the
+//! broker is opened again over what the disk kept and the checker verifies:
 //! every FSYNC-acknowledged record present byte-exact at its sequence; sequences
 //! contiguous; exactly one copy per idempotent (producer_id, producer_seq); the leader
 //! epoch strictly greater; committed positions never ahead of what the group settled;
@@ -42,6 +43,8 @@ const SEEDS_DEFAULT: u64 = 300;
 const STEPS_PER_SEED: u32 = 2_500;
 /// Per step, one chance in this many of a power cut.
 const POWER_CUT_ONE_IN: u64 = 250;
+/// Per step without a power cut, one chance in this many of the process being killed.
+const KILL_ONE_IN: u64 = 500;
 const TOPICS_MAX: usize = 3;
 const PARTITIONS_MAX: u16 = 3;
 const PRODUCERS: usize = 3;
@@ -133,10 +136,17 @@ struct Model {
     rejected: BTreeSet<(u16, u16, u64)>,
 }
 
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    PowerCut,
+    Kill,
+}
+
 #[derive(Default)]
 struct Tally {
     steps: u64,
     power_cuts: u64,
+    kills: u64,
     records_checked: u64,
     fsync_acks: u64,
     deduplicated: u64,
@@ -150,6 +160,7 @@ impl Tally {
     fn add(&mut self, t: &Tally) {
         self.steps += t.steps;
         self.power_cuts += t.power_cuts;
+        self.kills += t.kills;
         self.records_checked += t.records_checked;
         self.fsync_acks += t.fsync_acks;
         self.deduplicated += t.deduplicated;
@@ -646,20 +657,32 @@ impl Sim {
         self.pass();
         if self.rng.below(POWER_CUT_ONE_IN) == 0 {
             self.power_cut();
+        } else if self.rng.below(KILL_ONE_IN) == 0 {
+            self.stop(Stop::Kill);
         }
     }
 
-    /// The power goes: the broker and its unfinished jobs vanish, the disk keeps what it
-    /// keeps; then it starts again and the clients reconnect and resend.
     fn power_cut(&mut self) {
+        self.stop(Stop::PowerCut);
+    }
+
+    /// The broker and its unfinished jobs vanish; after a power cut the disk keeps what
+    /// it keeps, after a kill everything written (the page cache outlives the process).
+    /// Then it starts again and the clients reconnect and resend.
+    fn stop(&mut self, how: Stop) {
         if trace() {
-            eprintln!("step {} POWER CUT", self.tally.steps);
+            eprintln!("step {} {how:?}", self.tally.steps);
         }
-        self.tally.power_cuts += 1;
         self.broker = None;
         self.jobs.0.borrow_mut().clear();
         self.pending.clear();
-        self.disk.power_cut();
+        match how {
+            Stop::PowerCut => {
+                self.tally.power_cuts += 1;
+                self.disk.power_cut();
+            }
+            Stop::Kill => self.tally.kills += 1,
+        }
         self.open();
         for client in 0..PRODUCERS {
             let conn = self.new_conn();
@@ -897,12 +920,13 @@ fn every_acknowledged_record_survives_power_cuts_in_any_order_of_syncs() {
         total.add(&tally);
     }
     println!(
-        "simulation: {} seeds, {} steps, {} power cuts, {} FSYNC acks ({} deduplicated), \
+        "simulation: {} seeds, {} steps, {} power cuts, {} kills, {} FSYNC acks ({} deduplicated), \
          {} records, {} committed positions and {} dead letters checked, {} jobs run \
          ({} failed by injected faults), 0 violations, in {:?}",
         seeds.len(),
         total.steps,
         total.power_cuts,
+        total.kills,
         total.fsync_acks,
         total.deduplicated,
         total.records_checked,

@@ -231,13 +231,23 @@ impl JournalFiles {
         Ok(report)
     }
 
-    /// Cuts the last file at the end of its last entry and makes the directory durable:
-    /// what follows was never acknowledged, and a later entry must not land after it.
+    /// Cuts the last file at the end of its last entry (what follows was never
+    /// acknowledged, and a later entry must not land after it) and makes every file kept
+    /// and the directory durable. Replay read the page cache, which outlives a killed
+    /// process: an entry written, or a cut made, just before the kill may not be on the
+    /// disk yet, and from here on it counts as durable (a raft follower reports it as
+    /// persisted, a producer's resend is answered as a duplicate). A later sync covers
+    /// only the files written after the restart, so without this a power cut could take
+    /// back an earlier file's tail, or undo its cut, and replay would end there, behind
+    /// entries synced since.
     fn settle_after_replay(&mut self) -> Result<(), StorageError> {
         if let Some(last) = self.open.back() {
             let io = |e| StorageError::from_io(&last.path, Some(last.len), e);
             last.file.set_len(last.len).map_err(io)?;
-            last.file.sync_data().map_err(io)?;
+        }
+        for f in &self.open {
+            let io = |e| StorageError::from_io(&f.path, Some(f.len), e);
+            f.file.sync_data().map_err(io)?;
         }
         self.storage
             .sync_dir(&self.dir)

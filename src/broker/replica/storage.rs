@@ -104,6 +104,10 @@ impl JournalStorage {
             hard_state.vote = vote;
             hard_state.commit = commit;
         }
+        // A process killed between the rename of a `raft-state` write and the directory's
+        // sync leaves the new name in the page cache only; raft goes on from the term and
+        // vote read here, so they must outlive a power cut from now on.
+        storage.sync_dir(dir).map_err(io)?;
         let (journal, report) = RaftJournal::open(
             storage,
             &dir.join(RAFT_JOURNAL_DIR),
@@ -117,6 +121,16 @@ impl JournalStorage {
             .commit
             .max(report.commit)
             .max(report.checkpoint.index);
+        if commit > journal.last_index() {
+            // Entries this node reported as persisted are gone (a disk that lied, or a
+            // file changed by hand): the leader sends them again, but say so.
+            log::warn!(
+                "{}: commit index {commit} lies past the journal's last entry {}; entries \
+                 once synced are missing",
+                dir.display(),
+                journal.last_index()
+            );
+        }
         hard_state.commit = commit.min(journal.last_index());
         let conf_state = ConfState {
             voters,
@@ -439,6 +453,40 @@ mod tests {
         nodes
             .iter()
             .position(|n| n.raw.raft.state == StateRole::Leader)
+    }
+
+    /// A process killed between the rename of a `raft-state` write and the directory's
+    /// sync: the restart reads the new term and vote from the page cache and goes on
+    /// from them, so a later power cut must not bring the old ones back (a vote given
+    /// twice in one term).
+    #[test]
+    fn a_hard_state_read_at_start_outlives_a_later_power_cut() {
+        let disk = SimDisk::seeded(1);
+        let storage: Arc<dyn Storage> = Arc::new(disk.clone());
+        let dir = Path::new("/data");
+        let open = || JournalStorage::open(&storage, dir, JOURNAL_FILE_BYTES, vec![1, 2, 3]);
+        let voted = |term, vote| HardState {
+            term,
+            vote,
+            ..HardState::default()
+        };
+        drop(open().unwrap());
+        write_hard_state(&*storage, dir, &voted(4, 2)).unwrap();
+        let (path, tmp) = (dir.join(RAFT_STATE_FILE), dir.join("raft-state.new"));
+        storage
+            .write(&tmp, &meta::with_footer(&encode_hard_state(&voted(5, 3))))
+            .unwrap();
+        storage
+            .open(&tmp, crate::log::storage::Open::ReadWrite)
+            .unwrap()
+            .sync_data()
+            .unwrap();
+        storage.rename(&tmp, &path).unwrap();
+        let (read, _) = open().unwrap();
+        assert_eq!(read.hard_state, voted(5, 3), "the page cache's");
+        disk.power_cut();
+        let (again, _) = open().unwrap();
+        assert_eq!(again.hard_state, read.hard_state);
     }
 
     #[test]
