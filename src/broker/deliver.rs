@@ -562,10 +562,17 @@ impl Broker {
     }
 
     /// Runs the coordinator's timers and deliveries, then carries out its effects.
+    /// A cluster leader whose lease lapsed delivers nothing until it holds the lease
+    /// again or stops leading: a new leader may already have settled and replicated
+    /// what its groups would deliver (`docs/REPLICATION.md` §7.4).
     pub(super) fn pump_consume(&mut self, now: Now, room: &dyn OutputRoom) {
         self.consume.read_pass += 1;
+        let delivering = (self.cluster.as_deref()).is_none_or(|c| c.delivers(now.mono_ms));
         let (coordinator, mut records) = self.coordinated();
-        coordinator.pump(now.mono_ms, &mut records, room);
+        match delivering {
+            true => coordinator.pump(now.mono_ms, &mut records, room),
+            false => coordinator.run_timers(now.mono_ms),
+        }
         self.collect_consume_effects(now);
     }
 

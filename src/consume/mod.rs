@@ -1006,17 +1006,24 @@ impl Coordinator {
     /// nack delay, PULL wait, group expiry) and pushes deliveries within credit for
     /// groups that changed.
     pub fn pump(&mut self, now_ms: u64, recs: &mut dyn Records, room: &dyn OutputRoom) {
+        self.run_timers(now_ms);
+        while let Some(gid) = self.sh.dirty.pop_first() {
+            if let Some(g) = self.groups.get_mut(&gid) {
+                g.deliver(&mut self.sh, now_ms, recs, room);
+            }
+        }
+    }
+
+    /// Runs due timers and delivers nothing: the groups they changed stay marked for the
+    /// next [`Coordinator::pump`]. A cluster leader whose lease lapsed does this, since
+    /// another leader may already have moved its groups on (`docs/REPLICATION.md` §7.4).
+    pub fn run_timers(&mut self, now_ms: u64) {
         while let Some(&(at_ms, timer)) = self.sh.timers.first() {
             if at_ms > now_ms {
                 break;
             }
             self.sh.timers.pop_first();
             self.fire(timer, at_ms, now_ms);
-        }
-        while let Some(gid) = self.sh.dirty.pop_first() {
-            if let Some(g) = self.groups.get_mut(&gid) {
-                g.deliver(&mut self.sh, now_ms, recs, room);
-            }
         }
     }
 

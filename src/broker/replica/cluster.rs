@@ -263,6 +263,12 @@ impl Cluster {
         reachable.then_some(leader)
     }
 
+    /// Whether the node's groups may deliver: it follows (and has none), or it leads
+    /// within its lease (§7.3), so that no other leader can exist.
+    pub(in crate::broker) fn delivers(&self, now_ms: u64) -> bool {
+        !self.replica.is_leader() || self.replica.lease_valid(now_ms)
+    }
+
     /// The role gate: leader, applied up to its term's start, log healthy.
     pub(super) fn gate(&self, now_ms: u64) -> Result<(), (ErrorCode, String)> {
         if let Some(why) = &self.failed {

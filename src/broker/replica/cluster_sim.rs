@@ -974,6 +974,55 @@ fn a_deposed_leader_ends_its_groups_and_leading_again_redelivers_what_they_had_n
     });
 }
 
+/// A leader out of its lease (`docs/REPLICATION.md` §7.3) delivers nothing: another
+/// leader may already have settled, and replicated the ACKs of, what its groups would
+/// deliver (§7.4). It delivers again once a majority answers it within the lease.
+#[test]
+fn a_leader_out_of_its_lease_delivers_nothing_until_a_majority_answers_it_again() {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    net.publish(l, 1, topic, (7, 1), "v");
+    assert_eq!(pub_ok(&net.wait_answer(l, 1)).sequence, 1);
+    net.nodes[l].isolated = true;
+    while net.cluster(l).delivers(net.now.mono_ms) {
+        net.tick();
+        net.pass(l);
+    }
+    assert!(net.cluster(l).replica.is_leader(), "stepped down first");
+    net.join_g(l, topic);
+    for _ in 0..3 {
+        net.pass(l);
+        let pushes = std::mem::take(&mut net.nodes[l].pushes);
+        for push in pushes {
+            match push {
+                Effect::Notice { notice, .. } => {
+                    let answer = ControlAck::answering(&notice, ControlResult::Ok);
+                    let _ = net.nodes[l].broker.control_ack(CONN, &answer, net.now);
+                }
+                Effect::Deliver { delivery, .. } => {
+                    panic!("delivered {:?} out of the lease", delivery.reference)
+                }
+                _ => {}
+            }
+        }
+    }
+    net.nodes[l].isolated = false;
+    let delivered = loop {
+        net.tick();
+        net.deliver();
+        let pushes = std::mem::take(&mut net.nodes[l].pushes);
+        if let Some(d) = pushes.iter().find_map(|p| match p {
+            Effect::Deliver { delivery, .. } => Some(delivery.reference.sequence),
+            _ => None,
+        }) {
+            break d;
+        }
+    };
+    assert_eq!(delivered, 1);
+    assert!(net.cluster(l).replica.is_leader(), "still the leader");
+}
+
 /// A group the leader removed after `--group-ttl` without members leaves every node's
 /// positions (`docs/REPLICATION.md` §7.4): a new leader does not bring it back at its
 /// old position, and a SUB of its name there starts a new group, as it would have on the

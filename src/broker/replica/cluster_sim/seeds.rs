@@ -76,6 +76,8 @@ struct Stats {
     /// Groups removed after `--group-ttl` without members (counted by nodes since their
     /// start).
     groups_expired: u64,
+    /// Deliveries checked against a settled position of group `g` above 0.
+    deliveries_above_settled: usize,
 }
 
 impl Stats {
@@ -90,6 +92,7 @@ impl Stats {
         self.producers_expired += other.producers_expired;
         self.resent_after_expiry += other.resent_after_expiry;
         self.groups_expired += other.groups_expired;
+        self.deliveries_above_settled += other.deliveries_above_settled;
     }
 }
 
@@ -105,6 +108,12 @@ struct World {
     clock_steps: bool,
     producer_ttl_ms: u64,
     group_ttl_ms: Option<u64>,
+    operator_changes: bool,
+    /// Group `g`'s committed position per partition, the highest any node applied: every
+    /// record up to it was settled and the ACK replicated, so no leader may deliver it
+    /// again. `None` from the first group reset, delete or expiry on, which move
+    /// positions back by design.
+    settled: Option<BTreeMap<u16, u64>>,
     /// Acknowledged records: (partition, sequence) -> value.
     acked: BTreeMap<(u16, u64), String>,
     next_slot: u64,
@@ -128,6 +137,7 @@ impl World {
             clock_steps,
             producer_ttl_ms,
             group_ttl_ms,
+            operator_changes,
         }: Variant,
     ) -> World {
         let kept = Kept {
@@ -158,6 +168,8 @@ impl World {
             clock_steps,
             producer_ttl_ms,
             group_ttl_ms,
+            operator_changes,
+            settled: group_ttl_ms.is_none().then(BTreeMap::new),
             acked: BTreeMap::new(),
             next_slot: 10_000,
             next_ticket: 1,
@@ -195,7 +207,8 @@ impl World {
         match (roll, leader) {
             (0..=39, Some(l)) => self.publish(l),
             (40..=59, Some(l)) => self.consume(l),
-            (60..=69, Some(l)) => self.operator_change(l),
+            (60..=69, Some(l)) if self.operator_changes => self.operator_change(l),
+            (60..=69, Some(l)) => self.consume(l),
             (70..=77, _) => self.isolate(),
             (78..=91, _) => {
                 let i = self.rng.below(NODES) as usize;
@@ -242,6 +255,7 @@ impl World {
     /// Collects the answers every node gave: an OK acknowledges its record; an error
     /// leaves it to be sent again.
     fn harvest(&mut self) {
+        self.note_settled();
         for i in 0..self.net.nodes.len() {
             for (slot, response) in std::mem::take(&mut self.net.nodes[i].answers) {
                 let Some((p, seq, value)) = self.sent.remove(&(i, slot)) else {
@@ -266,6 +280,39 @@ impl World {
         }
     }
 
+    /// Raises `settled` to what any node applied: applied means committed.
+    fn note_settled(&mut self) {
+        let Some(settled) = &mut self.settled else {
+            return;
+        };
+        for node in &self.net.nodes {
+            let cluster = node.broker.cluster.as_deref().unwrap();
+            for p in cluster.applied.positions() {
+                if p.group == b"g" && p.topic_id == self.topic {
+                    let at = settled.entry(p.partition).or_default();
+                    *at = (*at).max(p.committed);
+                }
+            }
+        }
+    }
+
+    /// No leader delivers again a record of group `g` whose settling a node applied.
+    fn check_not_settled(&mut self, l: usize, delivery: &crate::consume::Delivery) {
+        let r = &delivery.reference;
+        let Some(&settled) = (self.settled.as_ref()).and_then(|s| s.get(&r.partition)) else {
+            return;
+        };
+        assert!(
+            r.sequence > settled,
+            "node {l} delivered {}/{} (attempt {}) to group g, settled up to {settled} \
+             on a node",
+            r.partition,
+            r.sequence,
+            delivery.attempt
+        );
+        self.stats.deliveries_above_settled += usize::from(settled > 0);
+    }
+
     /// Group `g` joins on the leader, takes what comes for a few rounds, acknowledges
     /// most, rejects some into the twin, leaves some in flight, and its connection
     /// closes.
@@ -282,7 +329,11 @@ impl World {
         let (mut acked, mut rejected, mut left) = (0, 0, 0);
         for _ in 0..=self.rng.below(4) {
             self.net.deliver();
+            self.note_settled();
             for push in std::mem::take(&mut self.net.nodes[l].pushes) {
+                if let Effect::Deliver { delivery, .. } = &push {
+                    self.check_not_settled(l, delivery);
+                }
                 let roll = self.rng.below(10);
                 let now = self.net.now_of(l);
                 let broker = &mut self.net.nodes[l].broker;
@@ -321,8 +372,12 @@ impl World {
     fn operator_change(&mut self, l: usize) {
         let (group, topic) = (String::from("g"), String::from("orders"));
         let change = match self.rng.below(10) {
-            0..=2 => Change::DeleteGroup { group, topic },
+            0..=2 => {
+                self.settled = None;
+                Change::DeleteGroup { group, topic }
+            }
             3..=8 => {
+                self.settled = None;
                 let to = match self.rng.below(3) {
                     0 => ResetTo::Earliest,
                     1 => ResetTo::Latest,
@@ -687,6 +742,8 @@ struct Variant {
     producer_ttl_ms: u64,
     /// `None`: the flag's default, so no group expires within a run.
     group_ttl_ms: Option<u64>,
+    /// Whether steps reset and delete group `g` and purge; without, they consume.
+    operator_changes: bool,
 }
 
 const PLAIN: Variant = Variant {
@@ -696,6 +753,7 @@ const PLAIN: Variant = Variant {
     clock_steps: false,
     producer_ttl_ms: PRODUCER_TTL_MS,
     group_ttl_ms: None,
+    operator_changes: true,
 };
 const DISK_FAULTS_ON: Variant = Variant {
     disk_faults: true,
@@ -725,6 +783,13 @@ const PRODUCERS_EXPIRING: Variant = Variant {
 /// over two partitions, disk faults on.
 const GROUPS_EXPIRING: Variant = Variant {
     group_ttl_ms: Some(250),
+    ..THREE_MEMBERS
+};
+/// No operator change ever moves group `g` back, so every delivery of every run is
+/// checked against what the group settled: up to three members over two partitions
+/// across failovers, restarts and disk faults.
+const NO_OPERATOR_CHANGES: Variant = Variant {
+    operator_changes: false,
     ..THREE_MEMBERS
 };
 
@@ -785,6 +850,10 @@ fn run_seeds(variant: Variant) {
         variant.group_ttl_ms.is_none() || total.groups_expired > 0,
         "no group expired"
     );
+    assert!(
+        variant.operator_changes || total.deliveries_above_settled > 0,
+        "no delivery was checked against a settled position"
+    );
 }
 
 #[test]
@@ -822,6 +891,11 @@ fn nor_with_groups_expiring() {
     run_seeds(GROUPS_EXPIRING);
 }
 
+#[test]
+fn nor_delivers_again_what_a_replicated_ack_settled() {
+    run_seeds(NO_OPERATOR_CHANGES);
+}
+
 /// Seeds that found a hole, each fixed since (`docs/REPLICATION.md` §9.5): 2, a group
 /// delete applied again at a restart buried the group above a re-created group's dead
 /// letter; 549, a leader sent a snapshot offered for an earlier ask, older than its
@@ -830,7 +904,12 @@ fn nor_with_groups_expiring() {
 /// whose file job failed left old segments that a later purge put before a gap, and the
 /// node never started again; 524 with producers expiring, a node restarted after a purge
 /// of every record aged its snapshot's producers from its log's clock, which had no
-/// record to start from, and forgot them.
+/// record to start from, and forgot them; 1363 without operator changes, a leader cut
+/// off delivered to a member that joined it records another leader had since seen
+/// settled; 1097 with three members, a node killed after cutting back its journal's
+/// next-to-last file took the file, unsynced, as durable at its restart, and a later
+/// power cut undid the cut: replay ended there, behind entries it had reported
+/// persisted, and the cluster never agreed again.
 #[test]
 fn the_seeds_that_once_found_a_hole_stay_clean() {
     let seeds = [
@@ -839,6 +918,8 @@ fn the_seeds_that_once_found_a_hole_stay_clean() {
         (3340, PLAIN),
         (2525, DISK_FAULTS_ON),
         (524, PRODUCERS_EXPIRING),
+        (1363, NO_OPERATOR_CHANGES),
+        (1097, THREE_MEMBERS),
     ];
     for (seed, variant) in seeds {
         run_seed(seed, variant).unwrap_or_else(|failure| panic!("{failure}"));
