@@ -574,18 +574,27 @@ impl Net {
         self.join_g(i, topic);
         loop {
             self.deliver();
-            for push in std::mem::take(&mut self.nodes[i].pushes) {
-                match push {
-                    Effect::Notice { notice, .. } => {
-                        let answer = ControlAck::answering(&notice, ControlResult::Ok);
-                        let _ = self.nodes[i].broker.control_ack(CONN, &answer, self.now);
-                    }
-                    Effect::Deliver { delivery, .. } => return delivery.reference,
-                    _ => {}
-                }
+            if let Some(&first) = self.take_deliveries(i).first() {
+                return first;
             }
             self.tick();
         }
+    }
+
+    /// The MSGs node `i` pushed since the last call, CONTROL_ACKing its NOTICEs.
+    fn take_deliveries(&mut self, i: usize) -> Vec<DeliveryRef> {
+        let mut delivered = Vec::new();
+        for push in std::mem::take(&mut self.nodes[i].pushes) {
+            match push {
+                Effect::Notice { notice, .. } => {
+                    let answer = ControlAck::answering(&notice, ControlResult::Ok);
+                    let _ = self.nodes[i].broker.control_ack(CONN, &answer, self.now);
+                }
+                Effect::Deliver { delivery, .. } => delivered.push(delivery.reference),
+                _ => {}
+            }
+        }
+        delivered
     }
 
     /// Node `i`'s dead letter at `sequence` of `twin` partition 0: its original value
@@ -993,33 +1002,18 @@ fn a_leader_out_of_its_lease_delivers_nothing_until_a_majority_answers_it_again(
     net.join_g(l, topic);
     for _ in 0..3 {
         net.pass(l);
-        let pushes = std::mem::take(&mut net.nodes[l].pushes);
-        for push in pushes {
-            match push {
-                Effect::Notice { notice, .. } => {
-                    let answer = ControlAck::answering(&notice, ControlResult::Ok);
-                    let _ = net.nodes[l].broker.control_ack(CONN, &answer, net.now);
-                }
-                Effect::Deliver { delivery, .. } => {
-                    panic!("delivered {:?} out of the lease", delivery.reference)
-                }
-                _ => {}
-            }
-        }
+        let delivered = net.take_deliveries(l);
+        assert!(delivered.is_empty(), "out of the lease: {delivered:?}");
     }
     net.nodes[l].isolated = false;
     let delivered = loop {
         net.tick();
         net.deliver();
-        let pushes = std::mem::take(&mut net.nodes[l].pushes);
-        if let Some(d) = pushes.iter().find_map(|p| match p {
-            Effect::Deliver { delivery, .. } => Some(delivery.reference.sequence),
-            _ => None,
-        }) {
-            break d;
+        if let Some(&first) = net.take_deliveries(l).first() {
+            break first;
         }
     };
-    assert_eq!(delivered, 1);
+    assert_eq!(delivered.sequence, 1);
     assert!(net.cluster(l).replica.is_leader(), "still the leader");
 }
 
