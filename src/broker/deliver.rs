@@ -569,9 +569,10 @@ impl Broker {
         self.consume.read_pass += 1;
         let delivering = (self.cluster.as_deref()).is_none_or(|c| c.delivers(now.mono_ms));
         let (coordinator, mut records) = self.coordinated();
-        match delivering {
-            true => coordinator.pump(now.mono_ms, &mut records, room),
-            false => coordinator.run_timers(now.mono_ms),
+        if delivering {
+            coordinator.pump(now.mono_ms, &mut records, room);
+        } else {
+            coordinator.run_timers(now.mono_ms);
         }
         self.collect_consume_effects(now);
     }

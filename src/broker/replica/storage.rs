@@ -122,11 +122,14 @@ impl JournalStorage {
             .max(report.commit)
             .max(report.checkpoint.index);
         if commit > journal.last_index() {
-            // Entries this node reported as persisted are gone (a disk that lied, or a
-            // file changed by hand): the leader sends them again, but say so.
+            // A power cut between a Ready's `raft-state` write and its journal sync does
+            // this, harmlessly (the Ready never counted as persisted); so does a disk
+            // that lost synced entries, which is not harmless. The leader sends the
+            // entries again either way; the operator should know which it was.
             log::warn!(
-                "{}: commit index {commit} lies past the journal's last entry {}; entries \
-                 once synced are missing",
+                "{}: commit index {commit} lies past the journal's last entry {}: entries \
+                 known committed are missing (cut off by a power loss before their sync, \
+                 or lost by the disk after it); the leader sends them again",
                 dir.display(),
                 journal.last_index()
             );
