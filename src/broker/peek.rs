@@ -167,7 +167,9 @@ impl Broker {
         let topic = self.topics.registry().by_topic_id(o.origin_topic_id);
         PeekOrigin {
             topic_id: o.origin_topic_id,
-            topic: topic.map(|(pair, _)| pair.name.clone()).unwrap_or_default(),
+            topic: topic
+                .map(|(pair, twin)| pair.name_of(twin))
+                .unwrap_or_default(),
             partition: o.origin_partition,
             sequence: o.origin_sequence,
             attempts: o.attempts,

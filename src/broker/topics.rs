@@ -64,6 +64,15 @@ impl TopicPair {
         format!("{}{DLQ_SUFFIX}", self.name)
     }
 
+    /// The name of the source, or of its dead-letter twin.
+    pub fn name_of(&self, twin: bool) -> String {
+        if twin {
+            self.twin_name()
+        } else {
+            self.name.clone()
+        }
+    }
+
     /// The source and the twin: (topic id, name).
     pub fn topics(&self) -> [(u16, String); 2] {
         [
@@ -438,11 +447,7 @@ impl RegistryRebuild {
         for recovered in &self.pairs {
             let pair = &recovered.pair;
             for (topic_id, path) in &recovered.found {
-                let name = if *topic_id == pair.source_id() {
-                    pair.name.clone()
-                } else {
-                    pair.twin_name()
-                };
+                let name = pair.name_of(*topic_id != pair.source_id());
                 let wanted = topic_dir(&self.topics_dir, *topic_id, &name);
                 if *path != wanted {
                     storage.rename(path, &wanted)?;

@@ -942,10 +942,7 @@ impl Reactor {
         let mut pairs: Vec<_> = self.broker.registry().pairs().collect();
         pairs.sort_by_key(|p| p.pair);
         for pair in pairs {
-            for (topic_id, name, dlq_twin) in [
-                (pair.source_id(), pair.name.clone(), false),
-                (pair.twin_id(), pair.twin_name(), true),
-            ] {
+            for ((topic_id, name), dlq_twin) in pair.topics().into_iter().zip([false, true]) {
                 let partitions = (0..pair.partition_count)
                     .filter_map(|i| self.broker.partition(topic_id, i))
                     .map(|p| {

@@ -315,10 +315,7 @@ impl Broker {
         let Some((pair, twin)) = registry.by_topic_id(topic_id) else {
             return; // its topic is gone, and its positions with it
         };
-        let topic = match twin {
-            true => pair.twin_name(),
-            false => pair.name.clone(),
-        };
+        let topic = pair.name_of(twin);
         let c = self.cluster_mut();
         // A group of this name created later starts from its own positions.
         c.resend_positions(&group, topic_id);
