@@ -5,7 +5,9 @@
 //! idempotent FSYNC and WRITTEN publishes, subscribes, acks, nacks, rejects, leaves),
 //! completes its durable-I/O jobs in random order, injects I/O faults, cuts the power (the
 //! simulated disk keeps what a real one may keep, `src/log/simdisk.rs`) and kills the
-//! process (the page cache keeps everything written, synced or not). After each the
+//! process (the page cache keeps everything written, synced or not), at step boundaries
+//! and at a disk change drawn at random, which may fall inside a job (between a rename
+//! and its directory sync, inside a checkpoint or a spare's fill). After each the
 //! broker is opened again over what the disk kept and the checker verifies:
 //! every FSYNC-acknowledged record present byte-exact at its sequence; sequences
 //! contiguous; exactly one copy per idempotent (producer_id, producer_seq); the leader
@@ -45,6 +47,11 @@ const STEPS_PER_SEED: u32 = 2_500;
 const POWER_CUT_ONE_IN: u64 = 250;
 /// Per step without a power cut, one chance in this many of the process being killed.
 const KILL_ONE_IN: u64 = 500;
+/// Per step without a crash point set, one chance in this many of setting one: the
+/// process dies at one of the next `CRASH_WITHIN_CHANGES` disk changes, then the power
+/// is cut or not.
+const CRASH_POINT_ONE_IN: u64 = 250;
+const CRASH_WITHIN_CHANGES: u64 = 60;
 const TOPICS_MAX: usize = 3;
 const PARTITIONS_MAX: u16 = 3;
 const PRODUCERS: usize = 3;
@@ -147,6 +154,8 @@ struct Tally {
     steps: u64,
     power_cuts: u64,
     kills: u64,
+    /// Stops at a crash point inside a pass or a job (counted in power cuts or kills too).
+    crash_points: u64,
     records_checked: u64,
     fsync_acks: u64,
     deduplicated: u64,
@@ -161,6 +170,7 @@ impl Tally {
         self.steps += t.steps;
         self.power_cuts += t.power_cuts;
         self.kills += t.kills;
+        self.crash_points += t.crash_points;
         self.records_checked += t.records_checked;
         self.fsync_acks += t.fsync_acks;
         self.deduplicated += t.deduplicated;
@@ -655,10 +665,19 @@ impl Sim {
             _ => {}
         }
         self.pass();
-        if self.rng.below(POWER_CUT_ONE_IN) == 0 {
+        if self.disk.crashed() {
+            self.tally.crash_points += 1;
+            let how = match self.rng.below(2) {
+                0 => Stop::PowerCut,
+                _ => Stop::Kill,
+            };
+            self.stop(how);
+        } else if self.rng.below(POWER_CUT_ONE_IN) == 0 {
             self.power_cut();
         } else if self.rng.below(KILL_ONE_IN) == 0 {
             self.stop(Stop::Kill);
+        } else if !self.disk.crash_armed() && self.rng.below(CRASH_POINT_ONE_IN) == 0 {
+            self.disk.crash_after(self.rng.below(CRASH_WITHIN_CHANGES));
         }
     }
 
@@ -683,6 +702,7 @@ impl Sim {
             }
             Stop::Kill => self.tally.kills += 1,
         }
+        self.disk.restarted();
         self.open();
         for client in 0..PRODUCERS {
             let conn = self.new_conn();
@@ -920,13 +940,15 @@ fn every_acknowledged_record_survives_power_cuts_in_any_order_of_syncs() {
         total.add(&tally);
     }
     println!(
-        "simulation: {} seeds, {} steps, {} power cuts, {} kills, {} FSYNC acks ({} deduplicated), \
+        "simulation: {} seeds, {} steps, {} power cuts and {} kills ({} of them at a crash point \
+         inside a pass or job), {} FSYNC acks ({} deduplicated), \
          {} records, {} committed positions and {} dead letters checked, {} jobs run \
          ({} failed by injected faults), 0 violations, in {:?}",
         seeds.len(),
         total.steps,
         total.power_cuts,
         total.kills,
+        total.crash_points,
         total.fsync_acks,
         total.deduplicated,
         total.records_checked,

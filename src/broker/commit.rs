@@ -70,6 +70,10 @@ pub struct GroupCommit {
     /// node syncs them early, `replica::compaction`).
     files_crowded: bool,
     checkpoint_in_flight: bool,
+    /// A checkpoint failed since the last housekeeping: the next waits for it (about a
+    /// second, `Broker::housekeeping`), so a full or failing disk is not tried again on
+    /// every pass that the failure's own completion starts.
+    checkpoint_failed: bool,
     /// A checkpoint is taken once the journal is this far past the last one.
     checkpoint_bytes: u64,
     /// Segments cut back after a failed write, synced by the next journal sync job.
@@ -106,6 +110,7 @@ impl GroupCommit {
             segments_dirty: Vec::new(),
             files_crowded: false,
             checkpoint_in_flight: false,
+            checkpoint_failed: false,
             checkpoint_bytes,
             undone: Vec::new(),
             spares: SpareJobs::default(),
@@ -423,7 +428,8 @@ impl GroupCommit {
     ) {
         let grown = self.journal.written_lsn() - self.journal.checkpoint_lsn();
         let small = grown == 0 || (grown < self.checkpoint_bytes && !force);
-        if self.checkpoint_in_flight || self.checkpoints_blocked || small {
+        let held = self.checkpoint_failed && !force;
+        if self.checkpoint_in_flight || self.checkpoints_blocked || small || held {
             return;
         }
         // A poisoned partition takes no segment sync, so a checkpoint would pass records
@@ -473,9 +479,17 @@ impl GroupCommit {
                     });
                 }
             }
-            Err(e) => log::error!("checkpoint at journal lsn {lsn} failed: {e}"),
+            Err(e) => {
+                self.checkpoint_failed = true;
+                log::error!("checkpoint at journal lsn {lsn} failed: {e}");
+            }
         }
         synced
+    }
+
+    /// Housekeeping: a checkpoint that failed may be tried again.
+    pub fn retry_checkpoint(&mut self) {
+        self.checkpoint_failed = false;
     }
 
     /// At shutdown, after the worker pool stopped: writes and syncs the journal, then

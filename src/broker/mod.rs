@@ -613,11 +613,12 @@ impl Broker {
         self.consume.connection_closed(conn, now);
     }
 
-    /// Periodic housekeeping (about once a second): retention, producer expiry and
-    /// producer snapshots.
+    /// Periodic housekeeping (about once a second): retention, producer expiry,
+    /// producer snapshots, and another try at a checkpoint that failed.
     pub fn housekeeping(&mut self, now: Now) {
         self.partitions
             .housekeeping(now, &mut self.counters, &mut self.jobs);
+        self.retry_cluster_checkpoint();
         self.retry_dead_letters(now);
         self.submit_jobs();
     }

@@ -706,6 +706,7 @@ impl Partitions {
         counters: &mut BrokerCounters,
         jobs: &mut Vec<DurableJob>,
     ) {
+        self.commit.retry_checkpoint();
         let aging_now = self.aging_now(now);
         // `data_bytes` follows every flush; this exact count (segment headers, retention)
         // visits every partition, so it runs here and not on every pass.

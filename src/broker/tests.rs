@@ -777,3 +777,56 @@ fn a_failed_final_sync_is_an_error_for_the_exit_status() {
     assert!(e.contains("Input/output error"), "{e}");
     assert_eq!(synced(&broker), 1);
 }
+
+/// A checkpoint that failed (a full disk: its write got ENOSPC) is not taken again by
+/// the passes its own completion starts, which on a disk that stays full would be a busy
+/// loop logging an error each time, but after the next housekeeping.
+#[test]
+fn a_failed_checkpoint_is_tried_again_at_housekeeping_not_on_every_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let jobs = HeldJobs::default();
+    let config = BrokerConfig {
+        data_dir: dir.path().to_path_buf(),
+        journal_file_bytes: crate::log::JOURNAL_FILE_BYTES_MIN,
+        ..BrokerConfig::default()
+    };
+    let storage = crate::log::FsStorage::shared();
+    let (mut broker, _) =
+        Broker::open(config, storage, Box::new(jobs.clone()), Now::default()).unwrap();
+    let topic = declare(&mut broker, &jobs, "t", 1);
+    let checkpoint_at = |jobs: &HeldJobs| {
+        let held = jobs.0.borrow();
+        held.iter()
+            .position(|j| matches!(j.work, super::jobs::Work::Checkpoint { .. }))
+    };
+    let value = [7u8; 1024];
+    let mut slot = 0;
+    let failing = loop {
+        let p = Pub {
+            topic_id: topic,
+            flags: PubFlags::requesting(Some(Durability::Fsynced)),
+            value: &value,
+            ..Pub::default()
+        };
+        broker.publish(CONN, slot, &p, Now::default());
+        slot += 1;
+        broker.end_pass(Now::default(), &unlimited_room);
+        if let Some(i) = checkpoint_at(&jobs) {
+            break i;
+        }
+        jobs.run(&mut broker, |_| false);
+        assert!(slot < 1_000, "no checkpoint after {slot} KiB of journal");
+    };
+    jobs.run(&mut broker, |i| i == failing);
+    for _ in 0..3 {
+        broker.end_pass(Now::default(), &unlimited_room);
+        assert_eq!(checkpoint_at(&jobs), None, "taken again at once");
+        jobs.run(&mut broker, |_| false);
+    }
+    broker.housekeeping(Now::default());
+    broker.end_pass(Now::default(), &unlimited_room);
+    assert!(
+        checkpoint_at(&jobs).is_some(),
+        "tried again after housekeeping"
+    );
+}

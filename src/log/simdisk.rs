@@ -10,6 +10,11 @@
 //!
 //! Open handles name an inode, as on a real file system: a file renamed or unlinked while
 //! open is still written through its handle. After a power cut every older handle fails.
+//!
+//! [`SimDisk::crash_after`] stops the process between two operations, wherever they fall:
+//! inside a durable job (between a rename and its directory sync) as well as between
+//! jobs. From that point every change fails with EIO and leaves no trace, so what the
+//! next process finds (after a kill, or a power cut) is what the dead one had done.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -102,6 +107,9 @@ struct Disk {
     faults: FaultRates,
     /// Bumped by every power cut; handles from before it fail.
     generation: u64,
+    /// Changes left before the process crashes (`crash_after`), and whether it has.
+    crash_in: Option<u64>,
+    crashed: bool,
     /// Counters for the simulator's report.
     power_cuts: u64,
     writes_torn: u64,
@@ -156,6 +164,21 @@ fn apply(image: &mut Vec<u8>, op: &DataOp) {
 }
 
 impl Disk {
+    /// Every change passes here first: past the crash point nothing changes any more.
+    fn change(&mut self) -> io::Result<()> {
+        match self.crash_in {
+            _ if self.crashed => return Err(errno(EIO)),
+            Some(0) => {
+                self.crashed = true;
+                self.crash_in = None;
+                return Err(errno(EIO));
+            }
+            Some(left) => self.crash_in = Some(left - 1),
+            None => {}
+        }
+        Ok(())
+    }
+
     fn fault(&mut self, per_million: u32) -> bool {
         per_million > 0 && self.rng.as_mut().is_some_and(|r| r.chance(per_million))
     }
@@ -257,6 +280,8 @@ impl SimDisk {
     pub fn power_cut(&self) {
         let mut d = self.lock();
         d.power_cuts += 1;
+        d.crash_in = None;
+        d.crashed = false;
         d.generation += 1;
         // Metadata: a prefix of the unsynced directory changes survives.
         let pending = std::mem::take(&mut d.pending);
@@ -297,6 +322,29 @@ impl SimDisk {
         d.inodes.retain(|i, _| referenced.contains(i));
     }
 
+    /// The process crashes just before its `changes`-th next change (0: the next one).
+    pub fn crash_after(&self, changes: u64) {
+        self.lock().crash_in = Some(changes);
+    }
+
+    /// Whether the process reached its crash point.
+    pub fn crashed(&self) -> bool {
+        self.lock().crashed
+    }
+
+    /// Whether a crash point is set and not reached yet.
+    pub fn crash_armed(&self) -> bool {
+        self.lock().crash_in.is_some()
+    }
+
+    /// A new process starts over the page cache the crashed one left (a kill): changes
+    /// work again.
+    pub fn restarted(&self) {
+        let mut d = self.lock();
+        d.crash_in = None;
+        d.crashed = false;
+    }
+
     /// (power cuts, unsynced writes lost, unsynced writes torn) so far.
     pub fn cut_counts(&self) -> (u64, u64, u64) {
         let d = self.lock();
@@ -319,7 +367,10 @@ impl Storage for SimDisk {
         d.read_fault()?;
         let inode = match (how, d.file(path)) {
             (Open::CreateNew, Ok(_)) => return Err(errno(EEXIST)),
-            (Open::Create | Open::CreateNew, Err(_)) => d.new_file(path)?,
+            (Open::Create | Open::CreateNew, Err(_)) => {
+                d.change()?;
+                d.new_file(path)?
+            }
             (_, found) => found?,
         };
         drop(d);
@@ -335,6 +386,7 @@ impl Storage for SimDisk {
 
     fn write(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
         let mut d = self.lock();
+        d.change()?;
         d.write_fault()?;
         let inode = match d.file(path) {
             Ok(inode) => inode,
@@ -351,6 +403,7 @@ impl Storage for SimDisk {
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let mut d = self.lock();
+        d.change()?;
         d.write_fault()?;
         let inode = d.file(from)?;
         if parent(from) != parent(to) {
@@ -365,6 +418,7 @@ impl Storage for SimDisk {
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         let mut d = self.lock();
+        d.change()?;
         d.file(path)?;
         d.link(path, None);
         Ok(())
@@ -372,6 +426,7 @@ impl Storage for SimDisk {
 
     fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
         let mut d = self.lock();
+        d.change()?;
         if d.live.get(path) != Some(&Entry::Dir) {
             return Err(errno(ENOENT));
         }
@@ -391,6 +446,7 @@ impl Storage for SimDisk {
 
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         let mut d = self.lock();
+        d.change()?;
         let mut missing = Vec::new();
         let mut p = path;
         while !p.as_os_str().is_empty() && d.live.get(p) != Some(&Entry::Dir) {
@@ -430,6 +486,7 @@ impl Storage for SimDisk {
 
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
         let mut d = self.lock();
+        d.change()?;
         let rate = d.faults.sync_eio;
         if d.fault(rate) {
             return Err(errno(EIO));
@@ -462,6 +519,7 @@ impl SimFile {
 impl StorageFile for SimFile {
     fn write_at(&self, position: u64, bytes: &[u8]) -> io::Result<()> {
         let mut d = self.disk()?;
+        d.change()?;
         d.write_fault()?;
         let op = DataOp::Write {
             position,
@@ -487,12 +545,14 @@ impl StorageFile for SimFile {
 
     fn set_len(&self, len: u64) -> io::Result<()> {
         let mut d = self.disk()?;
+        d.change()?;
         d.data_op(self.inode, DataOp::SetLen(len));
         Ok(())
     }
 
     fn sync_data(&self) -> io::Result<()> {
         let mut d = self.disk()?;
+        d.change()?;
         let rate = d.faults.sync_eio;
         if d.fault(rate) {
             return Err(errno(EIO));
@@ -558,6 +618,35 @@ mod tests {
             cut_until(setup, |d| read(d).len() > 7 && read(d).len() < 16),
             "or torn"
         );
+    }
+
+    #[test]
+    fn a_crash_point_stops_every_change_and_a_restart_or_power_cut_clears_it() {
+        let disk = SimDisk::seeded(7);
+        disk.create_dir_all(Path::new("/d")).unwrap();
+        let f = disk.open(Path::new("/d/a"), Open::CreateNew).unwrap();
+        disk.crash_after(1);
+        f.write_at(0, b"made").unwrap();
+        assert!(!disk.crashed());
+        assert!(f.sync_data().is_err(), "the crash point");
+        assert!(disk.crashed());
+        assert!(disk.rename(Path::new("/d/a"), Path::new("/d/b")).is_err());
+        assert!(disk.open(Path::new("/d/c"), Open::Create).is_err());
+        assert_eq!(
+            disk.read(Path::new("/d/a")).unwrap(),
+            b"made",
+            "reads still work"
+        );
+        disk.restarted();
+        assert!(!disk.crashed() && !disk.crash_armed());
+        f.sync_data().unwrap();
+        disk.sync_dir(Path::new("/")).unwrap();
+        disk.sync_dir(Path::new("/d")).unwrap();
+        disk.crash_after(0);
+        assert!(disk.crash_armed());
+        disk.power_cut();
+        assert!(!disk.crash_armed());
+        assert_eq!(disk.read(Path::new("/d/a")).unwrap(), b"made");
     }
 
     #[test]

@@ -37,6 +37,9 @@ const ROUNDS_MAX: usize = 500;
 /// Passes of every node within one round before the harness calls the network busy
 /// forever.
 const PASSES_PER_ROUND_MAX: usize = 10_000;
+/// A node's passes at one instant that each leave new jobs: far more than any real
+/// chain of completions (a topic's files, then its registry write) needs.
+const PASSES_WITH_JOBS_MAX: usize = 1_000;
 const CONN: ConnRef = ConnRef { id: 1, serial: 1 };
 /// Small journal files, so that a few hundred KiB of records fill several.
 const JOURNAL_FILE_BYTES: u64 = 64 * 1024;
@@ -233,9 +236,11 @@ impl Net {
 
     /// Node `id` opened on `disk` with what the net keeps and its election seed.
     /// A disk that was failing heals first: a start that failed on it would be tried
-    /// again by the node's supervisor until it succeeds.
+    /// again by the node's supervisor until it succeeds. A crash point set and not
+    /// reached goes too (start-up is not crashed), and one reached was the old process's.
     fn open(&mut self, id: u64, disk: SimDisk) -> Node {
         disk.set_faults(crate::log::simdisk::FaultRates::default());
+        disk.restarted();
         self.opened += 1;
         let options = ReplicaOptions {
             election_seed: self.election_seed.map(|s| s ^ (self.opened << 40) ^ id),
@@ -247,7 +252,7 @@ impl Net {
     /// Node `i` reads its inbox and ends its pass, its jobs run and it passes again until
     /// none is left; what it sends is routed.
     fn pass(&mut self, i: usize) {
-        loop {
+        for _ in 0..PASSES_WITH_JOBS_MAX {
             let now = self.now_of(i);
             let node = &mut self.nodes[i];
             while let Some(m) = node.inbox.pop_front() {
@@ -307,6 +312,10 @@ impl Net {
                 self.nodes[i].broker.job_done(done, now);
             }
         }
+        panic!(
+            "node {i} took new jobs in {PASSES_WITH_JOBS_MAX} passes at one instant: a job \
+             that fails is taken again by the pass its failure starts"
+        );
     }
 
     /// Node `i`'s raft messages to their inboxes, unless a link is down: then the

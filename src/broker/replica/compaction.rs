@@ -32,6 +32,9 @@ pub struct Compaction {
     proposed: u64,
     next_proposal_ms: u64,
     in_flight: bool,
+    /// A checkpoint failed since the last housekeeping: the next waits for it, as a single
+    /// node's does (`GroupCommit`), rather than running again at once on a failing disk.
+    failed: bool,
     spares: SpareJobs,
 }
 
@@ -136,7 +139,8 @@ impl Broker {
         // restarted from an older checkpoint and has not applied that far yet waits.
         let due = floor > c.replica.checkpoint().index && floor <= c.applied_index;
         let crowded = self.partitions.segment_files_crowded();
-        if !(due || crowded) || c.compaction.in_flight || c.failed.is_some() {
+        let held = c.compaction.in_flight || c.compaction.failed || c.failed.is_some();
+        if !(due || crowded) || held {
             return;
         }
         // A purge's files not gone yet could come back after a crash, and its entry
@@ -167,6 +171,13 @@ impl Broker {
         });
     }
 
+    /// Housekeeping: a cluster checkpoint that failed may be tried again.
+    pub(in crate::broker) fn retry_cluster_checkpoint(&mut self) {
+        if let Some(c) = self.cluster.as_deref_mut() {
+            c.compaction.failed = false;
+        }
+    }
+
     /// A cluster checkpoint came back: segment and positions outcomes to their owners;
     /// once written, the journal files below it go.
     pub(in crate::broker) fn cluster_checkpoint_done(&mut self, done: CheckpointDone, now: Now) {
@@ -179,6 +190,7 @@ impl Broker {
         }
         let c = self.cluster.as_deref_mut().expect("cluster mode");
         c.compaction.in_flight = false;
+        c.compaction.failed = done.result.is_err();
         let Some(point) = done.write.map(|w| w.point) else {
             if let Err(e) = done.result {
                 log::error!("segment syncs between checkpoints failed: {e}");
