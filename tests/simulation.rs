@@ -52,6 +52,11 @@ const KILL_ONE_IN: u64 = 500;
 /// is cut or not.
 const CRASH_POINT_ONE_IN: u64 = 250;
 const CRASH_WITHIN_CHANGES: u64 = 60;
+/// Per start, one chance in this many that the process dies again within its first
+/// `START_CRASH_WITHIN_CHANGES` disk changes (replay, segment syncs, the checkpoint, file
+/// removals): recovery must survive being cut short, any number of times in a row.
+const START_CRASH_ONE_IN: u64 = 4;
+const START_CRASH_WITHIN_CHANGES: u64 = 40;
 const TOPICS_MAX: usize = 3;
 const PARTITIONS_MAX: u16 = 3;
 const PRODUCERS: usize = 3;
@@ -156,6 +161,8 @@ struct Tally {
     kills: u64,
     /// Stops at a crash point inside a pass or a job (counted in power cuts or kills too).
     crash_points: u64,
+    /// Starts that died at a crash point before they finished (not counted above).
+    start_crashes: u64,
     records_checked: u64,
     fsync_acks: u64,
     deduplicated: u64,
@@ -171,6 +178,7 @@ impl Tally {
         self.power_cuts += t.power_cuts;
         self.kills += t.kills;
         self.crash_points += t.crash_points;
+        self.start_crashes += t.start_crashes;
         self.records_checked += t.records_checked;
         self.fsync_acks += t.fsync_acks;
         self.deduplicated += t.deduplicated;
@@ -183,6 +191,9 @@ impl Tally {
 
 struct Sim {
     seed: u64,
+    /// Whether starts may die at a crash point; off for seeds found before they could,
+    /// whose histories would change.
+    start_crashes: bool,
     rng: SimRng,
     disk: SimDisk,
     broker: Option<Broker>,
@@ -224,9 +235,10 @@ fn config() -> BrokerConfig {
 }
 
 impl Sim {
-    fn new(seed: u64) -> Sim {
+    fn new(seed: u64, start_crashes: bool) -> Sim {
         let mut sim = Sim {
             seed,
+            start_crashes,
             rng: SimRng::new(seed),
             disk: SimDisk::seeded(seed ^ 0xD15C),
             broker: None,
@@ -292,16 +304,42 @@ impl Sim {
     }
 
     /// Opens the broker over the disk with faults off (a start that fails on injected
-    /// I/O would test nothing about what was kept), then checks what it found.
+    /// I/O would test nothing about what was kept), then checks what it found. Some
+    /// starts die at a crash point first, and the power may go with them.
     fn open(&mut self) {
         self.disk.set_faults(FaultRates::default());
-        self.jobs = HeldJobs::default();
-        self.mono_ms = 0;
-        let storage = Arc::new(self.disk.clone());
-        let opened = Broker::open(config(), storage, Box::new(self.jobs.clone()), self.now());
-        let (broker, _) = match opened {
-            Ok(b) => b,
-            Err(e) => self.fail(&format!("the broker did not start: {e}")),
+        let broker = loop {
+            let crash = self.start_crashes && self.rng.below(START_CRASH_ONE_IN) == 0;
+            if crash {
+                self.disk
+                    .crash_after(self.rng.below(START_CRASH_WITHIN_CHANGES));
+            }
+            self.jobs = HeldJobs::default();
+            self.mono_ms = 0;
+            let storage = Arc::new(self.disk.clone());
+            let opened = Broker::open(config(), storage, Box::new(self.jobs.clone()), self.now());
+            if self.disk.crashed() {
+                // The process died inside the start, whatever `open` made of the error.
+                self.tally.start_crashes += 1;
+                drop(opened);
+                let cut = self.rng.below(2) == 0;
+                if trace() {
+                    eprintln!("step {} start crashed, power cut: {cut}", self.tally.steps);
+                }
+                if cut {
+                    self.disk.power_cut();
+                }
+                self.disk.restarted();
+                continue;
+            }
+            if crash {
+                // The start made fewer changes than the crash point: no crash this time.
+                self.disk.restarted();
+            }
+            match opened {
+                Ok((broker, _)) => break broker,
+                Err(e) => self.fail(&format!("the broker did not start: {e}")),
+            }
         };
         if broker.leader_epoch() <= self.epoch {
             self.fail("the leader epoch did not grow across a restart");
@@ -870,11 +908,11 @@ impl Sim {
     }
 }
 
-fn run_seed(seed: u64) -> Tally {
+fn run_seed(seed: u64, start_crashes: bool) -> Tally {
     if trace() {
         let _ = env_logger::builder().is_test(true).try_init();
     }
-    let mut sim = Sim::new(seed);
+    let mut sim = Sim::new(seed, start_crashes);
     for _ in 0..STEPS_PER_SEED {
         sim.step();
     }
@@ -891,20 +929,25 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
-/// Seeds that once found a hole, replayed on every run.
-const REGRESSION_SEEDS: [u64; 2] = [
+/// Seeds that once found a hole, replayed on every run, and whether their history had
+/// starts that die at a crash point.
+const REGRESSION_SEEDS: [(u64, bool); 3] = [
     // 2026-12-02: a journal write hit ENOSPC and poisoned the partitions waiting on it;
     // a checkpoint then passed their records, which only the journal held durably.
-    1_796_214_053_653_319_091,
+    (1_796_214_053_653_319_091, false),
     // 2026-12-02: entries an earlier epoch left at the checkpoint's own LSN (in a spare
     // whose rename a power cut undid) were replayed after the next cut: stored twice.
-    1_796_286_794_289_416_690,
+    (1_796_286_794_289_416_690, false),
+    // 2026-12-04: the first start died after its mkdir of the data directory, before
+    // the parent's sync; the next start found the directory and synced nothing above
+    // it, and a power cut took the data directory away (the epoch write: ENOENT).
+    (1_796_373_877_509_390_686, true),
 ];
 
 #[test]
 fn the_seeds_that_once_found_a_hole_stay_clean() {
-    for seed in REGRESSION_SEEDS {
-        run_seed(seed);
+    for (seed, start_crashes) in REGRESSION_SEEDS {
+        run_seed(seed, start_crashes);
     }
 }
 
@@ -925,7 +968,7 @@ fn every_acknowledged_record_survives_power_cuts_in_any_order_of_syncs() {
     let started = Instant::now();
     let mut total = Tally::default();
     for (i, &seed) in seeds.iter().enumerate() {
-        let run = std::panic::catch_unwind(|| run_seed(seed));
+        let run = std::panic::catch_unwind(|| run_seed(seed, true));
         let tally = match run {
             Ok(t) => t,
             Err(e) => {
@@ -941,7 +984,7 @@ fn every_acknowledged_record_survives_power_cuts_in_any_order_of_syncs() {
     }
     println!(
         "simulation: {} seeds, {} steps, {} power cuts and {} kills ({} of them at a crash point \
-         inside a pass or job), {} FSYNC acks ({} deduplicated), \
+         inside a pass or job), {} starts cut short at a crash point, {} FSYNC acks ({} deduplicated), \
          {} records, {} committed positions and {} dead letters checked, {} jobs run \
          ({} failed by injected faults), 0 violations, in {:?}",
         seeds.len(),
@@ -949,6 +992,7 @@ fn every_acknowledged_record_survives_power_cuts_in_any_order_of_syncs() {
         total.power_cuts,
         total.kills,
         total.crash_points,
+        total.start_crashes,
         total.fsync_acks,
         total.deduplicated,
         total.records_checked,

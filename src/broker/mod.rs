@@ -320,7 +320,7 @@ impl Broker {
     ) -> Result<(Broker, StartupReport), String> {
         let dir = &config.data_dir;
         let topics_dir = dir.join(TOPICS_DIR);
-        crate::log::storage::create_dir_durable(&*storage, &topics_dir)
+        crate::log::storage::create_data_dir_durable(&*storage, &topics_dir)
             .map_err(|e| format!("cannot create data directory {}: {e}", dir.display()))?;
         // A start refused by the registry leaves every file (the epoch too) as it was.
         let (topics, registry_read) = TopicRegistry::load(Arc::clone(&storage), dir)?;

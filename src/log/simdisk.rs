@@ -5,7 +5,8 @@
 //! [`SimDisk::power_cut`] is what a real disk may do when the power goes: every write not
 //! yet synced is lost, kept, or torn at a random byte, each on its own; directory changes
 //! not yet synced survive as a prefix of the order they were made in (a journaling file
-//! system commits metadata in order). Faults (EIO, ENOSPC) are drawn from the same seeded
+//! system commits metadata in order), and whatever a lost directory held is lost with it
+//! (out of reach, as in lost+found). Faults (EIO, ENOSPC) are drawn from the same seeded
 //! generator, so one seed replays one history exactly.
 //!
 //! Open handles name an inode, as on a real file system: a file renamed or unlinked while
@@ -296,6 +297,19 @@ impl SimDisk {
                 None => d.durable.remove(&op.path),
             };
         }
+        // What lived in a directory whose own entry was lost is out of reach (a real
+        // file system's fsck puts it in lost+found). A parent sorts before its children.
+        let mut reachable = BTreeMap::new();
+        for (path, entry) in std::mem::take(&mut d.durable) {
+            let in_reach = match path.parent() {
+                Some(dir) if dir.parent().is_some() => reachable.get(dir) == Some(&Entry::Dir),
+                _ => true,
+            };
+            if in_reach {
+                reachable.insert(path, entry);
+            }
+        }
+        d.durable = reachable;
         // Data: each unsynced write of each file on its own.
         let inodes: Vec<u64> = d.inodes.keys().copied().collect();
         for inode in inodes {

@@ -140,10 +140,8 @@ impl CheckBackups {
     fn save(&mut self, path: &std::path::Path) -> io::Result<()> {
         let rel = path.strip_prefix(&self.data_dir).unwrap_or(path);
         let to = self.dir.join(rel);
-        std::fs::create_dir_all(to.parent().unwrap_or(&self.dir))?;
-        std::fs::copy(path, &to)?;
-        // The copy must be on disk before the original changes.
-        std::fs::File::open(&to)?.sync_all()?;
+        // The copy must be on disk, and findable, before the original changes.
+        mortarmq::log::storage::copy_durable(&FsStorage, path, &to)?;
         let line = format!("backed up {} to {}", path.display(), to.display());
         match self.json {
             true => eprintln!("{line}"),
@@ -314,7 +312,7 @@ pub(crate) fn check_registry(
     }
     if damage.is_some() {
         let kept = data_dir.join(DAMAGED_REGISTRY_FILE);
-        std::fs::copy(&path, &kept)
+        mortarmq::log::storage::copy_durable(&FsStorage, &path, &kept)
             .or_else(|e| runtime_err(format!("cannot keep {}: {e}", kept.display())))?;
         say(format!(
             "kept the unreadable registry as {}",

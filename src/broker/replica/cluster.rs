@@ -546,7 +546,7 @@ impl Broker {
     ) -> Result<(Broker, StartupReport), String> {
         let dir = config.data_dir.clone();
         let topics_dir = dir.join(TOPICS_DIR);
-        crate::log::storage::create_dir_durable(&*storage, &topics_dir)
+        crate::log::storage::create_data_dir_durable(&*storage, &topics_dir)
             .map_err(|e| format!("cannot create data directory {}: {e}", dir.display()))?;
         // An install under way starts over from a wiped directory, before anything reads it.
         let install = super::install::resume(&*storage, &dir)?;

@@ -118,6 +118,16 @@ fn open_node_retaining(
     kept: Kept,
     log: LogConfig,
 ) -> Node {
+    try_open_node(id, disk, options, kept, log).unwrap()
+}
+
+fn try_open_node(
+    id: u64,
+    disk: SimDisk,
+    options: ReplicaOptions,
+    kept: Kept,
+    log: LogConfig,
+) -> Result<Node, String> {
     let storage: Arc<dyn Storage> = Arc::new(disk.clone());
     let config = BrokerConfig {
         data_dir: Path::new("/data").to_path_buf(),
@@ -143,8 +153,8 @@ fn open_node_retaining(
     let jobs = Jobs::default();
     let sink = Box::new(jobs.clone());
     let (broker, _) =
-        Broker::open_cluster(config, (replica, options), storage, sink, Now::default()).unwrap();
-    Node {
+        Broker::open_cluster(config, (replica, options), storage, sink, Now::default())?;
+    Ok(Node {
         disk,
         broker,
         jobs,
@@ -157,7 +167,7 @@ fn open_node_retaining(
         pushes: Vec::new(),
         changes: BTreeMap::new(),
         wall_skew_ms: 0,
-    }
+    })
 }
 
 struct Net {
@@ -242,11 +252,34 @@ impl Net {
         disk.set_faults(crate::log::simdisk::FaultRates::default());
         disk.restarted();
         self.opened += 1;
-        let options = ReplicaOptions {
+        let options = self.options(id);
+        open_node_retaining(id, disk, options, self.kept, self.log_config)
+    }
+
+    /// Node `id` starts on `disk` and dies at its disk's change `changes` from now, if
+    /// the start makes that many: whether it did (the start is gone either way).
+    fn start_crashed(&mut self, id: u64, disk: &SimDisk, changes: u64) -> bool {
+        disk.set_faults(crate::log::simdisk::FaultRates::default());
+        disk.restarted();
+        disk.crash_after(changes);
+        self.opened += 1;
+        let options = self.options(id);
+        let opened = try_open_node(id, disk.clone(), options, self.kept, self.log_config);
+        let crashed = disk.crashed();
+        assert!(
+            crashed || opened.is_ok(),
+            "node {id} did not start: {:?}",
+            opened.err()
+        );
+        disk.restarted();
+        crashed
+    }
+
+    fn options(&self, id: u64) -> ReplicaOptions {
+        ReplicaOptions {
             election_seed: self.election_seed.map(|s| s ^ (self.opened << 40) ^ id),
             ..ReplicaOptions::default()
-        };
-        open_node_retaining(id, disk, options, self.kept, self.log_config)
+        }
     }
 
     /// Node `i` reads its inbox and ends its pass, its jobs run and it passes again until
@@ -427,6 +460,16 @@ impl Net {
     fn settled_leader(&mut self) -> usize {
         self.run_until("a serving leader", |n| n.serving_leader(None).is_some());
         self.serving_leader(None).unwrap()
+    }
+
+    /// A serving leader and topic "orders" on it, holding one record at sequence 1: from
+    /// `producer_id` (its producer_seq 1) with `value`.
+    fn leader_with_one_record(&mut self, producer_id: u64, value: &str) -> (usize, u16) {
+        let l = self.settled_leader();
+        let topic = self.declare(l, "orders");
+        self.publish(l, 1, topic, (producer_id, 1), value);
+        assert_eq!(pub_ok(&self.wait_answer(l, 1)).sequence, 1);
+        (l, topic)
     }
 
     /// DECLAREs a one-partition topic on node `i` and waits for its answer.
@@ -772,10 +815,7 @@ fn a_follower_turns_requests_away_naming_the_leader() {
 #[test]
 fn a_producer_resending_after_a_failover_is_deduplicated() {
     let mut net = Net::new();
-    let l = net.settled_leader();
-    let topic = net.declare(l, "orders");
-    net.publish(l, 1, topic, (9, 1), "x");
-    assert_eq!(pub_ok(&net.wait_answer(l, 1)).sequence, 1);
+    let (l, topic) = net.leader_with_one_record(9, "x");
     net.run_until("every node applied it", |n| {
         (0..3).all(|i| n.nodes[i].broker.cluster_status().unwrap().applied_index > 0)
             && n.all_at(topic, 2)
@@ -922,10 +962,7 @@ fn a_delete_is_applied_on_every_node() {
 #[test]
 fn a_restarted_node_applies_the_log_again_without_doubling_a_record() {
     let mut net = Net::new();
-    let l = net.settled_leader();
-    let topic = net.declare(l, "orders");
-    net.publish(l, 1, topic, (3, 1), "a");
-    assert_eq!(pub_ok(&net.wait_answer(l, 1)).sequence, 1);
+    let (l, topic) = net.leader_with_one_record(3, "a");
     let f = (0..3).find(|&i| i != l).unwrap();
     let next = |net: &Net| net.next_sequence(f, topic);
     net.run_until("the follower applied it", |net| next(net) == 2);
@@ -952,10 +989,7 @@ fn a_restarted_node_applies_the_log_again_without_doubling_a_record() {
 #[test]
 fn a_deposed_leader_ends_its_groups_and_leading_again_redelivers_what_they_had_not_settled() {
     let mut net = Net::new();
-    let l = net.settled_leader();
-    let topic = net.declare(l, "orders");
-    net.publish(l, 1, topic, (7, 1), "poison");
-    assert_eq!(pub_ok(&net.wait_answer(l, 1)).sequence, 1);
+    let (l, topic) = net.leader_with_one_record(7, "poison");
     let delivery = net.first_delivery(l, topic);
     // Cut off, the leader proposes the dead letter in an entry nobody else gets.
     net.nodes[l].isolated = true;
@@ -998,10 +1032,7 @@ fn a_deposed_leader_ends_its_groups_and_leading_again_redelivers_what_they_had_n
 #[test]
 fn a_leader_out_of_its_lease_delivers_nothing_until_a_majority_answers_it_again() {
     let mut net = Net::new();
-    let l = net.settled_leader();
-    let topic = net.declare(l, "orders");
-    net.publish(l, 1, topic, (7, 1), "v");
-    assert_eq!(pub_ok(&net.wait_answer(l, 1)).sequence, 1);
+    let (l, topic) = net.leader_with_one_record(7, "v");
     net.nodes[l].isolated = true;
     while net.cluster(l).delivers(net.now.mono_ms) {
         net.tick();
@@ -1363,10 +1394,7 @@ fn a_follower_whose_wall_clock_runs_ahead_deletes_no_segment_the_leader_keeps() 
 fn a_leader_whose_wall_clock_was_set_back_stamps_no_record_older_than_the_log() {
     let mut net = Net::new();
     net.now.wall_ms = WALL_CLOCK_START_MS;
-    let l = net.settled_leader();
-    let topic = net.declare(l, "orders");
-    net.publish(l, 1, topic, (9, 1), "a");
-    assert_eq!(pub_ok(&net.wait_answer(l, 1)).sequence, 1);
+    let (l, topic) = net.leader_with_one_record(9, "a");
     let first = net.record_timestamp(l, topic, 1);
     net.nodes[l].wall_skew_ms = -CLOCK_STEP_MS;
     net.publish(l, 2, topic, (10, 1), "b");
@@ -1466,10 +1494,7 @@ fn grants(net: &mut Net, i: usize, request: PeerMessage) -> bool {
 #[test]
 fn a_node_that_lost_its_data_directory_votes_in_no_election_until_it_caught_up() {
     let mut net = Net::new();
-    let l = net.settled_leader();
-    let topic = net.declare(l, "orders");
-    net.publish(l, 1, topic, (3, 1), "a");
-    assert_eq!(pub_ok(&net.wait_answer(l, 1)).sequence, 1);
+    let (l, _) = net.leader_with_one_record(3, "a");
     let status = net.nodes[l].broker.cluster_status().unwrap();
     let (last, term) = (status.last_index, status.term);
     let f = (0..3).find(|&i| i != l).unwrap();

@@ -46,6 +46,11 @@ const DISK_FAULTS: FaultRates = FaultRates {
 /// Ready's journal write, a persist job, a checkpoint or an install as well as between
 /// them (`SimDisk::crash_after`).
 const CRASH_WITHIN_CHANGES: u64 = 40;
+/// Per restart (in the variants with start crashes), one chance in this many that the
+/// new process dies within its first `START_CRASH_WITHIN_CHANGES` disk changes (install
+/// resume, the raft journal's replay, the checkpoint): any number of times in a row.
+const START_CRASH_ONE_IN: u64 = 4;
+const START_CRASH_WITHIN_CHANGES: u64 = 40;
 /// A stepped wall clock stands up to this far behind (twice the harness's
 /// `--producer-ttl`, so a record stamped with it would look expired)...
 const CLOCK_BEHIND_MAX_MS: u64 = 120_000;
@@ -74,6 +79,8 @@ struct Stats {
     failed: usize,
     /// Nodes stopped at a crash point (then restarted, half of them after a power cut).
     crash_points: usize,
+    /// Restarts that died at a crash point before they finished.
+    start_crashes: usize,
     clock_steps: usize,
     /// Producers forgotten after `--producer-ttl` (counted by nodes since their start).
     producers_expired: u64,
@@ -95,6 +102,7 @@ impl Stats {
         self.installs += other.installs;
         self.failed += other.failed;
         self.crash_points += other.crash_points;
+        self.start_crashes += other.start_crashes;
         self.clock_steps += other.clock_steps;
         self.producers_expired += other.producers_expired;
         self.resent_after_expiry += other.resent_after_expiry;
@@ -117,6 +125,7 @@ struct World {
     group_ttl_ms: Option<u64>,
     operator_changes: bool,
     crash_points: bool,
+    start_crashes: bool,
     /// Group `g`'s committed position per partition, the highest any node applied: every
     /// record up to it was settled and the ACK replicated, so no leader may deliver it
     /// again. `None` from the first group reset, delete or expiry on, which move
@@ -147,6 +156,7 @@ impl World {
             group_ttl_ms,
             operator_changes,
             crash_points,
+            start_crashes,
         }: Variant,
     ) -> World {
         let kept = Kept {
@@ -179,6 +189,7 @@ impl World {
             group_ttl_ms,
             operator_changes,
             crash_points,
+            start_crashes,
             settled: group_ttl_ms.is_none().then(BTreeMap::new),
             acked: BTreeMap::new(),
             next_slot: 10_000,
@@ -522,6 +533,21 @@ impl World {
         if power_cut {
             disk.power_cut();
         }
+        while self.start_crashes && self.rng.below(START_CRASH_ONE_IN) == 0 {
+            let changes = self.rng.below(START_CRASH_WITHIN_CHANGES);
+            if !self.net.start_crashed(i as u64 + 1, &disk, changes) {
+                break;
+            }
+            self.stats.start_crashes += 1;
+            let cut = self.rng.below(2) == 0;
+            self.trace.push(format!(
+                "{}: node {i}'s start crashed at change {changes} (power cut: {cut})",
+                self.step
+            ));
+            if cut {
+                disk.power_cut();
+            }
+        }
         self.net.nodes[i] = self.net.open(i as u64 + 1, disk);
         self.net.nodes[i].isolated = isolated;
         self.net.links_up(i);
@@ -792,6 +818,8 @@ struct Variant {
     /// Whether steps set crash points (`set_crash_point`); only with disk faults, where a
     /// node may stop.
     crash_points: bool,
+    /// Whether a restart may die within its first `START_CRASH_WITHIN_CHANGES` changes.
+    start_crashes: bool,
 }
 
 impl Variant {
@@ -799,6 +827,14 @@ impl Variant {
     const fn before_crash_points(self) -> Variant {
         Variant {
             crash_points: false,
+            ..self.before_start_crashes()
+        }
+    }
+
+    /// As the variant ran before starts could crash.
+    const fn before_start_crashes(self) -> Variant {
+        Variant {
+            start_crashes: false,
             ..self
         }
     }
@@ -813,10 +849,12 @@ const PLAIN: Variant = Variant {
     group_ttl_ms: None,
     operator_changes: true,
     crash_points: false,
+    start_crashes: false,
 };
 const DISK_FAULTS_ON: Variant = Variant {
     disk_faults: true,
     crash_points: true,
+    start_crashes: true,
     ..PLAIN
 };
 const TWO_PARTITIONS: Variant = Variant {
@@ -900,6 +938,10 @@ fn run_seeds(variant: Variant) {
     assert!(
         !variant.crash_points || total.crash_points > 0,
         "no crash point was reached"
+    );
+    assert!(
+        !variant.start_crashes || total.start_crashes > 0,
+        "no start was crashed"
     );
     assert!(
         !variant.clock_steps || total.clock_steps > 0,
@@ -986,7 +1028,7 @@ fn the_seeds_that_once_found_a_hole_stay_clean() {
         (524, PRODUCERS_EXPIRING),
         (1363, NO_OPERATOR_CHANGES.before_crash_points()),
         (1097, THREE_MEMBERS.before_crash_points()),
-        (7, DISK_FAULTS_ON),
+        (7, DISK_FAULTS_ON.before_start_crashes()),
     ];
     for (seed, variant) in seeds {
         run_seed(seed, variant).unwrap_or_else(|failure| panic!("{failure}"));
