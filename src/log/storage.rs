@@ -135,13 +135,22 @@ pub fn create_dir_durable(storage: &dyn Storage, dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Failures to sync a directory above the data directory that say the process could not
+/// have made it there: not readable by it, on a read-only file system, or on one that
+/// cannot sync a directory (`EINVAL`; some read-only roots of small hosts).
+const ANCESTOR_SYNC_SKIPPED: [io::ErrorKind; 3] = [
+    io::ErrorKind::PermissionDenied,
+    io::ErrorKind::ReadOnlyFilesystem,
+    io::ErrorKind::InvalidInput,
+];
+
 /// [`create_dir_durable`] for the data directory, and then `dir`'s every ancestor synced
 /// as well, up to the root. A directory that already exists is not known to be durable:
 /// `mortard` makes the data directory with a plain `create_dir_all` before it takes the
 /// lock, and a start that died between its mkdir and the sync of the parent left a
-/// directory the next start finds. A directory this process may not open for reading
-/// was not made by it, and is skipped; so is the working directory of a relative path
-/// (it existed before the process did). Blocking: start-up only.
+/// directory the next start finds. A directory it could not have made is skipped
+/// (`ANCESTOR_SYNC_SKIPPED`), and so is the working directory of a relative path (it
+/// existed before the process did). Blocking: start-up only.
 pub fn create_data_dir_durable(storage: &dyn Storage, dir: &Path) -> io::Result<()> {
     create_dir_durable(storage, dir)?;
     for ancestor in dir.ancestors().skip(1) {
@@ -149,7 +158,7 @@ pub fn create_data_dir_durable(storage: &dyn Storage, dir: &Path) -> io::Result<
             break;
         }
         match storage.sync_dir(ancestor) {
-            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {}
+            Err(e) if ANCESTOR_SYNC_SKIPPED.contains(&e.kind()) => {}
             result => result?,
         }
     }
