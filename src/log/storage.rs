@@ -144,19 +144,21 @@ const ANCESTOR_SYNC_SKIPPED: [io::ErrorKind; 3] = [
     io::ErrorKind::InvalidInput,
 ];
 
-/// [`create_dir_durable`] for the data directory, and then `dir`'s every ancestor synced
-/// as well, up to the root. A directory that already exists is not known to be durable:
-/// `mortard` makes the data directory with a plain `create_dir_all` before it takes the
-/// lock, and a start that died between its mkdir and the sync of the parent left a
-/// directory the next start finds. A directory it could not have made is skipped
-/// (`ANCESTOR_SYNC_SKIPPED`), and so is the working directory of a relative path (it
-/// existed before the process did). Blocking: start-up only.
+/// [`create_dir_durable`] for a directory of the data directory (`topics/`), and then
+/// every directory above it synced as well, the data directory first, up to the root (or
+/// the working directory, for a relative path). A directory that already exists is not
+/// known to be durable: `mortard` makes the data directory with a plain `create_dir_all`
+/// before it takes the lock, and a start that died between its mkdir and the sync of the
+/// parent left a directory the next start finds. A directory it could not have made is
+/// skipped (`ANCESTOR_SYNC_SKIPPED`). Blocking: start-up only.
 pub fn create_data_dir_durable(storage: &dyn Storage, dir: &Path) -> io::Result<()> {
     create_dir_durable(storage, dir)?;
     for ancestor in dir.ancestors().skip(1) {
-        if ancestor.as_os_str().is_empty() {
-            break;
-        }
+        // A relative path's last ancestor is "": the working directory holds its entry.
+        let ancestor = match ancestor.as_os_str().is_empty() {
+            true => Path::new("."),
+            false => ancestor,
+        };
         match storage.sync_dir(ancestor) {
             Err(e) if ANCESTOR_SYNC_SKIPPED.contains(&e.kind()) => {}
             result => result?,
