@@ -58,8 +58,9 @@ const CRASH_WITHIN_CHANGES: u64 = 60;
 const START_CRASH_ONE_IN: u64 = 4;
 const START_CRASH_WITHIN_CHANGES: u64 = 40;
 /// Per step without a crash point set, one chance in this many that the disk stops taking
-/// writes (full), or writes and syncs (dead): every held job is run and the broker passed again, at one instant,
-/// until no job is left; then the process is stopped, as a supervisor would.
+/// writes (full), or writes and syncs (dead): every held job is run and the broker passed
+/// again, at one instant, until no job is left; then the process is stopped, as a
+/// supervisor would.
 const DRAIN_ONE_IN: u64 = 100;
 /// The same while a checkpoint or a registry write is held: those are few, and a failed
 /// one is what a broker might take again at once.
