@@ -353,7 +353,7 @@ impl Sim {
                 // The process died inside the start, whatever `open` made of the error.
                 self.tally.start_crashes += 1;
                 drop(opened);
-                let cut = self.rng.below(2) == 0;
+                let cut = matches!(self.either_stop(), Stop::PowerCut);
                 if trace() {
                     eprintln!("step {} start crashed, power cut: {cut}", self.tally.steps);
                 }
@@ -699,14 +699,28 @@ impl Sim {
     fn pass(&mut self) {
         self.mono_ms += self.rng.below(20);
         self.wall_ms += self.rng.below(20);
+        let housekeeping = self.mono_ms % 1_000 < 20;
+        self.pass_at_this_instant(housekeeping);
+    }
+
+    /// A pass at the current time, with housekeeping or not.
+    fn pass_at_this_instant(&mut self, housekeeping: bool) {
         let now = self.now();
         let broker = self.broker();
         broker.end_pass(now, &unlimited_room);
-        if now.mono_ms % 1_000 < 20 {
+        if housekeeping {
             broker.housekeeping(now);
         }
         broker.check_invariants();
         self.take_effects();
+    }
+
+    /// How a dead process goes: with the power or alone, half and half.
+    fn either_stop(&mut self) -> Stop {
+        match self.rng.below(2) {
+            0 => Stop::PowerCut,
+            _ => Stop::Kill,
+        }
     }
 
     fn step(&mut self) {
@@ -736,10 +750,7 @@ impl Sim {
         self.pass();
         if self.disk.crashed() {
             self.tally.crash_points += 1;
-            let how = match self.rng.below(2) {
-                0 => Stop::PowerCut,
-                _ => Stop::Kill,
-            };
+            let how = self.either_stop();
             self.stop(how);
         } else if self.rng.below(POWER_CUT_ONE_IN) == 0 {
             self.power_cut();
@@ -785,17 +796,10 @@ impl Sim {
                 self.run_job();
                 ran += 1;
             }
-            let now = self.now();
-            let broker = self.broker();
-            broker.end_pass(now, &unlimited_room);
-            broker.check_invariants();
-            self.take_effects();
+            self.pass_at_this_instant(false);
         }
         self.tally.drained_jobs += ran;
-        let how = match self.rng.below(2) {
-            0 => Stop::PowerCut,
-            _ => Stop::Kill,
-        };
+        let how = self.either_stop();
         self.stop(how);
     }
 

@@ -249,21 +249,15 @@ impl Net {
     /// again by the node's supervisor until it succeeds. A crash point set and not
     /// reached goes too (start-up is not crashed), and one reached was the old process's.
     fn open(&mut self, id: u64, disk: SimDisk) -> Node {
-        disk.set_faults(crate::log::simdisk::FaultRates::default());
-        disk.restarted();
-        self.opened += 1;
-        let options = self.options(id);
+        let options = self.next_start(id, &disk);
         open_node_retaining(id, disk, options, self.kept, self.log_config)
     }
 
     /// Node `id` starts on `disk` and dies at its disk's change `changes` from now, if
     /// the start makes that many: whether it did (the start is gone either way).
     fn start_crashed(&mut self, id: u64, disk: &SimDisk, changes: u64) -> bool {
-        disk.set_faults(crate::log::simdisk::FaultRates::default());
-        disk.restarted();
+        let options = self.next_start(id, disk);
         disk.crash_after(changes);
-        self.opened += 1;
-        let options = self.options(id);
         let opened = try_open_node(id, disk.clone(), options, self.kept, self.log_config);
         let crashed = disk.crashed();
         assert!(
@@ -275,7 +269,12 @@ impl Net {
         crashed
     }
 
-    fn options(&self, id: u64) -> ReplicaOptions {
+    /// A start of node `id` on `disk`: the disk healed, the old process's crash point
+    /// gone, and the options of this start (its own election seed).
+    fn next_start(&mut self, id: u64, disk: &SimDisk) -> ReplicaOptions {
+        disk.set_faults(crate::log::simdisk::FaultRates::default());
+        disk.restarted();
+        self.opened += 1;
         ReplicaOptions {
             election_seed: self.election_seed.map(|s| s ^ (self.opened << 40) ^ id),
             ..ReplicaOptions::default()
