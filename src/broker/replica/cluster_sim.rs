@@ -228,7 +228,17 @@ impl Net {
         election_seed: Option<u64>,
         log_config: LogConfig,
     ) -> Net {
-        let mut net = Net {
+        let mut net = Net::unopened(kept, election_seed, log_config);
+        for id in 1..=NODES {
+            let node = net.open(id, SimDisk::seeded(disk_seed + id));
+            net.nodes.push(node);
+        }
+        net
+    }
+
+    /// A net whose nodes are still to be opened (and pushed, in the order of their ids).
+    fn unopened(kept: Kept, election_seed: Option<u64>, log_config: LogConfig) -> Net {
+        Net {
             nodes: Vec::new(),
             now: Now::default(),
             install_frames_left: None,
@@ -236,12 +246,7 @@ impl Net {
             election_seed,
             opened: 0,
             log_config,
-        };
-        for id in 1..=NODES {
-            let node = net.open(id, SimDisk::seeded(disk_seed + id));
-            net.nodes.push(node);
         }
-        net
     }
 
     /// Node `id` opened on `disk` with what the net keeps and its election seed.
