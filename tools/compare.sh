@@ -322,7 +322,7 @@ else
   echo "compare: no taskset or one core: end-to-end runs unpinned" >&2
 fi
 # A latency figure at a steady 20k msgs/s, so on a broker of its own: the ones above have
-# just taken several GiB in bursts, and its checkpoints and the kernel's writeback of them
+# just taken several GiB in bursts, and their checkpoints and the kernel's writeback of them
 # would be measured instead, beside Redis's AOF rewrite of the same bursts (a forked child
 # on both cores). The servers stop and their pages are written first; the new broker
 # starts once its first journal spare is made.
