@@ -54,6 +54,59 @@ impl JobSink for Jobs {
     }
 }
 
+/// What a node told its peers that a restart must not take back: the highest term of a
+/// message it sent and the last vote it granted. Raft sends a node's messages only once
+/// its term and vote are persisted (a leader's appends in a term it persisted when it
+/// campaigned), so a node that comes back below them could vote twice in one term.
+/// Pre-votes are left out: they carry a term the sender has not taken.
+#[derive(Debug, Default, Clone, Copy)]
+struct Promised {
+    term: u64,
+    /// (term, candidate) of the last vote granted.
+    vote: Option<(u64, u64)>,
+}
+
+impl Promised {
+    fn note(&mut self, m: &PeerMessage) {
+        use raft::eraftpb::MessageType;
+        let kind = m.get_msg_type();
+        if matches!(
+            kind,
+            MessageType::MsgRequestPreVote | MessageType::MsgRequestPreVoteResponse
+        ) {
+            return;
+        }
+        self.term = self.term.max(m.term);
+        if kind == MessageType::MsgRequestVoteResponse && !m.reject {
+            self.vote = Some((m.term, m.to));
+        }
+    }
+
+    /// Node `i`, just started again, kept these promises (a node installing a snapshot
+    /// keeps its term and vote in the install marker and runs no raft until it is in).
+    fn check_kept(&self, i: usize, node: &Node) {
+        let c = node.broker.cluster.as_deref().unwrap();
+        let status = node.broker.cluster_status().unwrap();
+        if status.role == "installing" {
+            return;
+        }
+        assert!(
+            status.term >= self.term,
+            "node {i} came back at term {}, below term {} it had sent messages in",
+            status.term,
+            self.term
+        );
+        if let Some((term, candidate)) = self.vote.filter(|&(t, _)| t == status.term) {
+            let vote = c.replica.vote();
+            assert_eq!(
+                vote, candidate,
+                "node {i} came back in term {term} having voted for {vote}, not for node \
+                 {candidate} as it had"
+            );
+        }
+    }
+}
+
 struct Node {
     disk: SimDisk,
     broker: Broker,
@@ -68,6 +121,7 @@ struct Node {
     isolated: bool,
     /// Its raft messages, both ways, are lost; INSTALL frames still pass.
     raft_cut: bool,
+    promised: Promised,
     /// Answers by slot.
     answers: BTreeMap<u64, Response>,
     /// NOTICEs and MSGs pushed, in order.
@@ -163,6 +217,7 @@ fn try_open_node(
         restarts: Vec::new(),
         isolated: false,
         raft_cut: false,
+        promised: Promised::default(),
         answers: BTreeMap::new(),
         pushes: Vec::new(),
         changes: BTreeMap::new(),
@@ -360,6 +415,7 @@ impl Net {
     fn route_raft(&mut self, i: usize, out: Vec<PeerMessage>) {
         let raft_lost = self.nodes[i].isolated || self.nodes[i].raft_cut;
         for m in out {
+            self.nodes[i].promised.note(&m);
             let to = &mut self.nodes[m.to as usize - 1];
             if !raft_lost && !to.isolated && !to.raft_cut {
                 to.inbox.push_back(m);
@@ -383,7 +439,10 @@ impl Net {
         let (disk, isolated) = (self.nodes[i].disk.clone(), self.nodes[i].isolated);
         let (raft_cut, wall_skew_ms) = (self.nodes[i].raft_cut, self.nodes[i].wall_skew_ms);
         let mut restarts = std::mem::take(&mut self.nodes[i].restarts);
+        let promised = self.nodes[i].promised;
         self.nodes[i] = self.open(i as u64 + 1, disk);
+        promised.check_kept(i, &self.nodes[i]);
+        self.nodes[i].promised = promised;
         restarts.push(self.nodes[i].broker.admit(Op::Pub, self.now));
         self.nodes[i].restarts = restarts;
         self.nodes[i].isolated = isolated;

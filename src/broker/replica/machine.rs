@@ -519,6 +519,12 @@ impl Replica {
         self.raw.raft.term
     }
 
+    /// Whom this node voted for in its term (0: no one).
+    #[cfg(test)]
+    pub fn vote(&self) -> u64 {
+        self.raw.raft.vote
+    }
+
     /// The last entry in this node's log, persisted or not.
     pub fn last_index(&self) -> u64 {
         self.raw.raft.raft_log.last_index()

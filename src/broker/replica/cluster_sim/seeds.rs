@@ -548,6 +548,7 @@ impl World {
         // the log for the leader's snapshot, past all of them, and votes for no one until
         // that is in (`install.rs`).
         let applied = self.net.cluster(i).applied_index;
+        let promised = self.net.nodes[i].promised;
         if power_cut {
             disk.power_cut();
         }
@@ -564,6 +565,8 @@ impl World {
              applied: what it had made durable was lost",
             status.last_index
         );
+        promised.check_kept(i, &self.net.nodes[i]);
+        self.net.nodes[i].promised = promised;
         self.net.nodes[i].isolated = isolated;
         self.net.links_up(i);
         let how = if power_cut { "lost power" } else { "restarted" };
