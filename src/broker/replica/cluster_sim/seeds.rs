@@ -130,7 +130,8 @@ struct World {
     /// Group `g`'s committed position per partition, the highest any node applied: every
     /// record up to it was settled and the ACK replicated, so no leader may deliver it
     /// again. `None` from the first group reset, delete or expiry on, which move
-    /// positions back by design.
+    /// positions back by design, and from the first purge, which moves them forward
+    /// without an ACK.
     settled: Option<BTreeMap<u16, u64>>,
     /// Acknowledged records: (partition, sequence) -> value.
     acked: BTreeMap<(u16, u64), String>,
@@ -432,7 +433,11 @@ impl World {
                 }
             }
             _ => {
+                // A purge moves positions too, forward to the new first sequence, which no
+                // ACK settled: a delivery made before it applied, seen after, would look
+                // like one of a settled record.
                 self.purge_asked = true;
+                self.settled = None;
                 Change::Purge { topic }
             }
         };
