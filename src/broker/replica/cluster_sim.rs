@@ -85,7 +85,6 @@ impl Promised {
     /// Node `i`, just started again, kept these promises (a node installing a snapshot
     /// keeps its term and vote in the install marker and runs no raft until it is in).
     fn check_kept(&self, i: usize, node: &Node) {
-        let c = node.broker.cluster.as_deref().unwrap();
         let status = node.broker.cluster_status().unwrap();
         if status.role == "installing" {
             return;
@@ -97,7 +96,7 @@ impl Promised {
             self.term
         );
         if let Some((term, candidate)) = self.vote.filter(|&(t, _)| t == status.term) {
-            let vote = c.replica.vote();
+            let vote = node.broker.cluster.as_deref().unwrap().replica.vote();
             assert_eq!(
                 vote, candidate,
                 "node {i} came back in term {term} having voted for {vote}, not for node \
@@ -283,17 +282,19 @@ impl Net {
         election_seed: Option<u64>,
         log_config: LogConfig,
     ) -> Net {
-        let mut net = Net::unopened(kept, election_seed, log_config);
-        for id in 1..=NODES {
-            let node = net.open(id, SimDisk::seeded(disk_seed + id));
-            net.nodes.push(node);
-        }
-        net
+        let no_crash = |_: &mut Net, _: u64, _: &SimDisk| {};
+        Net::opened_after(kept, (disk_seed, election_seed), log_config, no_crash)
     }
 
-    /// A net whose nodes are still to be opened (and pushed, in the order of their ids).
-    fn unopened(kept: Kept, election_seed: Option<u64>, log_config: LogConfig) -> Net {
-        Net {
+    /// [`Net::opened`], with `before_start(net, id, disk)` run before each node's first
+    /// start that lives (the seeds crash some starts there).
+    fn opened_after(
+        kept: Kept,
+        (disk_seed, election_seed): (u64, Option<u64>),
+        log_config: LogConfig,
+        mut before_start: impl FnMut(&mut Net, u64, &SimDisk),
+    ) -> Net {
+        let mut net = Net {
             nodes: Vec::new(),
             now: Now::default(),
             install_frames_left: None,
@@ -301,7 +302,14 @@ impl Net {
             election_seed,
             opened: 0,
             log_config,
+        };
+        for id in 1..=NODES {
+            let disk = SimDisk::seeded(disk_seed + id);
+            before_start(&mut net, id, &disk);
+            let node = net.open(id, disk);
+            net.nodes.push(node);
         }
+        net
     }
 
     /// Node `id` opened on `disk` with what the net keeps and its election seed.

@@ -170,16 +170,13 @@ impl World {
         let mut rng = SimRng::new(seed);
         let mut stats = Stats::default();
         let mut trace = Vec::new();
-        let mut net = Net::unopened(kept, Some(seed), LogConfig::default());
-        for id in 1..=NODES {
-            let disk = SimDisk::seeded(disk_seed + id);
+        let first_starts = |net: &mut Net, id, disk: &SimDisk| {
             if start_crashes {
-                let log = (&mut stats, &mut trace, "start");
-                crash_starts(&mut net, &mut rng, id, &disk, log);
+                crash_starts(net, &mut rng, id, disk, (&mut stats, &mut trace, "start"));
             }
-            let node = net.open(id, disk);
-            net.nodes.push(node);
-        }
+        };
+        let seeds = (disk_seed, Some(seed));
+        let mut net = Net::opened_after(kept, seeds, LogConfig::default(), first_starts);
         if clock_steps {
             net.now.wall_ms = WALL_CLOCK_START_MS;
         }
