@@ -10,7 +10,7 @@ use crate::wire::ops::{
     begin_frame, encode_ok_empty, end_frame, Ack, ControlAck, Credit, Heartbeat, Message, Msg,
     MsgRecord, Nack, Origin, Pull, Sub,
 };
-use crate::wire::{ErrorCode, Op, Response};
+use crate::wire::{ErrorCode, HeartbeatState, Op, Response};
 
 use super::counters::BrokerCounters;
 use super::dlq::{self, RECORD_FLAG_ORIGIN};
@@ -521,6 +521,11 @@ impl Broker {
     pub fn heartbeat(&mut self, conn: ConnRef, h: &Heartbeat, now: Now) -> Handled {
         self.consume.note_conn(conn);
         let r = self.consume.coordinator.heartbeat(conn.id, h, now.mono_ms);
+        if r.is_ok() && h.state == HeartbeatState::Leave.as_code() {
+            if let Some(cluster) = self.cluster.as_deref_mut() {
+                cluster.replicate_positions_now();
+            }
+        }
         self.consumed(unit(r, Op::Heartbeat), now)
     }
 

@@ -30,8 +30,9 @@
 //! [`Broker::admit`], `job_done` (persist jobs travel as `Work::Persist`) and `end_pass`
 //! (which polls the replica), and sends what [`Broker::drain_peer_messages`] hands it.
 //!
-//! - **Group positions**: every `POSITIONS_REPLICATE_INTERVAL_MS` the leader's BATCH
-//!   carries the committed positions that moved; followers keep them as restored
+//! - **Group positions**: every `POSITIONS_REPLICATE_INTERVAL_MS`, and in the pass where
+//!   a member leaves cleanly, the leader's BATCH carries the committed positions that
+//!   moved; followers keep them as restored
 //!   positions for the day they lead (§7.4), and do not expire them while following. A
 //!   node that stops leading ends its groups' memberships (`Coordinator::stop_leading`)
 //!   and gives those it changed for operator entries not applied yet its applied log's
@@ -416,6 +417,14 @@ impl Cluster {
             commit_seq: self.replica.commit_seq(key.0, key.1),
             result_flags: PubResultFlags::DEDUPLICATED,
         })
+    }
+
+    /// The committed positions that moved go into this pass's BATCH rather than one up to
+    /// `POSITIONS_REPLICATE_INTERVAL_MS` later: a member left its group cleanly (HEARTBEAT
+    /// LEAVE), so a consumer that stopped, and then saw the leader die, resumes after what
+    /// it ACKed instead of getting the interval's records again.
+    pub(in crate::broker) fn replicate_positions_now(&mut self) {
+        self.next_positions_ms = 0;
     }
 
     /// The group's positions go into the next BATCH whatever they are: an operator

@@ -20,11 +20,11 @@ use crate::fsync::{Completion, Job as _};
 use crate::log::simdisk::SimDisk;
 use crate::log::{LogConfig, Storage};
 use crate::wire::limits::SUB_PARTITION_ANY;
-use crate::wire::ops::{ControlAck, Declare, DeliveryRef, Pub, PubResult, Sub};
+use crate::wire::ops::{ControlAck, Declare, DeliveryRef, Heartbeat, Pub, PubResult, Sub};
 use crate::wire::AckFlags;
 use crate::wire::{
-    ControlResult, DeclareFlags, Durability, ErrorCode, NackReason, Op, PubFlags, PubResultFlags,
-    Response,
+    ControlResult, DeclareFlags, Durability, ErrorCode, HeartbeatState, NackReason, Op, PubFlags,
+    PubResultFlags, Response,
 };
 
 const NODES: u64 = 3;
@@ -1132,6 +1132,76 @@ fn a_leader_out_of_its_lease_delivers_nothing_until_a_majority_answers_it_again(
 /// positions (`docs/REPLICATION.md` §7.4): a new leader does not bring it back at its
 /// old position, and a SUB of its name there starts a new group, as it would have on the
 /// leader that let it go.
+#[test]
+fn a_member_that_leaves_has_its_acknowledgements_on_every_node_before_the_interval_ends() {
+    let mut net = Net::new();
+    let l = net.settled_leader();
+    let topic = net.declare(l, "orders");
+    net.publish_many(l, topic, 1, 3);
+    // Joined, delivered and acknowledged at one instant: the positions' interval began at
+    // the first pass of that instant or before, so only the LEAVE can send them now.
+    let sub = Sub {
+        group: b"g",
+        topic_id: topic,
+        partition: SUB_PARTITION_ANY,
+        ..Sub::default()
+    };
+    let joined = match net.nodes[l].broker.subscribe(CONN, &sub, net.now) {
+        Handled::Answer(Response::Sub(joined)) => joined,
+        Handled::Answer(other) => panic!("SUB answered {other:?}"),
+        _ => panic!("SUB not answered at once"),
+    };
+    for _ in 0..ROUNDS_MAX {
+        if net.position(l, topic) == Some(3) {
+            break;
+        }
+        net.deliver();
+        for delivery in net.take_deliveries(l) {
+            let ack = delivery.ack(AckFlags::empty());
+            let _ = net.nodes[l].broker.ack(CONN, &ack, net.now);
+        }
+    }
+    assert_eq!(
+        net.position(l, topic),
+        Some(3),
+        "the leader settled all three"
+    );
+    net.deliver();
+    let applied = |net: &Net, i: usize| {
+        let positions = net.cluster(i).applied.positions();
+        positions
+            .iter()
+            .find(|p| p.group == b"g")
+            .map(|p| p.committed)
+    };
+    let followers: Vec<usize> = (0..NODES as usize).filter(|&i| i != l).collect();
+    assert!(
+        followers.iter().all(|&f| applied(&net, f) != Some(3)),
+        "no positions proposal was due yet at this instant"
+    );
+    let leave = Heartbeat {
+        subscription_id: joined.subscription_id,
+        member_id: joined.member_id,
+        membership_epoch: joined.membership_epoch,
+        assignment_epoch: 0,
+        state: HeartbeatState::Leave.as_code(),
+    };
+    let now = net.now;
+    let handled = net.nodes[l].broker.heartbeat(CONN, &leave, now);
+    assert!(
+        matches!(handled, Handled::Answer(Response::Ok { .. })),
+        "LEAVE refused"
+    );
+    net.deliver();
+    for f in followers {
+        assert_eq!(
+            applied(&net, f),
+            Some(3),
+            "node {f} applied the group's position in the LEAVE's instant"
+        );
+    }
+}
+
 #[test]
 fn a_group_the_leader_expired_is_gone_from_every_node_and_a_new_leader_starts_it_anew() {
     let kept = Kept {
