@@ -1128,10 +1128,9 @@ fn a_leader_out_of_its_lease_delivers_nothing_until_a_majority_answers_it_again(
     assert!(net.cluster(l).replica.is_leader(), "still the leader");
 }
 
-/// A group the leader removed after `--group-ttl` without members leaves every node's
-/// positions (`docs/REPLICATION.md` §7.4): a new leader does not bring it back at its
-/// old position, and a SUB of its name there starts a new group, as it would have on the
-/// leader that let it go.
+/// A clean LEAVE sends the group's committed positions in its own pass (`docs/REPLICATION.md`
+/// §7.4), not up to `POSITIONS_REPLICATE_INTERVAL_MS` later: a consumer that stopped and
+/// then saw the leader die is not given what it ACKed again.
 #[test]
 fn a_member_that_leaves_has_its_acknowledgements_on_every_node_before_the_interval_ends() {
     let mut net = Net::new();
@@ -1202,6 +1201,10 @@ fn a_member_that_leaves_has_its_acknowledgements_on_every_node_before_the_interv
     }
 }
 
+/// A group the leader removed after `--group-ttl` without members leaves every node's
+/// positions (`docs/REPLICATION.md` §7.4): a new leader does not bring it back at its
+/// old position, and a SUB of its name there starts a new group, as it would have on the
+/// leader that let it go.
 #[test]
 fn a_group_the_leader_expired_is_gone_from_every_node_and_a_new_leader_starts_it_anew() {
     let kept = Kept {
