@@ -14,13 +14,16 @@
 //! (answering included) happens before that syscall's exit stamp. The client's clock is
 //! the same wall clock.
 //!
-//! Three more fail other calls: every `sync_file_range` (the write-back before a
+//! Four more fail other calls: every `sync_file_range` (the write-back before a
 //! checkpoint's segment fdatasync, `docs/STORAGE.md`): that partition must refuse writes
 //! and still answer, and keep, what it took; a few segment `pwrite64`s with ENOSPC (a
-//! full disk): their PUBs get STORAGE_FULL and take no sequence, the rest are stored;
-//! and a journal `pwrite64` with ENOSPC: the node refuses writes at once, counts one
-//! failure, and a producer backs off between its resends. One more only watches: a
-//! start fsyncs the data directory and every directory above it.
+//! full disk) under records big enough to be written at once: their PUBs get
+//! STORAGE_FULL and take no sequence, the rest are stored; every segment `pwrite64` under
+//! small records, whose writes wait staged behind the journal: all are acknowledged and
+//! the next start writes them from the journal; and a journal `pwrite64` with ENOSPC:
+//! the node refuses writes at once, counts one failure, and a producer backs off between
+//! its resends. One more only watches: a start fsyncs the data directory and every
+//! directory above it.
 //!
 //! `tools/test.sh` installs strace where it is missing.
 
@@ -38,7 +41,7 @@ use mortarmq::client::{ClientError, Producer};
 use mortarmq::log::journal::{
     journal_file_path, JOURNAL_ENTRY_HEADER_BYTES, JOURNAL_FILE_HEADER_BYTES, SPARE_FILE,
 };
-use mortarmq::log::{FsStorage, LogConfig, PartitionLog, RECORD_OVERHEAD_BYTES};
+use mortarmq::log::{FsStorage, LogConfig, PartitionLog, RECORD_OVERHEAD_BYTES, STAGED_BYTES_MAX};
 use mortarmq::wire::ops::{Frame, Ping, Pub};
 use mortarmq::wire::{DeclareFlags, Durability, ErrorCode, Op, PubFlags};
 
@@ -398,7 +401,10 @@ fn segment_writes_that_hit_a_full_disk_refuse_their_pubs_and_lose_nothing_acknow
     let mut acknowledged: Vec<Vec<u8>> = Vec::new();
     let mut refused = 0;
     for i in 0..PUBS {
-        let value = format!("record {i}").into_bytes();
+        // Each record fills the partition's staged bytes alone, so its flush writes the
+        // segment before the journal takes it (`docs/STORAGE.md`, "Writes and
+        // durability"): a failed write is that PUB's.
+        let value = segment_filling_value(i);
         match client.publish_value(TOPIC_ID, 0, &value, Some(Durability::Fsynced)) {
             Ok(ok) => {
                 acknowledged.push(value);
@@ -417,7 +423,49 @@ fn segment_writes_that_hit_a_full_disk_refuse_their_pubs_and_lose_nothing_acknow
         "the three failed writes refuse their PUBs, and only them"
     );
     assert_eq!(broker.terminate().code(), Some(0));
-    // On disk: every acknowledged record at its sequence, and nothing else.
+    assert_eq!(stored_values(&broker, PUBS), acknowledged);
+}
+
+#[test]
+fn small_records_whose_segment_writes_hit_a_full_disk_are_acknowledged_from_the_journal() {
+    const PUBS: usize = 40;
+    // Every segment write of the first run fails: the records stay staged, held by the
+    // journal alone, through housekeeping and an orderly shutdown.
+    let mut broker = Mortard::start_wrapped(full_segment_writes("1+"), &[]);
+    let mut client = broker.client();
+    client.declare(TOPIC, 1, DeclareFlags::empty()).unwrap();
+    let mut acknowledged: Vec<Vec<u8>> = Vec::new();
+    for i in 0..PUBS {
+        let value = format!("record {i}").into_bytes();
+        let ok = client
+            .publish_value(TOPIC_ID, 0, &value, Some(Durability::Fsynced))
+            .unwrap_or_else(|e| panic!("PUB {i}: {e}"));
+        acknowledged.push(value);
+        assert_eq!(ok.sequence, acknowledged.len() as u64);
+    }
+    drop(client);
+    broker.terminate();
+    assert!(
+        broker.log_text().contains("staged records not written"),
+        "the shutdown's segment write failed:\n{}",
+        broker.log_text()
+    );
+    // The next start replays the journal into the segment, which has room again.
+    broker.restart_unwrapped();
+    assert_eq!(broker.terminate().code(), Some(0));
+    assert_eq!(stored_values(&broker, PUBS), acknowledged);
+}
+
+/// A value of exactly [`STAGED_BYTES_MAX`] bytes that names its PUB.
+fn segment_filling_value(i: usize) -> Vec<u8> {
+    let mut value = format!("record {i} ").into_bytes();
+    value.resize(STAGED_BYTES_MAX, b'.');
+    value
+}
+
+/// Up to `max` values of the test topic's partition 0 on disk, read back after the
+/// broker stopped.
+fn stored_values(broker: &Mortard, max: usize) -> Vec<Vec<u8>> {
     let dir = broker.data_dir().join("topics");
     let dir = dir.join(format!(
         "{TOPIC_ID}-{:08x}",
@@ -426,9 +474,9 @@ fn segment_writes_that_hit_a_full_disk_refuse_their_pubs_and_lose_nothing_acknow
     let config = LogConfig::default();
     let (mut log, _) = PartitionLog::open(&FsStorage::shared(), &dir.join("0"), config).unwrap();
     let mut stored = Vec::new();
-    log.read(1, PUBS, usize::MAX, |r| stored.push(r.value.to_vec()))
+    log.read(1, max, usize::MAX, |r| stored.push(r.value.to_vec()))
         .unwrap();
-    assert_eq!(stored, acknowledged);
+    stored
 }
 
 /// `strace` failing calls `when` of `pwrite64` on the first journal file with ENOSPC.

@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::mortard::Mortard;
+use common::wait::wait_until;
 use mortarmq::client::{Client, ClientError};
-use mortarmq::log::{FsStorage, LogConfig, PartitionLog};
+use mortarmq::log::{FsStorage, LogConfig, PartitionLog, SEGMENT_HEADER_BYTES};
 use mortarmq::wire::limits::{MAX_FRAME_LEN_BYTES, MAX_VALUE_LEN_BYTES};
 use mortarmq::wire::ops::{Frame, Pub, PubResult};
 use mortarmq::wire::{
@@ -90,6 +91,23 @@ fn segment_files(dir: &Path) -> Vec<PathBuf> {
         .collect();
     v.sort();
     v
+}
+
+/// Waits until the segment files of a partition directory hold `records_bytes` of records.
+/// Small records wait in memory for their segment write once the journal has them, until
+/// housekeeping (about once a second) writes them (`docs/STORAGE.md`, "Writes and
+/// durability"); a test that damages a segment after a kill needs them there.
+fn wait_for_segment_writes(dir: &Path, records_bytes: u64) {
+    let held = || -> u64 {
+        let files = segment_files(dir);
+        let lens = files
+            .iter()
+            .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()));
+        lens.map(|len| len.saturating_sub(SEGMENT_HEADER_BYTES as u64))
+            .sum()
+    };
+    let what = format!("{records_bytes} bytes of records in {}", dir.display());
+    wait_until(&what, Duration::from_secs(10), || held() == records_bytes);
 }
 
 fn first_sequence_of(segment: &Path) -> u64 {
@@ -1332,8 +1350,9 @@ fn a_torn_last_record_is_cut_at_restart_and_given_back_by_the_journal() {
         assert_eq!((r.sequence, r.durability), (i, 2));
     }
     drop(c);
-    broker.kill9();
     let dir = topic_dir(&broker, t, "torn").join("0");
+    wait_for_segment_writes(&dir, N * 248);
+    broker.kill9();
     let last = segment_files(&dir).pop().unwrap();
     let len = std::fs::metadata(&last).unwrap().len();
     let file = std::fs::OpenOptions::new().write(true).open(&last).unwrap();
@@ -1395,6 +1414,7 @@ fn publish_then_kill(broker: &mut Mortard, n: u64) -> u16 {
         .unwrap();
         assert_eq!(r.sequence, i);
     }
+    wait_for_segment_writes(&topic_dir(broker, t, "bad").join("0"), n * 248);
     broker.kill9();
     t
 }

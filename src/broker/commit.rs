@@ -213,6 +213,20 @@ impl GroupCommit {
         self.checkpoint_in_flight
     }
 
+    /// Writes the staged records of every partition written since the last checkpoint
+    /// took its syncs (every staged one is among them) to their segments.
+    pub fn write_staged(
+        &mut self,
+        map: &mut IdMap<PartitionKey, Partition>,
+    ) -> Result<(), StorageError> {
+        for key in &self.segments_dirty {
+            if let Some(part) = map.get_mut(key) {
+                part.log.write_staged()?;
+            }
+        }
+        Ok(())
+    }
+
     /// The syncs of every segment written since the last checkpoint took them.
     pub fn take_segment_syncs(
         &mut self,
@@ -292,10 +306,18 @@ impl GroupCommit {
 
     /// Writes this pass's journal entries. On failure returns the partitions whose
     /// waiters can no longer be made durable (the journal refuses writes from now on).
-    pub fn write(&mut self) -> Result<(), (String, Vec<PartitionKey>)> {
-        self.journal
-            .write()
-            .map_err(|e| (e.to_string(), self.abandon()))
+    pub fn write(
+        &mut self,
+        map: &mut IdMap<PartitionKey, Partition>,
+    ) -> Result<(), (String, Vec<PartitionKey>)> {
+        self.journal.write().map_err(|e| {
+            // The staged records were answered WRITTEN on the journal's word: their
+            // segments take them now.
+            if let Err(e) = self.write_staged(map) {
+                log::error!("after a failed journal write: {e}");
+            }
+            (e.to_string(), self.abandon())
+        })
     }
 
     /// Every partition waiting on the journal, forgetting what it waited for.
@@ -438,6 +460,13 @@ impl GroupCommit {
         let poisoned = |key: &PartitionKey| map.get(key).is_some_and(|p| p.log.is_poisoned());
         if self.journal.poisoned().is_some() || self.segments_dirty.iter().any(poisoned) {
             self.checkpoints_blocked = true;
+            return;
+        }
+        // The checkpoint lets go of journal files whose records only their partitions'
+        // segments hold then.
+        if let Err(e) = self.write_staged(map) {
+            log::warn!("checkpoint waits for a segment write: {e}");
+            self.checkpoint_failed = true;
             return;
         }
         let syncs = self.take_segment_syncs(map);

@@ -492,7 +492,7 @@ impl Partitions {
         }
         flush_list.append(&mut waiting);
         self.flush_list = flush_list;
-        if let Err((why, keys)) = self.commit.write() {
+        if let Err((why, keys)) = self.commit.write(&mut self.map) {
             counters.fsync_failures += 1;
             self.fail_waiting(&keys, &why, effects);
         }
@@ -708,8 +708,16 @@ impl Partitions {
     ) {
         self.commit.retry_checkpoint();
         let aging_now = self.aging_now(now);
+        // Staged records reach their segment files within a housekeeping interval even
+        // when no more come to push them out, and before the count below.
+        for part in self.map.values_mut() {
+            if let Err(e) = part.log.write_staged() {
+                log::warn!("topic {} partition {}: {e}", part.topic_id, part.index);
+            }
+        }
         // `data_bytes` follows every flush; this exact count (segment headers, retention)
-        // visits every partition, so it runs here and not on every pass.
+        // visits every partition, so it runs here and not on every pass. Records whose
+        // staged write failed are left out until it succeeds.
         self.data_bytes = self.map.values().map(|p| p.log.stats().bytes).sum();
         for part in self.map.values_mut() {
             let saved = part.snapshots.saved_through();

@@ -142,16 +142,32 @@ fn publish(
     partition: u16,
     producer: (u64, u64),
 ) -> Handled {
+    publish_value(broker, slot, (topic_id, partition), producer, b"v")
+}
+
+fn publish_value(
+    broker: &mut Broker,
+    slot: u64,
+    (topic_id, partition): PartitionKey,
+    producer: (u64, u64),
+    value: &[u8],
+) -> Handled {
     let p = Pub {
         topic_id,
         partition,
         producer_id: producer.0,
         producer_seq: producer.1,
         flags: PubFlags::requesting(Some(Durability::Fsynced)),
-        value: b"v",
+        value,
         ..Pub::default()
     };
     broker.publish(CONN, slot, &p, Now::default())
+}
+
+/// A value that fills a partition's staged bytes alone: its flush writes the segment
+/// before the journal takes it (`PartitionLog::flush_with`).
+fn segment_filling_value() -> Vec<u8> {
+    vec![b'v'; crate::log::STAGED_BYTES_MAX]
 }
 
 fn pub_result(a: &Response) -> PubResult {
@@ -315,6 +331,49 @@ fn fail_checkpoint_sync(broker: &mut Broker, mut job: DurableJob, key: Partition
     broker.check_invariants();
 }
 
+/// Partition 0 of a fresh topic `t` holds one record the journal's sync acknowledged,
+/// staged for its segment write.
+fn a_staged_record(dir: &std::path::Path) -> (Broker, HeldJobs, u16) {
+    let (mut broker, jobs) = open(dir);
+    let topic = declare(&mut broker, &jobs, "t", 1);
+    publish(&mut broker, 1, topic, 0, (0, 0));
+    broker.end_pass(Now::default(), &unlimited_room);
+    jobs.run(&mut broker, |_| false);
+    assert_eq!(pub_result(&answers(&mut broker)[0].1).sequence, 1);
+    let log = &broker.partition(topic, 0).unwrap().log;
+    assert_eq!(log.staged().0, 1, "acknowledged before its segment write");
+    (broker, jobs, topic)
+}
+
+#[test]
+fn a_checkpoint_writes_the_staged_records_before_it_syncs_their_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut broker, jobs, topic) = a_staged_record(dir.path());
+    broker.partitions.request_checkpoint();
+    broker.end_pass(Now::default(), &unlimited_room);
+    let checkpoint = jobs.0.borrow_mut().pop().expect("a checkpoint");
+    let Work::Checkpoint { syncs, .. } = &checkpoint.work else {
+        panic!("expected a checkpoint, got {checkpoint:?}");
+    };
+    let sync = syncs
+        .iter()
+        .find(|s| s.key == (topic, 0))
+        .expect("its sync");
+    assert_eq!(
+        sync.sync.upto_sequence, 1,
+        "the sync covers the staged record"
+    );
+    assert_eq!(broker.partition(topic, 0).unwrap().log.staged(), (0, 0));
+}
+
+#[test]
+fn housekeeping_writes_staged_records_that_no_later_flush_pushed_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut broker, _jobs, topic) = a_staged_record(dir.path());
+    broker.housekeeping(Now::default());
+    assert_eq!(broker.partition(topic, 0).unwrap().log.staged(), (0, 0));
+}
+
 #[test]
 fn a_failed_segment_sync_at_a_checkpoint_poisons_only_its_partition() {
     let dir = tempfile::tempdir().unwrap();
@@ -418,7 +477,7 @@ fn a_record_after_an_undo_whose_sync_failed_is_never_acknowledged() {
         write_enospc: 1_000_000,
         ..FaultRates::default()
     });
-    publish(&mut broker, 1, topic, 0, (0, 0));
+    publish_value(&mut broker, 1, (topic, 0), (0, 0), &segment_filling_value());
     broker.end_pass(Now::default(), &unlimited_room);
     let refused = answers(&mut broker);
     assert_eq!(refused[0].1.error_code(), Some(ErrorCode::StorageFull));
@@ -505,7 +564,9 @@ fn a_producer_then_records(broker: &mut Broker, jobs: &HeldJobs, topic: u16) {
 /// The same, over more than two segments.
 fn a_producer_then_segments(broker: &mut Broker, jobs: &HeldJobs, topic: u16) {
     a_producer_then_records(broker, jobs, topic);
-    assert!(broker.partition(topic, 0).unwrap().log.stats().segments > 2);
+    let part = broker.partitions.get_mut((topic, 0)).unwrap();
+    part.log.write_staged().unwrap();
+    assert!(part.log.stats().segments > 2);
 }
 
 /// After a restart (no clean shutdown), producer 7 resending its record 1 is told it
@@ -705,8 +766,15 @@ fn a_dead_letter_whose_twin_flush_failed_is_appended_again() {
     let disk = SimDisk::seeded(3);
     let (mut broker, jobs) = open_on(std::path::Path::new("/data"), Arc::new(disk.clone()), 0);
     let topic = declare(&mut broker, &jobs, "t", 1);
+    // Records large enough that the twin's flush writes its segment at once.
     for slot in 0..2 {
-        publish(&mut broker, slot, topic, 0, (0, 0));
+        publish_value(
+            &mut broker,
+            slot,
+            (topic, 0),
+            (0, 0),
+            &segment_filling_value(),
+        );
     }
     settle(&mut broker, &jobs);
     join(&mut broker, topic);

@@ -10,10 +10,14 @@
 //!
 //! 1. [`PartitionLog::append`] encodes the record into an in-memory write buffer and gives
 //!    it the next sequence. No syscall: the reactor appends every PUB of a loop pass.
-//! 2. [`PartitionLog::flush`] writes the buffer to the active segment with one `write_all`
-//!    (one per segment when the batch crosses a roll); their index entries wait in memory
-//!    until a page of them gathers (`segment.rs`). Now the records are WRITTEN (page
-//!    cache) and readable. A failed write is undone whole.
+//! 2. [`PartitionLog::flush_with`] hands the new records to the node's journal, and they
+//!    are WRITTEN (page cache) and readable. Their segment write is staged until
+//!    [`STAGED_BYTES_MAX`] of them gather, a read reaches them, or a checkpoint,
+//!    housekeeping or the close asks ([`PartitionLog::write_staged`]); then one
+//!    `write_all` per segment touched takes them, and their index entries wait in memory
+//!    until a page of them gathers (`segment.rs`). A failed segment write is undone whole:
+//!    staged records stay staged, records not yet in the journal are dropped.
+//!    [`PartitionLog::flush`] (journal replay, a cluster node's apply) writes at once.
 //! 3. [`PartitionLog::take_sync_job`] hands a [`SyncJob`] to the fsync pool, which calls
 //!    [`SyncJob::run`] on a worker thread; the reactor then calls `sync_done` (records
 //!    are FSYNCED) or `sync_failed` (the partition is poisoned for good: see
@@ -40,7 +44,8 @@
 //!   writer; sequences are contiguous across segments.
 //! - Every byte below a segment's `len_bytes` was written by this process or verified by
 //!   recovery, and is never rewritten; maps never extend past `len_bytes`.
-//! - `synced_sequence <= written_sequence < next_sequence`.
+//! - `synced_sequence <= segment_sequence <= written_sequence < next_sequence`; the
+//!   records between `segment_sequence` and `written_sequence` are the staged ones.
 
 pub mod journal;
 pub mod journal2;
@@ -94,6 +99,13 @@ pub const MAPPED_SEGMENTS_MAX: usize = 16;
 /// After a flush, a write buffer that grew past this is shrunk back, so one burst does not
 /// pin its peak memory for the life of the process.
 pub const WRITE_BUFFER_RETAIN_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Records the journal holds wait in memory for their segment write until this many
+/// bytes of them gather (or a read reaches them, a checkpoint needs them, housekeeping
+/// comes or the log closes): with 64 partitions written in a pass, a write per partition
+/// per pass covered about two records and parts of two pages, and those writes were what
+/// FSYNC publish over 64 partitions waited on (`docs/BENCHMARKS.md`, round 8). Per
+/// partition; 64 KiB is 16 pages per write.
+pub const STAGED_BYTES_MAX: usize = 64 * 1024;
 /// Records per batch when `scan_headers` walks the log.
 const SCAN_HEADERS_BATCH_RECORDS: usize = 1024;
 
@@ -177,7 +189,7 @@ pub struct PartitionStats {
     pub written_sequence: u64,
     /// Highest durable sequence (synced in its segment or in the journal).
     pub synced_sequence: u64,
-    /// Bytes in segment files (flushed), headers included; indexes not counted.
+    /// Bytes in segment files, headers included; indexes and staged records not counted.
     pub bytes: u64,
     pub segments: u32,
     pub pending_bytes: usize,
@@ -394,12 +406,17 @@ pub struct PartitionLog {
     config: LogConfig,
     /// Oldest first; never empty; the last is the active segment.
     segments: Vec<Segment>,
-    /// Encoded records not yet flushed, back to back.
+    /// Encoded records not in a segment yet, back to back: the staged ones first.
     write_buf: Vec<u8>,
     pending: Vec<PendingRecord>,
-    written_sequence: u64,
+    /// The first `staged` of `pending` (the first `staged_bytes` of `write_buf`) are in
+    /// the node's journal and wait for their segment write (`flush_with`).
+    staged: usize,
+    staged_bytes: usize,
+    /// Highest sequence written to a segment file.
+    segment_sequence: u64,
     synced_sequence: u64,
-    /// `written_sequence` when the last sync job was taken.
+    /// `segment_sequence` when the last sync job was taken.
     sync_taken_sequence: u64,
     /// Sync jobs taken and not yet reported, oldest first: the `upto_sequence` of each
     /// and whether it completed. The synced watermark moves only over a completed prefix:
@@ -424,6 +441,9 @@ pub struct PartitionLog {
     dir_dirty: bool,
     /// Why writes are refused, once an fsync (or a failed-write undo) has failed.
     poisoned: Option<String>,
+    /// A failed write could not be undone: the files no longer match memory, so not even
+    /// staged records are written to them.
+    undo_failed: bool,
     map_tick: u64,
     mapped_segments: usize,
     /// What [`PartitionLog::read_one_in_pass`] checked in its caller's current pass.
@@ -488,11 +508,15 @@ fn first_segment(
     Ok(seg)
 }
 
-/// A log closed in an orderly way leaves its index whole, so the next open has nothing to
-/// rebuild. A crash loses the unwritten entries, which recovery rebuilds from the records.
+/// A log closed in an orderly way leaves its segment and index whole, so the next open has
+/// nothing to replay or rebuild. A crash loses the staged records (the journal has them)
+/// and the unwritten entries, which recovery rebuilds from the records.
 impl Drop for PartitionLog {
     fn drop(&mut self) {
         if self.poisoned.is_none() {
+            if let Err(e) = self.write_staged() {
+                log::warn!("{}: staged records not written: {e}", self.dir.display());
+            }
             if let Err(e) = self.write_index_tail() {
                 log::warn!("{}: index entries not written: {e}", self.dir.display());
             }
@@ -547,7 +571,9 @@ impl PartitionLog {
             segments,
             write_buf: Vec::new(),
             pending: Vec::new(),
-            written_sequence: written,
+            staged: 0,
+            staged_bytes: 0,
+            segment_sequence: written,
             synced_sequence: written,
             journaled_sequence: written,
             journal_cap: None,
@@ -559,6 +585,7 @@ impl PartitionLog {
             unsynced_files: Vec::new(),
             dir_dirty: false,
             poisoned: None,
+            undo_failed: false,
             map_tick: 0,
             mapped_segments: 0,
             checked: CheckedRun::default(),
@@ -619,25 +646,79 @@ impl PartitionLog {
     /// common case); the index entries are written once a page of them gathers. Rolls to
     /// a new segment when the next record would pass `segment_size_bytes`. On failure
     /// (ENOSPC -> `NoSpace`, EIO -> `Io`) the files are cut back to their last good
-    /// length, new segments are removed, the buffered records are dropped and
-    /// `next_sequence` goes back to `written_sequence + 1`: the caller fails every append
-    /// since the last flush.
+    /// length, new segments are removed, the records appended since the last flush are
+    /// dropped and `next_sequence` goes back to `written_sequence + 1`: the caller fails
+    /// every append since the last flush. Staged records (already in the journal) stay
+    /// staged.
     pub fn flush(&mut self) -> Result<(), StorageError> {
-        self.flush_with(|_, _, _| {})
+        self.check_poisoned()?;
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let all = self.pending.len();
+        let bytes = self.write_pending(all)?;
+        self.written(all, bytes);
+        Ok(())
     }
 
-    /// [`flush`](Self::flush), then, when it wrote, hands `journal` the records it wrote:
-    /// their first sequence, their count and their bytes, back to back.
+    /// Hands `journal` the records appended since the last flush (their first sequence,
+    /// their count and their bytes, back to back), which makes them WRITTEN and readable.
+    /// Their segment write waits in memory (staged) until [`STAGED_BYTES_MAX`] of them
+    /// gather, a read reaches them, a checkpoint needs them, housekeeping comes or the log
+    /// closes (`docs/STORAGE.md`, "Writes and durability"). When this flush brings the
+    /// staged bytes to the limit, everything is written to the segment first, and the new
+    /// records go to the journal only if that succeeds: on failure they are dropped, as
+    /// [`flush`](Self::flush) drops them, and the staged ones stay.
     pub fn flush_with(
         &mut self,
         journal: impl FnOnce(u64, u32, &[u8]),
     ) -> Result<(), StorageError> {
         self.check_poisoned()?;
-        if self.pending.is_empty() {
+        if self.pending.len() == self.staged {
             return Ok(());
         }
-        let first_sequence = self.written_sequence + 1;
-        let count = self.pending.len() as u32;
+        let first_sequence = self.segment_sequence + 1 + self.staged as u64;
+        let count = (self.pending.len() - self.staged) as u32;
+        let fresh_from = self.staged_bytes;
+        if self.write_buf.len() < STAGED_BYTES_MAX {
+            journal(first_sequence, count, &self.write_buf[fresh_from..]);
+            (self.staged, self.staged_bytes) = (self.pending.len(), self.write_buf.len());
+            return Ok(());
+        }
+        let all = self.pending.len();
+        let bytes = self.write_pending(all)?;
+        journal(first_sequence, count, &self.write_buf[fresh_from..bytes]);
+        self.written(all, bytes);
+        Ok(())
+    }
+
+    /// Writes the staged records (those in the journal) to their segment now. On failure
+    /// they stay staged and the files are cut back; a later call writes them again. A
+    /// partition poisoned by a failed sync still writes them (its files are as its memory
+    /// says, and they were acknowledged WRITTEN), one poisoned by a failed undo does not.
+    pub fn write_staged(&mut self) -> Result<(), StorageError> {
+        if self.staged == 0 {
+            return Ok(());
+        }
+        if self.undo_failed {
+            self.check_poisoned()?;
+        }
+        let (count, bytes) = (self.staged, self.staged_bytes);
+        self.write_pending(count)?;
+        self.written(count, bytes);
+        Ok(())
+    }
+
+    /// Records staged for their segment write, and their bytes.
+    pub fn staged(&self) -> (usize, usize) {
+        (self.staged, self.staged_bytes)
+    }
+
+    /// Writes the first `count` pending records (at least the staged ones) to their
+    /// segment and returns their bytes; the caller then calls `written`. On failure undoes
+    /// the write and drops the pending records that are not staged.
+    fn write_pending(&mut self, count: usize) -> Result<usize, StorageError> {
+        debug_assert!(count >= self.staged && count <= self.pending.len());
         let active = self.active();
         let undo = FlushUndo {
             segments: self.segments.len(),
@@ -645,17 +726,8 @@ impl PartitionLog {
             record_count: active.record_count,
             last_timestamp_ms: active.last_timestamp_ms,
         };
-        let result = self.flush_write();
-        if result.is_ok() {
-            journal(first_sequence, count, &self.write_buf);
-        }
-        self.pending.clear();
-        self.write_buf.clear();
-        if self.write_buf.capacity() > WRITE_BUFFER_RETAIN_BYTES_MAX {
-            self.write_buf.shrink_to(WRITE_BUFFER_RETAIN_BYTES_MAX);
-        }
-        match result {
-            Ok(mut touched) => {
+        match self.flush_write(count) {
+            Ok((mut touched, bytes)) => {
                 // Segments closed by this flush give up their descriptors; sync jobs keep
                 // theirs alive through the Arc until the data is durable. A closed
                 // segment's index is synced once, with its last records: recovery trusts
@@ -671,33 +743,50 @@ impl PartitionLog {
                         self.unsynced_files.push(file);
                     }
                 }
-                self.written_sequence = self.active().end_sequence() - 1;
-                Ok(())
+                self.segment_sequence = self.active().end_sequence() - 1;
+                Ok(bytes)
             }
             Err(err) => {
+                let dropped = self.pending.len() - self.staged;
                 log::error!(
-                    "{}: flush failed, buffered records dropped: {err}",
-                    self.dir.display()
+                    "{}: segment write failed, {dropped} new records dropped, {} staged \
+                     kept: {err}",
+                    self.dir.display(),
+                    self.staged
                 );
                 self.flush_undo(undo);
+                self.pending.truncate(self.staged);
+                self.write_buf.truncate(self.staged_bytes);
                 Err(err)
             }
         }
     }
 
-    /// The writes of a flush. Mutates segment lengths as each chunk lands; `flush_undo`
-    /// puts them back if a later chunk fails.
-    fn flush_write(&mut self) -> Result<Vec<FileRef>, StorageError> {
+    /// The first `count` pending records (`bytes` of the buffer) are in their segment.
+    fn written(&mut self, count: usize, bytes: usize) {
+        self.pending.drain(..count);
+        self.write_buf.drain(..bytes);
+        (self.staged, self.staged_bytes) = (0, 0);
+        if self.write_buf.capacity() > WRITE_BUFFER_RETAIN_BYTES_MAX {
+            let keep = self.write_buf.len().max(WRITE_BUFFER_RETAIN_BYTES_MAX);
+            self.write_buf.shrink_to(keep);
+        }
+    }
+
+    /// The writes of the first `count` pending records; returns the files written and the
+    /// bytes. Mutates segment lengths as each chunk lands; `flush_undo` puts them back if
+    /// a later chunk fails.
+    fn flush_write(&mut self, count: usize) -> Result<(Vec<FileRef>, usize), StorageError> {
         let limit = self.config.segment_size_bytes;
         let mut touched: Vec<FileRef> = Vec::new();
         let mut i = 0;
         let mut buf_pos = 0usize;
-        while i < self.pending.len() {
+        while i < count {
             let active = self.segments.last_mut().expect("active segment");
             let unwritten_before = active.idx_unwritten.len();
             let mut chunk_bytes = 0u64;
             let mut j = i;
-            while j < self.pending.len() {
+            while j < count {
                 let rec = self.pending[j].len as u64;
                 let records_before = active.record_count + (j - i) as u64;
                 // An empty segment takes any record, however large: it gets one of its own.
@@ -745,7 +834,7 @@ impl PartitionLog {
                 self.write_index_tail()?;
             }
         }
-        Ok(touched)
+        Ok((touched, buf_pos))
     }
 
     /// Writes the active segment's unwritten index entries to its index file.
@@ -872,12 +961,13 @@ impl PartitionLog {
                 self.dir.display()
             );
             self.poisoned = Some(reason);
+            self.undo_failed = true;
         }
     }
 
-    /// Bytes appended and not yet flushed.
+    /// Bytes appended and not yet flushed (staged records are flushed).
     pub fn pending_bytes(&self) -> usize {
-        self.write_buf.len()
+        self.write_buf.len() - self.staged_bytes
     }
 
     /// The sequence the next append gets.
@@ -885,12 +975,16 @@ impl PartitionLog {
     /// partition must hold (a cluster's INSTALL). Bytes below these lengths are never
     /// rewritten.
     pub fn segment_files(&self) -> Vec<(PathBuf, u64)> {
+        debug_assert_eq!(
+            self.staged, 0,
+            "a cluster node writes what it applies at once"
+        );
         let files = self.segments.iter();
         files.map(|s| (s.log_path.clone(), s.len_bytes)).collect()
     }
 
     pub fn next_sequence(&self) -> u64 {
-        self.written_sequence + 1 + self.pending.len() as u64
+        self.segment_sequence + 1 + self.pending.len() as u64
     }
 
     /// The oldest retained sequence; equals `written_sequence() + 1` when nothing is kept.
@@ -898,9 +992,10 @@ impl PartitionLog {
         self.segments[0].first_sequence
     }
 
-    /// Highest sequence flushed to a segment file (0 if none ever was).
+    /// Highest sequence flushed: written to a segment file, or staged for that write
+    /// after the journal took it (0 if none ever was). Every record up to it is readable.
     pub fn written_sequence(&self) -> u64 {
-        self.written_sequence
+        self.segment_sequence + self.staged as u64
     }
 
     /// Highest sequence covered by a completed sync job (or by the fsync at open).
@@ -920,7 +1015,7 @@ impl PartitionLog {
     /// went unanswered when a checkpoint's segment sync failed while they waited).
     pub fn journal_durable(&mut self, upto: u64) {
         let upto = upto
-            .min(self.written_sequence)
+            .min(self.written_sequence())
             .min(self.journal_cap.unwrap_or(u64::MAX));
         self.journaled_sequence = self.journaled_sequence.max(upto);
     }
@@ -991,7 +1086,7 @@ impl PartitionLog {
     /// log ends now, after its own syncs (`checkpoint.rs`): a job taken while another
     /// runs cannot vouch for the other's files.
     pub fn take_sync_job(&mut self) -> Option<SyncJob> {
-        if self.poisoned.is_some() || self.written_sequence <= self.sync_taken_sequence {
+        if self.poisoned.is_some() || self.segment_sequence <= self.sync_taken_sequence {
             return None;
         }
         // The point vouches for index entries too: they go to the file first. Should that
@@ -1020,11 +1115,11 @@ impl PartitionLog {
             storage: Arc::clone(&self.storage),
             files: std::mem::take(&mut self.unsynced_files),
             sync_dir: self.dir_dirty.then(|| self.dir.clone()),
-            upto_sequence: self.written_sequence,
+            upto_sequence: self.segment_sequence,
             point,
         };
         self.dir_dirty = false;
-        self.sync_taken_sequence = self.written_sequence;
+        self.sync_taken_sequence = self.segment_sequence;
         self.syncs_in_flight.push_back(InFlightSync {
             upto_sequence: job.upto_sequence,
             done: false,
@@ -1052,7 +1147,7 @@ impl PartitionLog {
         }) = self.syncs_in_flight.front()
         {
             self.syncs_in_flight.pop_front();
-            self.synced_sequence = self.synced_sequence.max(upto.min(self.written_sequence));
+            self.synced_sequence = self.synced_sequence.max(upto.min(self.segment_sequence));
             self.synced_at = at;
             if moves_point {
                 self.point_sent = at;
@@ -1072,7 +1167,7 @@ impl PartitionLog {
             storage: Arc::clone(&self.storage),
             files: self.unsynced_files.clone(),
             sync_dir: self.dir_dirty.then(|| self.dir.clone()),
-            upto_sequence: self.written_sequence,
+            upto_sequence: self.segment_sequence,
             point: None,
         })
     }
@@ -1136,15 +1231,15 @@ impl PartitionLog {
         let last = self.segments.last().expect("not empty");
         assert_eq!(
             last.end_sequence(),
-            self.written_sequence + 1,
+            self.segment_sequence + 1,
             "last segment ends at written"
         );
         assert!(
-            self.synced_sequence <= self.written_sequence,
+            self.synced_sequence <= self.segment_sequence,
             "synced beyond written"
         );
-        assert!(self.journaled_sequence <= self.written_sequence);
-        assert!(self.sync_taken_sequence <= self.written_sequence);
+        assert!(self.journaled_sequence <= self.written_sequence());
+        assert!(self.sync_taken_sequence <= self.segment_sequence);
         let mut last = self.synced_sequence;
         for &InFlightSync {
             upto_sequence: upto,
@@ -1159,12 +1254,7 @@ impl PartitionLog {
             self.syncs_in_flight.front().is_none_or(|s| !s.done),
             "a completed job at the head would have moved the watermark"
         );
-        let pending: u64 = self.pending.iter().map(|r| u64::from(r.len)).sum();
-        assert_eq!(
-            pending,
-            self.write_buf.len() as u64,
-            "write buffer holds the pending records"
-        );
+        self.check_buffer_invariants();
         for seg in &self.segments[..self.segments.len() - 1] {
             assert!(
                 seg.idx_unwritten.is_empty(),
@@ -1186,6 +1276,23 @@ impl PartitionLog {
         let mapped = self.segments.iter().filter(|s| s.is_mapped()).count();
         assert_eq!(mapped, self.mapped_segments);
         assert!(self.mapped_segments <= MAPPED_SEGMENTS_MAX);
+    }
+
+    /// The write buffer holds the pending records, the staged ones first.
+    fn check_buffer_invariants(&self) {
+        let bytes =
+            |records: &[PendingRecord]| -> u64 { records.iter().map(|r| u64::from(r.len)).sum() };
+        assert_eq!(
+            bytes(&self.pending),
+            self.write_buf.len() as u64,
+            "write buffer holds the pending records"
+        );
+        assert!(self.staged <= self.pending.len());
+        assert_eq!(
+            bytes(&self.pending[..self.staged]),
+            self.staged_bytes as u64,
+            "staged bytes those of the records"
+        );
     }
 
     /// Index of the segment holding `sequence` (which is >= first_sequence).
@@ -1223,6 +1330,21 @@ impl PartitionLog {
         mapped
     }
 
+    /// Where a read from `start` of up to `max_records` may go (exclusive): staged records
+    /// it would reach are written to their segment first. When that write fails, a read
+    /// that starts before them still gets the records before them.
+    fn readable_end(&mut self, start: u64, max_records: usize) -> Result<u64, StorageError> {
+        let reaches_staged = start.saturating_add(max_records as u64) > self.segment_sequence + 1;
+        if self.staged > 0 && reaches_staged {
+            if let Err(e) = self.write_staged() {
+                if start > self.segment_sequence {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(self.segment_sequence + 1)
+    }
+
     /// Calls `f` for flushed records from `from_sequence` on (clamped up to
     /// `first_sequence`, the gap reported as `skipped`), stopping after `max_records`, at
     /// the end of the log, or before a record that would take the key + value bytes past
@@ -1244,7 +1366,7 @@ impl PartitionLog {
             // Sequences start at 1: asking from 0 skips nothing that ever existed.
             skipped: start - from_sequence.clamp(1, start),
         };
-        let end = self.written_sequence + 1;
+        let end = self.readable_end(start, max_records)?;
         let mut sequence = start;
         'segments: while sequence < end && out.records < max_records {
             let i = self.segment_index_of(sequence);
@@ -1295,8 +1417,11 @@ impl PartitionLog {
         sequence: u64,
         pass: Option<u64>,
     ) -> Result<Option<RecordView<'_>>, StorageError> {
-        if sequence < self.first_sequence() || sequence > self.written_sequence {
+        if sequence < self.first_sequence() || sequence > self.written_sequence() {
             return Ok(None);
+        }
+        if sequence > self.segment_sequence {
+            self.write_staged()?;
         }
         let i = self.segment_index_of(sequence);
         self.map_segment(i)?;
@@ -1340,7 +1465,7 @@ impl PartitionLog {
     ) -> Result<u64, StorageError> {
         let mut next = from_sequence.max(self.first_sequence());
         let mut damaged = 0;
-        while next <= self.written_sequence {
+        while next <= self.written_sequence() {
             let read = self.read(next, SCAN_HEADERS_BATCH_RECORDS, usize::MAX, |r| {
                 next = r.sequence + 1;
                 f(r.sequence, r.timestamp_ms, r.producer_id, r.producer_seq)
@@ -1447,11 +1572,11 @@ impl PartitionLog {
         PartitionStats {
             first_sequence: self.first_sequence(),
             next_sequence: self.next_sequence(),
-            written_sequence: self.written_sequence,
+            written_sequence: self.written_sequence(),
             synced_sequence: self.durable_sequence(),
             bytes: self.segments.iter().map(|s| s.len_bytes).sum(),
             segments: self.segments.len() as u32,
-            pending_bytes: self.write_buf.len(),
+            pending_bytes: self.pending_bytes(),
             poisoned: self.poisoned.is_some(),
         }
     }

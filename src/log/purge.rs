@@ -85,10 +85,12 @@ impl PartitionLog {
     /// that holds records on both sides of `below` is kept whole.
     pub fn purge_below(&mut self, below: u64) -> Result<Option<PurgeFiles>, StorageError> {
         self.check_poisoned()?;
-        if self.first_sequence() > self.written_sequence || self.first_sequence() >= below {
+        // Staged records are flushed ones too: they go with the rest.
+        self.write_staged()?;
+        if self.first_sequence() > self.segment_sequence || self.first_sequence() >= below {
             return Ok(None);
         }
-        if self.active().record_count > 0 && self.written_sequence < below {
+        if self.active().record_count > 0 && self.segment_sequence < below {
             self.seal_active_index()?;
             self.flush_roll()?;
         }

@@ -227,7 +227,7 @@ fn a_reader_at_the_tail_remaps_the_active_segment_a_few_times_not_after_every_fl
     let (mut remaps, mut previous) = (0, std::ptr::null());
     for _ in 0..500 {
         append_range(&mut log, 1, 1);
-        let last = log.written_sequence;
+        let last = log.segment_sequence;
         let value = log.read_one(last).unwrap().expect("flushed").value.to_vec();
         assert_eq!(value, value_for(last));
         let seg = log.segments.last().unwrap();
@@ -1185,4 +1185,120 @@ fn a_read_in_pass_checks_a_record_once_per_pass() {
         read(&mut log, 3, 3).is_err(),
         "after a gap, the run starts again"
     );
+}
+
+/// Appends sequences `n` records with `value_for` and hands them to a journal through
+/// `flush_with`; returns what the journal was given (first sequence, count, bytes).
+fn append_journaled(log: &mut PartitionLog, n: u64) -> Option<(u64, u32, usize)> {
+    for _ in 0..n {
+        let seq = log.next_sequence();
+        append_value(log, seq * 1000, &value_for(seq));
+    }
+    let mut given = None;
+    log.flush_with(|first, count, bytes| given = Some((first, count, bytes.len())))
+        .unwrap();
+    log.check_invariants();
+    given
+}
+
+fn segment_len(dir: &Path) -> u64 {
+    fs::metadata(segment_path(dir, 1)).unwrap().len()
+}
+
+#[test]
+fn journaled_records_wait_staged_until_a_read_reaches_them() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let (mut log, _) = open(dir, cfg(1 << 20));
+    let header = segment_len(dir);
+    let pending = |log: &mut PartitionLog, n| {
+        (0..n).for_each(|_| {
+            let seq = log.next_sequence();
+            append_value(log, seq * 1000, &value_for(seq));
+        });
+        log.pending_bytes()
+    };
+    let bytes = pending(&mut log, 3);
+    let mut given = None;
+    log.flush_with(|first, count, b| given = Some((first, count, b.len())))
+        .unwrap();
+    assert_eq!(given, Some((1, 3, bytes)), "the journal takes the records");
+    assert_eq!(log.staged(), (3, bytes));
+    assert_eq!(log.written_sequence(), 3, "staged records are WRITTEN");
+    assert_eq!(segment_len(dir), header, "and not in the segment yet");
+    // A read that stops before them leaves them staged.
+    assert_eq!(append_journaled(&mut log, 0), None);
+    assert!(log.read_one(4).unwrap().is_none());
+    assert_eq!(log.staged().0, 3);
+    // One that reaches them writes them first.
+    assert_eq!(log.read_one(2).unwrap().unwrap().value, value_for(2));
+    assert_eq!(log.staged(), (0, 0));
+    assert_eq!(segment_len(dir), header + bytes as u64);
+    assert_eq!(append_journaled(&mut log, 2), Some((4, 2, log.staged().1)));
+    assert_holds(&mut log, 1, 5);
+    assert_eq!(log.staged(), (0, 0), "the range read wrote them");
+    append_journaled(&mut log, 2);
+    let (got, _) = collect(&mut log, 1, 5, usize::MAX);
+    assert_eq!(got.len(), 5);
+    assert_eq!(
+        log.staged().0,
+        2,
+        "a read that ends before them leaves them"
+    );
+}
+
+#[test]
+fn a_flush_that_fills_the_stage_writes_everything_and_a_failed_write_keeps_the_staged() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let (mut log, _) = open(dir, cfg(1 << 20));
+    let header = segment_len(dir);
+    append_journaled(&mut log, 3);
+    let staged = log.staged();
+    // A failed write of the staged records alone keeps them, and the files as they were.
+    log.fail_write_after(0, ENOSPC);
+    assert!(log.write_staged().unwrap_err().is_no_space());
+    assert_eq!(log.staged(), staged);
+    assert_eq!(segment_len(dir), header);
+    assert!(!log.is_poisoned());
+    // A record that brings the staged bytes to the limit: everything is written before the
+    // journal takes it, and when that fails the journal never sees it.
+    let big = vec![b'b'; STAGED_BYTES_MAX];
+    append_value(&mut log, 4, &big);
+    log.fail_write_after(0, ENOSPC);
+    let mut given = None;
+    let err = log.flush_with(|first, count, _| given = Some((first, count)));
+    assert!(err.unwrap_err().is_no_space());
+    assert_eq!(given, None);
+    assert_eq!(log.staged(), staged, "the staged records stay");
+    assert_eq!(log.next_sequence(), 4, "the new one is dropped");
+    log.check_invariants();
+    // Room again: the same sequence goes to the journal after the segment holds all four.
+    append_value(&mut log, 4, &big);
+    log.flush_with(|first, count, _| given = Some((first, count)))
+        .unwrap();
+    assert_eq!(given, Some((4, 1)));
+    assert_eq!(log.staged(), (0, 0));
+    assert_eq!(log.stats().bytes, segment_len(dir));
+    let (got, _) = collect(&mut log, 1, usize::MAX, usize::MAX);
+    assert_eq!(got.len(), 4);
+    assert_eq!(got[3], (4, big));
+}
+
+#[test]
+fn a_closed_log_writes_its_staged_records_and_a_crashed_one_leaves_them_to_the_journal() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let (mut log, _) = open(dir, cfg(1 << 20));
+    append_journaled(&mut log, 4);
+    drop(log);
+    let (mut log, report) = open(dir, cfg(1 << 20));
+    assert!(report.is_clean(), "{report:?}");
+    assert_holds(&mut log, 1, 4);
+    append_journaled(&mut log, 3);
+    // A crash: nothing runs, so only what the segment held survives; the broker's
+    // journal replay gives the rest back (`docs/STORAGE.md`).
+    std::mem::forget(log);
+    let (mut log, _) = open(dir, cfg(1 << 20));
+    assert_holds(&mut log, 1, 4);
 }

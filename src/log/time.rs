@@ -15,7 +15,7 @@ impl PartitionLog {
     /// answer is a record at or after `time_ms` but perhaps not the first. A damaged or
     /// unreadable-as-corrupt record counts as older, so the search steps past it.
     pub fn first_sequence_at_time(&mut self, time_ms: u64) -> Result<u64, StorageError> {
-        let (mut low, mut high) = (self.first_sequence(), self.written_sequence + 1);
+        let (mut low, mut high) = (self.first_sequence(), self.written_sequence() + 1);
         while low < high {
             let mid = low + (high - low) / 2;
             let at_or_after = match self.read_one(mid) {

@@ -269,6 +269,12 @@ impl Mortard {
         self.spawn();
     }
 
+    /// Restarts without the wrapper `start_wrapped` gave it: the fault is gone.
+    pub fn restart_unwrapped(&mut self) {
+        self.wrapper.clear();
+        self.restart();
+    }
+
     pub fn restart_after_kill9(&mut self) {
         self.kill9();
         self.spawn();
