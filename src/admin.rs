@@ -158,6 +158,8 @@ pub struct ClusterFigures {
     /// While this node installs a snapshot: bytes written so far and in all.
     pub install_bytes_done: u64,
     pub install_bytes_total: u64,
+    /// Peer connections, frames and raft messages refused, by reason (issue 42).
+    pub refused: Vec<(&'static str, u64)>,
     pub peers: Vec<PeerFigures>,
 }
 

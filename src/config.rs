@@ -128,6 +128,9 @@ pub struct Config {
     pub log_format: LogFormat,
 }
 
+/// The flags of mutual TLS on peer links, all given or none.
+pub const PEER_TLS_FLAGS: [&str; 3] = ["peer-tls-cert", "peer-tls-key", "peer-tls-ca"];
+
 /// One `--peers` entry: a node's id and the address its peer links are dialled at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Peer {
@@ -159,6 +162,14 @@ pub struct ClusterConfig {
     pub election_ticks: u32,
     /// `--journal-retain`: journal kept for lagging followers before they get a snapshot.
     pub journal_retain_bytes: u64,
+    /// `--cluster-id`: the cluster's own id, written into a data directory that has none
+    /// and checked against one that has (`broker::settle_cluster_id`).
+    pub cluster_id: Option<u64>,
+    /// `--peer-tls-cert`, `--peer-tls-key`, `--peer-tls-ca`: mutual TLS on every peer
+    /// link (PEM files); all three or none.
+    pub peer_tls_cert: Option<PathBuf>,
+    pub peer_tls_key: Option<PathBuf>,
+    pub peer_tls_ca: Option<PathBuf>,
 }
 
 impl Default for ClusterConfig {
@@ -174,6 +185,10 @@ impl Default for ClusterConfig {
             heartbeat_ticks: 2,
             election_ticks: 10,
             journal_retain_bytes: 256 * MIB,
+            cluster_id: None,
+            peer_tls_cert: None,
+            peer_tls_key: None,
+            peer_tls_ca: None,
         }
     }
 }
@@ -182,6 +197,13 @@ impl ClusterConfig {
     /// `--peers` was given: this node is one of a cluster.
     pub fn is_cluster(&self) -> bool {
         !self.peers.is_empty()
+    }
+
+    /// The `--peer-tls-*` flags given, in [`PEER_TLS_FLAGS`] order.
+    pub fn peer_tls_flags_given(&self) -> Vec<&'static str> {
+        let set = [&self.peer_tls_cert, &self.peer_tls_key, &self.peer_tls_ca];
+        let given = PEER_TLS_FLAGS.iter().zip(set).filter(|(_, v)| v.is_some());
+        given.map(|(f, _)| *f).collect()
     }
 
     /// This node's own `--peers` entry.
@@ -337,6 +359,8 @@ enum Field {
     NodeId(At<Option<u8>>),
     /// `--peers`: `ID=IP:PORT,...`, or `off`.
     Peers(At<Vec<Peer>>),
+    /// `--cluster-id`: 16 hexadecimal digits, not all zero; or unset (rendered `none`).
+    ClusterId(At<Option<u64>>),
     Path(At<PathBuf>),
     /// A path that may be unset (rendered `none`).
     OptPath(At<Option<PathBuf>>),
@@ -513,6 +537,14 @@ const FLAGS: &[FlagSpec] = {
         "this node's id in --peers (1..255); with --peers only"),
     row("peers", Cluster, field!(Peers, cluster.peers), Any,
         "every node's peer address, this one too (3 or 5)"),
+    row("cluster-id", Cluster, field!(ClusterId, cluster.cluster_id), Any,
+        "this cluster's id (16 hex digits), kept in the data dir"),
+    row("peer-tls-cert", Cluster, field!(OptPath, cluster.peer_tls_cert), Any,
+        "this node's certificate chain (PEM), naming node-ID"),
+    row("peer-tls-key", Cluster, field!(OptPath, cluster.peer_tls_key), Any,
+        "the private key of --peer-tls-cert (PEM)"),
+    row("peer-tls-ca", Cluster, field!(OptPath, cluster.peer_tls_ca), Any,
+        "the CA (PEM) every node's certificate chains to"),
     row("advertise", Cluster, field!(OptAddr, cluster.advertise), Any,
         "client address NOT_LEADER names; none = --listen"),
     row("replication-timeout", Cluster, field!(Dur, cluster.replication_timeout_ms),
@@ -556,6 +588,7 @@ impl FlagSpec {
             Field::OptAddr(_) => "ADDR",
             Field::NodeId(_) => "N",
             Field::Peers(_) => "ID=ADDR,...",
+            Field::ClusterId(_) => "HEX16",
             Field::Path(_) | Field::OptPath(_) => "PATH",
             Field::Durability(_) => "LEVEL",
             Field::LogLevel(_) => "LEVEL",
@@ -575,6 +608,7 @@ impl FlagSpec {
             Field::OptAddr(at) => *(at.get_mut)(c) = Some(parse_addr(text)?),
             Field::NodeId(at) => *(at.get_mut)(c) = Some(parse_node_id(text)?),
             Field::Peers(at) => *(at.get_mut)(c) = parse_peers(text)?,
+            Field::ClusterId(at) => *(at.get_mut)(c) = Some(parse_cluster_id(text)?),
             Field::Path(at) => *(at.get_mut)(c) = parse_path(text)?,
             Field::OptPath(at) => *(at.get_mut)(c) = Some(parse_path(text)?),
             Field::Durability(at) => *(at.get_mut)(c) = parse_durability(text)?,
@@ -631,6 +665,7 @@ impl FlagSpec {
             Field::OptAddr(at) => return (at.get)(c).map(|a| a.to_string()),
             Field::NodeId(at) => return (at.get)(c).map(|id| id.to_string()),
             Field::Peers(at) => format_peers((at.get)(c)),
+            Field::ClusterId(at) => return (at.get)(c).map(|id| format!("{id:016x}")),
             Field::Path(at) => (at.get)(c).display().to_string(),
             Field::OptPath(at) => return (at.get)(c).as_ref().map(|p| p.display().to_string()),
             Field::Durability(at) => (at.get)(c).to_string(),
@@ -699,6 +734,12 @@ impl Config {
         if self.cluster.advertise.is_some() {
             return Err(flag_error("advertise", why));
         }
+        if self.cluster.cluster_id.is_some() {
+            return Err(flag_error("cluster-id", why));
+        }
+        if let Some(flag) = self.cluster.peer_tls_flags_given().first() {
+            return Err(flag_error(flag, why));
+        }
         if self.broker.durability == Durability::Replicated {
             return Err(flag_error(
                 "durability",
@@ -736,6 +777,29 @@ impl Config {
             let ids: Vec<String> = c.peers.iter().map(|p| p.id.to_string()).collect();
             let why = format!("{id} is not in --peers (ids {})", ids.join(", "));
             return Err(flag_error("node-id", &why));
+        }
+        let given = c.peer_tls_flags_given();
+        if !given.is_empty() && given.len() < PEER_TLS_FLAGS.len() {
+            let missing: Vec<String> = (PEER_TLS_FLAGS.iter())
+                .filter(|f| !given.contains(f))
+                .map(|f| format!("--{f}"))
+                .collect();
+            let why = format!(
+                "needs {} too (mutual TLS takes all three)",
+                missing.join(" and ")
+            );
+            return Err(flag_error(given[0], &why));
+        }
+        let peer_listen = self
+            .listen_peer_addr()
+            .expect("own --peers entry checked above");
+        if given.is_empty() && !peer_listen.ip().is_loopback() {
+            let why = format!(
+                "{peer_listen} is not a loopback address: peer links there need mutual TLS \
+                 (--peer-tls-cert, --peer-tls-key, --peer-tls-ca; `mortarctl cluster certs` \
+                 makes them), or anyone who reaches the port can wipe or fool this node"
+            );
+            return Err(flag_error("listen-peer", &why));
         }
         let listen = self.reactor.listen;
         if c.advertise.is_none() && listen.ip().is_unspecified() {
@@ -836,6 +900,16 @@ impl Config {
                 "--listen {} is not loopback and there is no --token-file: anyone who can \
                  reach it can publish and consume; give it a token file or firewall it",
                 self.reactor.listen
+            ));
+        }
+        let peer_listen = self
+            .listen_peer_addr()
+            .filter(|_| self.cluster.is_cluster());
+        if let Some(peer) = peer_listen.filter(|_| self.cluster.peer_tls_cert.is_none()) {
+            out.push(format!(
+                "peer links on {peer} without TLS: any local process can speak for a node \
+                 (fine for a cluster on one machine; give --peer-tls-cert, --peer-tls-key \
+                 and --peer-tls-ca elsewhere)"
             ));
         }
         if let Some(peer) = self.listen_peer.filter(|_| !self.cluster.is_cluster()) {
@@ -1179,6 +1253,19 @@ fn parse_node_id(s: &str) -> Result<u8, String> {
     }
 }
 
+/// Exactly 16 hexadecimal digits (what `mortarctl cluster id` prints), not all zero: a
+/// shorter id is likelier typed than drawn, and two clusters must not share one.
+fn parse_cluster_id(s: &str) -> Result<u64, String> {
+    let hex = s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    match u64::from_str_radix(s, 16) {
+        Ok(id) if hex && id != 0 => Ok(id),
+        _ => Err(format!(
+            "'{s}' is not a cluster id (16 hexadecimal digits, not all zero; \
+             `mortarctl cluster id` makes one)"
+        )),
+    }
+}
+
 /// `off`, or `ID=IP:PORT` entries separated by commas, each id once. Sorted by id, so
 /// that every node, whatever order its operator wrote, holds the same list.
 fn parse_peers(s: &str) -> Result<Vec<Peer>, String> {
@@ -1284,6 +1371,10 @@ mod tests {
         "group-ttl",
         "node-id",
         "peers",
+        "cluster-id",
+        "peer-tls-cert",
+        "peer-tls-key",
+        "peer-tls-ca",
         "advertise",
         "replication-timeout",
         "raft-tick",
@@ -1557,6 +1648,18 @@ mod tests {
                 ids == [1, 2, 3] && c.cluster.peers[2].addr == "10.0.0.3:7413".parse().unwrap()
             },
         ),
+        ("cluster-id", "00c0ffee00c0ffee", |c| {
+            c.cluster.cluster_id == Some(0x00c0_ffee_00c0_ffee)
+        }),
+        ("peer-tls-cert", "/etc/mortarmq/node-2.pem", |c| {
+            c.cluster.peer_tls_cert == Some("/etc/mortarmq/node-2.pem".into())
+        }),
+        ("peer-tls-key", "/etc/mortarmq/node-2.key", |c| {
+            c.cluster.peer_tls_key == Some("/etc/mortarmq/node-2.key".into())
+        }),
+        ("peer-tls-ca", "/etc/mortarmq/ca.pem", |c| {
+            c.cluster.peer_tls_ca == Some("/etc/mortarmq/ca.pem".into())
+        }),
         ("advertise", "10.0.0.2:9000", |c| {
             c.cluster.advertise == "10.0.0.2:9000".parse().ok()
         }),
@@ -1592,13 +1695,32 @@ mod tests {
     use std::path::Path;
 
     const PEERS: &str = "1=10.0.0.1:7413,2=10.0.0.2:7413,3=10.0.0.3:7413";
+    /// On loopback a cluster starts without peer TLS.
+    const LOCAL_PEERS: &str = "1=127.0.0.1:7413,2=127.0.0.2:7413,3=127.0.0.3:7413";
+    /// What a cluster off loopback cannot go without.
+    const TLS: [&str; 6] = [
+        "--peer-tls-cert",
+        "/c.pem",
+        "--peer-tls-key",
+        "/k.pem",
+        "--peer-tls-ca",
+        "/ca.pem",
+    ];
 
     /// The flags a cluster flag cannot go without, to try it alone.
     fn needed_with(name: &str) -> Vec<&'static str> {
+        let local = ["--node-id", "1", "--peers", LOCAL_PEERS];
+        let tls_but = |flag: &str| {
+            let pairs = TLS.chunks(2).filter(|p| p[0] != format!("--{flag}"));
+            pairs.flatten().copied().collect::<Vec<_>>()
+        };
         match name {
-            "node-id" => vec!["--peers", PEERS],
-            "peers" => vec!["--node-id", "1"],
-            "advertise" => vec!["--node-id", "1", "--peers", PEERS],
+            "node-id" => vec!["--peers", LOCAL_PEERS],
+            "peers" => [&["--node-id", "1"][..], &TLS].concat(),
+            "advertise" | "cluster-id" => local.to_vec(),
+            "peer-tls-cert" | "peer-tls-key" | "peer-tls-ca" => {
+                [&local[..], &tls_but(name)].concat()
+            }
             _ => vec![],
         }
     }
@@ -1660,7 +1782,15 @@ mod tests {
             .into_iter()
             .filter_map(|(name, value)| value.map(|v| format!("--{name}={v}")))
             .collect();
-        let unset = ["token-file", "node-id", "advertise"];
+        let unset = [
+            "token-file",
+            "node-id",
+            "cluster-id",
+            "peer-tls-cert",
+            "peer-tls-key",
+            "peer-tls-ca",
+            "advertise",
+        ];
         assert_eq!(
             list.len(),
             FLAGS.len() - unset.len(),
@@ -2103,11 +2233,40 @@ mod tests {
     }
 
     fn cluster(extra: &[&str]) -> Result<Config, String> {
-        let list = [&["--node-id", "2", "--peers", PEERS][..], extra].concat();
+        let list = [&["--node-id", "2", "--peers", PEERS][..], &TLS, extra].concat();
         match parse_args(args(&list)) {
             Ok(Command::Run(c)) => Ok(c),
             Err(ConfigError(text)) => Err(text),
             other => panic!("{list:?}: {other:?}"),
+        }
+    }
+
+    /// Issue 42: peer links off loopback take mutual TLS, all three files or none, and a
+    /// cluster id is 16 hex digits.
+    #[test]
+    fn peer_links_off_loopback_need_all_three_tls_flags() {
+        let plain = ["--node-id", "2", "--peers", PEERS];
+        let e = err(&plain);
+        assert!(
+            e.contains("--listen-peer") && e.contains("--peer-tls-ca"),
+            "{e}"
+        );
+        let e = err(&[&plain[..], &TLS[..2]].concat());
+        assert!(e.contains("--peer-tls-key and --peer-tls-ca"), "{e}");
+        let local = ["--node-id", "2", "--peers", LOCAL_PEERS];
+        let c = run(&local);
+        assert!(c.warnings().iter().any(|w| w.contains("without TLS")));
+        assert!(run(&[&local[..], &TLS].concat()).warnings().is_empty());
+        let single = err(&["--peer-tls-ca", "/ca.pem"]);
+        assert!(single.contains("--peer-tls-ca") && single.contains("only with --peers"));
+        for bad in [
+            "c0ffee",
+            "00000000000000000",
+            "0000000000000000",
+            "xyzxyzxyzxyzxyzx",
+        ] {
+            let e = err(&[&local[..], &["--cluster-id", bad]].concat());
+            assert!(e.contains("not a cluster id"), "{bad}: {e}");
         }
     }
 
@@ -2133,7 +2292,7 @@ mod tests {
         assert_eq!(bound.listen_peer_addr(), "0.0.0.0:7413".parse().ok());
         // Five nodes, written in any order, come out sorted by id.
         let five = "5=10.0.0.5:1,4=10.0.0.4:1,3=10.0.0.3:1,2=10.0.0.2:1,1=10.0.0.1:1";
-        let c = run(&["--node-id", "5", "--peers", five]);
+        let c = run(&[&["--node-id", "5", "--peers", five][..], &TLS].concat());
         let ids: Vec<u8> = c.cluster.peers.iter().map(|p| p.id).collect();
         assert_eq!(ids, [1, 2, 3, 4, 5]);
         assert_eq!(

@@ -256,6 +256,7 @@ fn attach_peers(
     cluster: &ClusterConfig,
     listen_peer: Option<SocketAddr>,
     admin_addr: Option<SocketAddr>,
+    cluster_uid: Option<u64>,
 ) -> Result<(), String> {
     let (Some(node_id), Some(listen)) = (cluster.node_id, listen_peer) else {
         return Ok(());
@@ -270,6 +271,7 @@ fn attach_peers(
         listen,
         client_addr,
         admin_addr,
+        cluster_uid,
     };
     reactor.attach_peers(&peers, cluster.raft_tick_ms)?;
     Ok(())
@@ -305,12 +307,20 @@ fn run(config: Config) -> Result<Stopped, String> {
         .map_err(|e| format!("cannot create data directory {}: {e}", data_dir.display()))?;
     mortarmq::broker::check_data_dir_kind(&data_dir, replica.is_some())?;
     let _data_dir_lock = mortarmq::broker::DataDirLock::acquire(&data_dir)?;
+    let cluster_uid = match replica {
+        Some(_) => mortarmq::broker::settle_cluster_id(
+            &*mortarmq::log::FsStorage::shared(),
+            &data_dir,
+            cluster.cluster_id,
+        )?,
+        None => None,
+    };
     // Bound before the broker opens and bumps the leader epoch (so is the client listener,
     // in `Reactor::bind`): a port in use must not cost an epoch.
     let admin_listener = admin_listen.map(Admin::bind).transpose()?;
     let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
     let (mut reactor, partitions) = open(reactor, broker, fsync_threads, replica)?;
-    attach_peers(&mut reactor, &cluster, listen_peer, admin_addr)?;
+    attach_peers(&mut reactor, &cluster, listen_peer, admin_addr, cluster_uid)?;
     check_descriptor_limit(descriptor_limit, max_connections, partitions);
     let addr = reactor.local_addr().ok_or("listener has no address")?;
     log::info!("mortard {} listening on {addr}", env!("CARGO_PKG_VERSION"));

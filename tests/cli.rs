@@ -20,6 +20,7 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(30);
 const SUBCOMMANDS: &[&[&str]] = &[
     &["stats"],
     &["cluster", "status"],
+    &["cluster", "id"],
     &["topics", "list"],
     &["topics", "create"],
     &["topics", "delete"],

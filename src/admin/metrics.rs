@@ -84,6 +84,9 @@ pub enum Read {
     /// Labels `peer`; path `cluster.peers[]`. A [`Json::Null`] is a figure the node
     /// does not have (no sample).
     PerPeer(fn(&PeerFigures) -> Json),
+    /// [`Read::ByLabel`] of a cluster node: one count per value of the label; path
+    /// `cluster.`, an object keyed by that value.
+    ClusterByLabel(&'static str, fn(&ClusterFigures) -> &[(&'static str, u64)]),
 }
 
 pub struct Metric {
@@ -109,7 +112,7 @@ impl Metric {
     pub fn shown(&self, s: &Snapshot) -> bool {
         let cluster_row = matches!(
             self.read,
-            Read::Cluster(_) | Read::ClusterLabel(..) | Read::PerPeer(_)
+            Read::Cluster(_) | Read::ClusterLabel(..) | Read::PerPeer(_) | Read::ClusterByLabel(..)
         );
         !cluster_row || s.cluster.is_some()
     }
@@ -187,7 +190,7 @@ const fn non_empty(text: &'static str) -> Option<&'static str> {
 
 use Kind::{Counter, Gauge, Histogram, Info};
 use Read::{ByLabel, PerGroup, PerGroupPartition, PerMember, PerPartition, PerTopic, Scalar};
-use Read::{Cluster, ClusterLabel, PerPeer};
+use Read::{Cluster, ClusterByLabel, ClusterLabel, PerPeer};
 use Unit::{Bytes, Count, Epoch, Label, Microseconds, Milliseconds, Records, Sequence};
 
 /// Every figure `/metrics`, `/stats` and `mortarctl stats` show, in `/metrics` order.
@@ -437,6 +440,9 @@ pub static METRICS: &[Metric] = &[
     row(Gauge, Bytes, "mortar_cluster_install_total_bytes", "cluster.install_bytes_total",
         "While this node installs a snapshot: its bytes in all (0 otherwise).",
         Cluster(|c| Num(c.install_bytes_total))),
+    row(Counter, Count, "mortar_peer_refused_total", "cluster.refused",
+        "Peer connections, frames and raft messages refused, by reason (each logged at most \
+         once a second).", ClusterByLabel("reason", |c| &c.refused)),
     info("cluster.peers[].id", "peer", "Peer node id.", PerPeer(|p| Num(p.id))),
     row(Gauge, Label, "mortar_peer_link_up", "cluster.peers[].link_up",
         "1 when both links with the peer are open and its HELLO was accepted.",
@@ -529,7 +535,10 @@ impl Read {
                 }
             }
             Read::Histogram { .. } => {}
-            Read::Cluster(_) | Read::ClusterLabel(..) | Read::PerPeer(_) => {
+            Read::Cluster(_)
+            | Read::ClusterLabel(..)
+            | Read::PerPeer(_)
+            | Read::ClusterByLabel(..) => {
                 if let Some(c) = &s.cluster {
                     self.cluster_points(c, &mut put);
                 }
@@ -548,6 +557,11 @@ impl Read {
             Read::Cluster(read) => put(vec![], vec![], Some(read(c))),
             Read::ClusterLabel(label, read) => {
                 put(vec![(*label, read(c).into())], vec![], Some(Num(1)))
+            }
+            Read::ClusterByLabel(label, read) => {
+                for &(value, n) in read(c) {
+                    put(vec![(*label, value.into())], vec![], Some(Num(n)));
+                }
             }
             Read::PerPeer(read) => {
                 put(vec![], vec![], None);

@@ -129,6 +129,11 @@ pub fn render_stats(s: &Snapshot, pretty: bool) -> String {
                 let counts = read(s).into_iter().map(|(k, n)| (k, Json::Num(n)));
                 put(&mut doc, &steps, &[], Some(Json::Obj(counts.collect())));
             }
+            Read::ClusterByLabel(_, read) => {
+                let counts = s.cluster.as_ref().map_or(&[][..], read);
+                let counts = counts.iter().map(|&(k, n)| (k, Json::Num(n)));
+                put(&mut doc, &steps, &[], Some(Json::Obj(counts.collect())));
+            }
             read => {
                 put(&mut doc, &steps, &[], None);
                 for point in read.points(s) {

@@ -327,7 +327,7 @@ fn every_row_of_the_table_is_consistent() {
             Read::PerGroup(_) => "groups[].",
             Read::PerMember(_) => "groups[].members[].",
             Read::PerGroupPartition(_) => "groups[].partitions[].",
-            Read::Cluster(_) => "cluster.",
+            Read::Cluster(_) | Read::ClusterByLabel(..) => "cluster.",
             Read::PerPeer(_) => "cluster.peers[].",
             Read::Histogram { .. } | Read::ClusterLabel(..) => {
                 panic!("{path}: only /metrics shows it")
@@ -442,6 +442,7 @@ fn clustered() -> Snapshot {
             snapshot_bytes_sent: 1 << 20,
             install_bytes_done: 0,
             install_bytes_total: 0,
+            refused: vec![("frame", 2), ("raft_ack", 1)],
             peers: vec![up, never],
         }),
         ..busy()
@@ -504,6 +505,10 @@ fn figures_match(s: &Snapshot) {
             Read::ByLabel(label, read) => read(&s)
                 .into_iter()
                 .map(|(k, _)| (vec![(*label, k.into())], format!("{path}.{k}"), vec![]))
+                .collect(),
+            Read::ClusterByLabel(label, read) => (s.cluster.as_ref().map_or(&[][..], read))
+                .iter()
+                .map(|&(k, _)| (vec![(*label, k.into())], format!("{path}.{k}"), vec![]))
                 .collect(),
             read => read
                 .points(&s)

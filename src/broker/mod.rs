@@ -53,6 +53,18 @@ use crate::wire::ops::{Notice, Pub};
 use crate::wire::{Durability, ErrorCode, Op, Response};
 
 pub use config::BrokerConfig;
+
+/// The `reason` labels of the raft messages a cluster node drops (`replica::vet`), for
+/// `mortar_peer_refused_total`.
+pub const PEER_MESSAGE_REFUSALS: [&str; replica::vet::Lie::ALL.len()] = {
+    let mut labels = [""; replica::vet::Lie::ALL.len()];
+    let mut i = 0;
+    while i < labels.len() {
+        labels[i] = replica::vet::Lie::ALL[i].label();
+        i += 1;
+    }
+    labels
+};
 pub use counters::{bucket_of, BrokerCounters, FSYNC_BATCH_BUCKETS, FSYNC_LATENCY_BUCKETS_US};
 use deliver::ConsumeDriver;
 pub use jobs::{DurableJob, JobDone, JobSink, Work};
@@ -188,6 +200,48 @@ pub fn check_data_dir_kind(dir: &Path, cluster: bool) -> Result<(), String> {
             replica::storage::RAFT_STATE_FILE
         )),
         _ => Ok(()),
+    }
+}
+
+/// A cluster node's data directory names the cluster it belongs to (issue 42), as etcd's
+/// and KRaft's do: a stale disk or an old backup of another cluster made on the same
+/// `--peers` must not join this one.
+pub const CLUSTER_ID_FILE: &str = "cluster-id";
+
+/// The cluster id this node runs with (blocking: start-up, under the data directory's
+/// lock). A directory that holds one keeps it: `given` (`--cluster-id`) must match, or
+/// the start is refused naming both. A directory without one takes `given` (a new node,
+/// or one from before cluster ids), written durably before anything else. `None`: no id
+/// anywhere, the cluster is told apart by its `--peers` alone.
+pub fn settle_cluster_id(
+    storage: &dyn Storage,
+    dir: &Path,
+    given: Option<u64>,
+) -> Result<Option<u64>, String> {
+    let path = dir.join(CLUSTER_ID_FILE);
+    let fail = |e: std::io::Error| format!("{}: {e}", path.display());
+    let stored = match meta::read_checked(storage, &path).map_err(fail)? {
+        None => None,
+        Some(bytes) => Some(
+            <[u8; 8]>::try_from(bytes.as_slice())
+                .map(u64::from_be_bytes)
+                .map_err(|_| format!("{}: not a cluster id", path.display()))?,
+        ),
+    };
+    match (stored, given) {
+        (Some(s), Some(g)) if s != g => Err(format!(
+            "{} belongs to cluster {s:016x}; this node was started with --cluster-id \
+             {g:016x}: it is another cluster's data directory (start it with its own \
+             cluster's id, or give this node an empty one)",
+            dir.display()
+        )),
+        (Some(s), _) => Ok(Some(s)),
+        (None, Some(g)) => {
+            meta::write_atomic(storage, &path, &g.to_be_bytes()).map_err(fail)?;
+            log::info!("data directory {} joins cluster {g:016x}", dir.display());
+            Ok(Some(g))
+        }
+        (None, None) => Ok(None),
     }
 }
 

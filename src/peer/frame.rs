@@ -12,6 +12,8 @@
 //! 24  8  last_term     the term of that entry
 //! 32  2  client_len    then the advertised client address, text (`host:port`)
 //! ..  2  admin_len     then the admin address, text; 0 bytes = no admin listener
+//! ..  8  cluster_uid   version 2 only: the cluster's own id (`--cluster-id`, kept in
+//!                      the data directory); a node without one sends version 1
 //!
 //! RAFT body (kind 2): raft's protobuf encoding of `eraftpb::Message`, nothing else.
 //!
@@ -31,8 +33,11 @@ use raft::eraftpb::Message;
 pub const FRAME_BYTES_MAX: usize = 2 * 1024 * 1024;
 /// The length prefix.
 pub const LENGTH_BYTES: usize = 4;
-/// Version of the HELLO layout above; a peer with another is refused.
+/// Version of the HELLO layout above without the cluster's own id, which nodes from
+/// before it speak; a peer with an unknown version is refused.
 pub const HELLO_VERSION: u16 = 1;
+/// The layout with `cluster_uid`: sent by a node that has a cluster id.
+pub const HELLO_VERSION_UID: u16 = 2;
 /// HELLO's first bytes: not a MortarMQ peer otherwise (a client dialling the wrong port).
 pub const HELLO_MAGIC: &[u8; 4] = b"MMQP";
 /// HELLO's fixed part, before the two addresses.
@@ -69,6 +74,9 @@ pub struct Hello {
     pub client_addr: SocketAddr,
     /// The sender's admin HTTP address, for `mortarctl cluster status`.
     pub admin_addr: Option<SocketAddr>,
+    /// The cluster's own id, which `cluster_id` (a digest of `--peers`) cannot tell
+    /// apart from another cluster made on the same `--peers`; `None`: version 1.
+    pub cluster_uid: Option<u64>,
 }
 
 /// Why bytes from a peer are not a frame this node accepts; the link is closed.
@@ -118,13 +126,17 @@ fn put_header(out: &mut Vec<u8>, kind: FrameKind, body_len: usize) {
 pub fn put_hello(out: &mut Vec<u8>, h: &Hello) {
     let client = h.client_addr.to_string();
     let admin = h.admin_addr.map(|a| a.to_string()).unwrap_or_default();
+    let (version, uid_bytes) = match h.cluster_uid {
+        Some(_) => (HELLO_VERSION_UID, 8),
+        None => (HELLO_VERSION, 0),
+    };
     put_header(
         out,
         FrameKind::Hello,
-        HELLO_FIXED_BYTES + 4 + client.len() + admin.len(),
+        HELLO_FIXED_BYTES + 4 + client.len() + admin.len() + uid_bytes,
     );
     out.extend_from_slice(HELLO_MAGIC);
-    out.extend_from_slice(&HELLO_VERSION.to_be_bytes());
+    out.extend_from_slice(&version.to_be_bytes());
     out.extend_from_slice(&h.cluster_id.to_be_bytes());
     out.push(h.from);
     out.push(h.to);
@@ -133,6 +145,9 @@ pub fn put_hello(out: &mut Vec<u8>, h: &Hello) {
     for text in [client, admin] {
         out.extend_from_slice(&(text.len() as u16).to_be_bytes());
         out.extend_from_slice(text.as_bytes());
+    }
+    if let Some(uid) = h.cluster_uid {
+        out.extend_from_slice(&uid.to_be_bytes());
     }
 }
 
@@ -193,7 +208,8 @@ pub fn parse_hello(body: &[u8]) -> Result<Hello, FrameError> {
     if r.take(4)? != HELLO_MAGIC {
         return Err(FrameError::BadHello("not MMQP (not a MortarMQ peer)"));
     }
-    if r.u16()? != HELLO_VERSION {
+    let version = r.u16()?;
+    if version != HELLO_VERSION && version != HELLO_VERSION_UID {
         return Err(FrameError::BadHello("unknown version"));
     }
     let cluster_id = r.u64()?;
@@ -203,6 +219,10 @@ pub fn parse_hello(body: &[u8]) -> Result<Hello, FrameError> {
     let last_term = r.u64()?;
     let client_addr = r.addr()?.ok_or(FrameError::BadHello("no client address"))?;
     let admin_addr = r.addr()?;
+    let cluster_uid = match version {
+        HELLO_VERSION_UID => Some(r.u64()?),
+        _ => None,
+    };
     if !r.0.is_empty() {
         return Err(FrameError::BadHello("bytes past the admin address"));
     }
@@ -214,6 +234,7 @@ pub fn parse_hello(body: &[u8]) -> Result<Hello, FrameError> {
         last_term,
         client_addr,
         admin_addr,
+        cluster_uid,
     })
 }
 

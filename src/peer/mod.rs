@@ -74,6 +74,66 @@ const IDLE_CAPACITY_MAX_BYTES: usize = 64 * 1024;
 const BUFFER_SHRINK_AFTER_MS: u64 = 1_000;
 /// Written output is cut from the front of the buffer once it is this large.
 const COMPACT_BYTES_MIN: usize = 1024 * 1024;
+/// A refusal is logged at most once per reason in this long; the others are counted
+/// (`mortar_peer_refused_total{reason}`) and the next line says how many it left out: a
+/// stranger sending bad frames must not fill the disk with warnings.
+pub const REFUSAL_LOG_INTERVAL_MS: u64 = 1_000;
+
+/// Why the links refused a connection or a frame: the `reason` labels of
+/// `mortar_peer_refused_total` that this room counts (the replica adds its own, for
+/// raft messages it drops, through [`Peers::refused`]).
+pub mod reason {
+    /// Not a MortarMQ peer: bad magic or HELLO version, or no HELLO first.
+    pub const NOT_A_PEER: &str = "not_a_peer";
+    /// A HELLO of another cluster.
+    pub const CLUSTER: &str = "cluster";
+    /// A HELLO naming a node that is not the one dialled, or not another node.
+    pub const NODE: &str = "node";
+    /// A malformed frame or raft message, or one not from the link's node.
+    pub const FRAME: &str = "frame";
+    /// No HELLO within `HELLO_TIMEOUT_MS`.
+    pub const HELLO_TIMEOUT: &str = "hello_timeout";
+    /// Every accepted-connection slot taken.
+    pub const SLOTS_FULL: &str = "slots_full";
+    pub const ALL: [&str; 6] = [NOT_A_PEER, CLUSTER, NODE, FRAME, HELLO_TIMEOUT, SLOTS_FULL];
+}
+
+/// Refusals counted by reason, and when each reason was last logged.
+#[derive(Debug, Default)]
+struct Refusals {
+    /// reason → (count, last logged at, left out since).
+    by_reason: Vec<(&'static str, u64, Option<u64>, u64)>,
+}
+
+impl Refusals {
+    fn seed(&mut self, reasons: &[&'static str]) {
+        for &r in reasons {
+            if !self.by_reason.iter().any(|e| e.0 == r) {
+                self.by_reason.push((r, 0, None, 0));
+            }
+        }
+    }
+
+    fn note(&mut self, reason: &'static str, why: &str, now_ms: u64) {
+        self.seed(&[reason]);
+        let entry = (self.by_reason.iter_mut())
+            .find(|e| e.0 == reason)
+            .expect("seeded");
+        entry.1 += 1;
+        let due = entry
+            .2
+            .is_none_or(|at| now_ms >= at + REFUSAL_LOG_INTERVAL_MS);
+        if !due {
+            entry.3 += 1;
+            return;
+        }
+        match std::mem::take(&mut entry.3) {
+            0 => log::warn!("peer refused ({reason}): {why}"),
+            n => log::warn!("peer refused ({reason}): {why} ({n} more left out since)"),
+        }
+        entry.2 = Some(now_ms);
+    }
+}
 
 /// Who this node is and whom it links with (filled from `--node-id`, `--peers`,
 /// `--listen-peer`, `--advertise`, `--admin-listen`).
@@ -88,6 +148,9 @@ pub struct PeersConfig {
     pub client_addr: SocketAddr,
     /// This node's admin address, if it has one.
     pub admin_addr: Option<SocketAddr>,
+    /// The cluster's own id (`--cluster-id`, kept in the data directory): a peer's HELLO
+    /// must carry the same, or none when this is `None`.
+    pub cluster_uid: Option<u64>,
 }
 
 /// What the links report to the caller.
@@ -149,6 +212,13 @@ impl PeerCounters {
     }
 }
 
+/// A refusal's reason label and what to log.
+type Refused = (&'static str, String);
+
+fn refused(reason: &'static str, why: String) -> Result<(), Refused> {
+    Err((reason, why))
+}
+
 enum Outbound {
     /// Not connected; dial again at `Remote::retry_at_ms`.
     Idle,
@@ -199,6 +269,7 @@ struct Inbound {
 pub struct Peers {
     me: u8,
     cluster_id: u64,
+    cluster_uid: Option<u64>,
     client_addr: SocketAddr,
     admin_addr: Option<SocketAddr>,
     last_index: u64,
@@ -215,6 +286,7 @@ pub struct Peers {
     scratch: Vec<u8>,
     /// Connections refused before their HELLO named a peer.
     refused_unnamed: u64,
+    refusals: Refusals,
 }
 
 impl Peers {
@@ -244,6 +316,7 @@ impl Peers {
         Ok(Peers {
             me: cfg.node_id,
             cluster_id: cluster_id(&cfg.nodes),
+            cluster_uid: cfg.cluster_uid,
             client_addr: cfg.client_addr,
             admin_addr: cfg.admin_addr,
             last_index: 0,
@@ -258,6 +331,11 @@ impl Peers {
             dirty: Vec::new(),
             scratch: vec![0; READ_CHUNK_BYTES],
             refused_unnamed: 0,
+            refusals: {
+                let mut r = Refusals::default();
+                r.seed(&reason::ALL);
+                r
+            },
         })
     }
 
@@ -415,6 +493,9 @@ impl Peers {
             if silent {
                 self.refused_unnamed += 1;
                 let why = format!("no HELLO within {HELLO_TIMEOUT_MS} ms");
+                let from = self.inbound_addr(s);
+                self.refusals
+                    .note(reason::HELLO_TIMEOUT, &format!("{from}: {why}"), now_ms);
                 self.close_inbound(registry, s, &why, out);
             }
         }
@@ -480,6 +561,24 @@ impl Peers {
         }
         sum.refused += self.refused_unnamed;
         sum
+    }
+
+    /// Counts a refusal of `reason` and logs `why`, at most once per reason in
+    /// [`REFUSAL_LOG_INTERVAL_MS`]. `reasons` of the caller's own are seeded with
+    /// [`Peers::count_reasons`] so that their counters exist from the start.
+    pub fn refused(&mut self, reason: &'static str, why: &str, now_ms: u64) {
+        self.refusals.note(reason, why, now_ms);
+    }
+
+    /// Makes `reasons` appear in [`Peers::refusals`] before anything was refused for them.
+    pub fn count_reasons(&mut self, reasons: &[&'static str]) {
+        self.refusals.seed(reasons);
+    }
+
+    /// Every refusal reason seen or seeded, with its count.
+    pub fn refusals(&self) -> Vec<(&'static str, u64)> {
+        let counts = self.refusals.by_reason.iter().map(|e| (e.0, e.1));
+        counts.collect()
     }
 
     fn remote_index(&self, id: u8) -> Option<usize> {
@@ -561,6 +660,7 @@ impl Peers {
             last_term: self.last_term,
             client_addr: self.client_addr,
             admin_addr: self.admin_addr,
+            cluster_uid: self.cluster_uid,
         };
         let token = self.outbound_token(r);
         let remote = &mut self.remotes[r];
@@ -779,9 +879,8 @@ impl Peers {
             };
             let Some(s) = self.inbound.iter().position(Option::is_none) else {
                 self.refused_unnamed += 1;
-                log::warn!(
-                    "peer listener: {from} refused: {INBOUND_LINKS_MAX} connections already"
-                );
+                let why = format!("{from}: {INBOUND_LINKS_MAX} connections already");
+                self.refusals.note(reason::SLOTS_FULL, &why, now_ms);
                 continue;
             };
             let token = self.inbound_token(s);
@@ -830,8 +929,8 @@ impl Peers {
                     if let Some(r) = link.remote {
                         self.remotes[r].counters.bytes_in += n as u64;
                     }
-                    if let Err(why) = self.handle_input(registry, s, now_ms, out) {
-                        self.refuse(registry, s, &why, out);
+                    if let Err((reason, why)) = self.handle_input(registry, s, now_ms, out) {
+                        self.refuse(registry, s, reason, &why, now_ms, out);
                         return;
                     }
                 }
@@ -858,7 +957,7 @@ impl Peers {
         s: usize,
         now_ms: u64,
         out: &mut Vec<PeerEvent>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Refused> {
         let Some(link) = self.inbound[s].as_mut() else {
             return Ok(());
         };
@@ -868,7 +967,8 @@ impl Peers {
         let input = std::mem::take(&mut link.input);
         let mut at = 0;
         let mut result = Ok(());
-        while let Some(split) = frame::split(&input[at..]).map_err(|e| e.to_string())? {
+        let bad_frame = |e: FrameError| (reason::FRAME, e.to_string());
+        while let Some(split) = frame::split(&input[at..]).map_err(bad_frame)? {
             let (kind, body, used) = split;
             at += used;
             result = self.handle_frame(registry, s, kind, body, now_ms, out);
@@ -894,18 +994,19 @@ impl Peers {
         body: &[u8],
         now_ms: u64,
         out: &mut Vec<PeerEvent>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Refused> {
         let Some(link) = self.inbound[s].as_ref() else {
             return Ok(());
         };
         match (kind, link.remote) {
             (FrameKind::Hello, None) => {
-                let hello = frame::parse_hello(body).map_err(|e| e.to_string())?;
+                let hello =
+                    frame::parse_hello(body).map_err(|e| (reason::NOT_A_PEER, e.to_string()))?;
                 self.accept_hello(registry, s, hello, now_ms, out)
             }
-            (FrameKind::Hello, Some(_)) => Err("a second HELLO".to_string()),
+            (FrameKind::Hello, Some(_)) => Err((reason::FRAME, "a second HELLO".to_string())),
             (FrameKind::Raft | FrameKind::Install, None) => {
-                Err(format!("a {kind:?} frame before HELLO"))
+                Err((reason::NOT_A_PEER, format!("a {kind:?} frame before HELLO")))
             }
             (FrameKind::Install, Some(r)) => {
                 let remote = &mut self.remotes[r];
@@ -916,10 +1017,11 @@ impl Peers {
                 Ok(())
             }
             (FrameKind::Raft, Some(r)) => {
-                let msg = frame::parse_raft(body).map_err(|e| e.to_string())?;
+                let msg = frame::parse_raft(body).map_err(|e| (reason::FRAME, e.to_string()))?;
                 let remote = &mut self.remotes[r];
                 if msg.from != u64::from(remote.id) || msg.to != u64::from(self.me) {
-                    return Err(format!("a message from {} to {}", msg.from, msg.to));
+                    let why = format!("a message from {} to {}", msg.from, msg.to);
+                    return Err((reason::FRAME, why));
                 }
                 remote.last_heard_ms = Some(now_ms);
                 remote.counters.frames_in += 1;
@@ -929,6 +1031,30 @@ impl Peers {
         }
     }
 
+    /// A HELLO of this cluster: the same `--peers` and the same cluster id.
+    fn check_cluster(&self, hello: &Hello) -> Result<(), Refused> {
+        if hello.cluster_id != self.cluster_id {
+            let why = format!(
+                "HELLO from node {} of cluster {:016x}, this is cluster {:016x} (do both \
+                 nodes have the same --peers?)",
+                hello.from, hello.cluster_id, self.cluster_id
+            );
+            return refused(reason::CLUSTER, why);
+        }
+        if hello.cluster_uid != self.cluster_uid {
+            let name = |uid: Option<u64>| uid.map_or("(none)".into(), |u| format!("{u:016x}"));
+            let why = format!(
+                "HELLO from node {} of cluster id {}, this node's cluster id is {} (is it \
+                 another cluster's data directory, or a node without --cluster-id?)",
+                hello.from,
+                name(hello.cluster_uid),
+                name(self.cluster_uid)
+            );
+            return refused(reason::CLUSTER, why);
+        }
+        Ok(())
+    }
+
     fn accept_hello(
         &mut self,
         registry: &Registry,
@@ -936,25 +1062,20 @@ impl Peers {
         hello: Hello,
         now_ms: u64,
         out: &mut Vec<PeerEvent>,
-    ) -> Result<(), String> {
-        if hello.cluster_id != self.cluster_id {
-            return Err(format!(
-                "HELLO from node {} of cluster {:016x}, this is cluster {:016x} \
-                 (do both nodes have the same --peers?)",
-                hello.from, hello.cluster_id, self.cluster_id
-            ));
-        }
+    ) -> Result<(), Refused> {
+        self.check_cluster(&hello)?;
         if hello.to != self.me {
-            return Err(format!(
-                "HELLO for node {}, this is node {}",
-                hello.to, self.me
-            ));
+            return refused(
+                reason::NODE,
+                format!("HELLO for node {}, this is node {}", hello.to, self.me),
+            );
         }
         let Some(r) = self
             .remote_index(hello.from)
             .filter(|_| hello.from != self.me)
         else {
-            return Err(format!("HELLO from node {}, not another node", hello.from));
+            let why = format!("HELLO from node {}, not another node", hello.from);
+            return refused(reason::NODE, why);
         };
         let remote = &mut self.remotes[r];
         if matches!(remote.out, Outbound::Idle) {
@@ -988,18 +1109,32 @@ impl Peers {
         Ok(())
     }
 
-    /// Closes `s` for a protocol violation, logged as a warning and counted.
-    fn refuse(&mut self, registry: &Registry, s: usize, why: &str, out: &mut Vec<PeerEvent>) {
+    /// Closes `s` for a protocol violation, counted and logged (rate-limited).
+    fn refuse(
+        &mut self,
+        registry: &Registry,
+        s: usize,
+        reason: &'static str,
+        why: &str,
+        now_ms: u64,
+        out: &mut Vec<PeerEvent>,
+    ) {
         match self.inbound[s].as_ref().and_then(|l| l.remote) {
             Some(r) => self.remotes[r].counters.refused += 1,
             None => self.refused_unnamed += 1,
         }
-        let from = self.inbound[s]
-            .as_ref()
-            .and_then(|l| l.stream.peer_addr().ok())
-            .map_or_else(|| "?".to_string(), |a| a.to_string());
-        log::warn!("peer link from {from} refused: {why}");
+        let from = self.inbound_addr(s);
+        let line = format!("link from {from}: {why}");
+        self.refusals.note(reason, &line, now_ms);
         self.close_inbound(registry, s, why, out);
+    }
+
+    /// The address of accepted connection `s`, for a log line.
+    fn inbound_addr(&self, s: usize) -> String {
+        let addr = self.inbound[s]
+            .as_ref()
+            .and_then(|l| l.stream.peer_addr().ok());
+        addr.map_or_else(|| "?".to_string(), |a| a.to_string())
     }
 
     fn close_inbound(

@@ -45,6 +45,7 @@ fn config(me: u8, nodes: &[(u8, SocketAddr)]) -> PeersConfig {
                 .parse()
                 .unwrap(),
         ),
+        cluster_uid: None,
     }
 }
 
@@ -226,6 +227,7 @@ fn hello_from(nodes: &[(u8, SocketAddr)], from: u8, to: u8) -> Hello {
         last_term: 2,
         client_addr: "127.0.0.1:7402".parse().unwrap(),
         admin_addr: None,
+        cluster_uid: None,
     }
 }
 
@@ -270,6 +272,51 @@ fn a_hello_with_another_cluster_id_or_wrong_ids_is_refused() {
     }
     assert!(net.node(1).hello(2).is_none() && net.node(1).hello(3).is_none());
     assert!(net.messages(1).is_empty());
+}
+
+/// Issue 42: two clusters made on the same `--peers` differ in their own ids, and each
+/// refusal is counted by reason.
+#[test]
+fn a_hello_of_another_cluster_id_is_refused_and_counted_by_reason() {
+    let (mut net, nodes, mut raw) = lone_node_and_raw_peer();
+    let mut hello = hello_from(&nodes, 2, 1);
+    hello.cluster_uid = Some(0x1234);
+    raw.write_all(&frame_bytes(|o| frame::put_hello(o, &hello)))
+        .unwrap();
+    net.run_until("HELLO refused", |n| n.node(1).totals().refused == 1);
+    assert_closed(&mut raw);
+    let count = |net: &mut Net, reason: &str| {
+        let refusals = net.node(1).refusals();
+        refusals.iter().find(|r| r.0 == reason).map_or(0, |r| r.1)
+    };
+    assert_eq!(count(&mut net, reason::CLUSTER), 1);
+    // Refused again within the log interval: counted, not logged (not seen here).
+    let mut raw = StdStream::connect(nodes[0].1).unwrap();
+    raw.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    net.run_until("not a peer", |n| n.node(1).totals().refused == 2);
+    let bad = count(&mut net, reason::FRAME) + count(&mut net, reason::NOT_A_PEER);
+    assert_eq!(bad, 1);
+    for r in reason::ALL {
+        assert!(
+            net.node(1).refusals().iter().any(|e| e.0 == r),
+            "{r} counted from 0"
+        );
+    }
+}
+
+#[test]
+fn a_hello_round_trips_with_and_without_the_cluster_uid() {
+    let nodes = vec![(1, "127.0.0.1:1".parse().unwrap())];
+    let mut hello = hello_from(&nodes, 2, 1);
+    for uid in [None, Some(u64::MAX)] {
+        hello.cluster_uid = uid;
+        let bytes = frame_bytes(|o| frame::put_hello(o, &hello));
+        let (kind, body, _) = frame::split(&bytes).unwrap().unwrap();
+        assert_eq!(kind, FrameKind::Hello);
+        assert_eq!(frame::parse_hello(body).unwrap(), hello);
+        let version = u16::from_be_bytes([body[4], body[5]]);
+        assert_eq!(version, if uid.is_some() { 2 } else { 1 });
+    }
 }
 
 #[test]

@@ -155,6 +155,9 @@ impl Reactor {
         )
         .map_err(|e| format!("cannot listen for peers on {}: {e}", cfg.listen))?;
         let mut cluster = cluster;
+        cluster
+            .peers
+            .count_reasons(&crate::broker::PEER_MESSAGE_REFUSALS);
         if let Some((index, term)) = self.broker.raft_log_end() {
             // Before the first dial: its HELLO says where this node's log ends.
             cluster.peers.set_log_position(index, term);
@@ -232,7 +235,13 @@ impl Reactor {
             ClusterInput::Tick => self.broker.raft_tick(),
             ClusterInput::Peer(PeerEvent::Message(m)) => {
                 self.counters.peer_messages_in += 1;
-                self.broker.peer_message(m);
+                let from = m.from;
+                if let Err((reason, why)) = self.broker.peer_message(m) {
+                    if let Some(c) = self.cluster.as_mut() {
+                        let why = format!("a raft message from node {from}: {why}");
+                        c.peers.refused(reason, &why, now.mono_ms);
+                    }
+                }
             }
             ClusterInput::Peer(PeerEvent::Install { from, body }) => {
                 self.broker.peer_install(u64::from(from), &body, now);
@@ -299,6 +308,7 @@ impl Reactor {
             snapshot_bytes_sent: status.snapshot_bytes_sent,
             install_bytes_done: status.install_bytes.0,
             install_bytes_total: status.install_bytes.1,
+            refused: links.refusals(),
             peers: peers.collect(),
         })
     }
@@ -319,6 +329,7 @@ mod tests {
             listen: me,
             client_addr: me,
             admin_addr: None,
+            cluster_uid: None,
         };
         let peers = Peers::with_listener(&cfg, listener, poll.registry(), 0).unwrap();
         Cluster::with_peers(peers, tick_ms, now_ms)
@@ -412,6 +423,7 @@ mod tests {
             listen,
             client_addr: "127.0.0.1:7401".parse().unwrap(),
             admin_addr: None,
+            cluster_uid: None,
         };
         assert_eq!(reactor.attach_peers(&cfg(1, addr1), 10).unwrap(), addr1);
         let poll = Poll::new().unwrap();

@@ -144,6 +144,8 @@ pub struct Reactor {
     broker: Broker,
     config: ReactorConfig,
     started: Instant,
+    /// [`boot_ms`] at `started`: the zero of every `Now::mono_ms` of this reactor.
+    started_boot_ms: u64,
     draining_since_ms: Option<u64>,
     next_housekeeping_ms: u64,
     admin_requests: Option<Receiver<AdminRequest>>,
@@ -208,6 +210,14 @@ fn wall_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Milliseconds on CLOCK_BOOTTIME, which keeps counting while the host is suspended
+/// (CLOCK_MONOTONIC, `Instant`'s, stops): a leader's lease (`docs/REPLICATION.md` §7.3)
+/// must run out during a suspend, as the other hosts' election clocks ran on.
+fn boot_ms() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    (t.tv_sec as u64).saturating_mul(1_000) + t.tv_nsec as u64 / 1_000_000
+}
+
 impl Reactor {
     /// Binds the listener. The broker's fsync pool is created here because its wake
     /// callback is this reactor's Waker.
@@ -256,6 +266,7 @@ impl Reactor {
             broker,
             config,
             started: Instant::now(),
+            started_boot_ms: boot_ms(),
             draining_since_ms: None,
             next_housekeeping_ms: 0,
             admin_requests: None,
@@ -295,7 +306,7 @@ impl Reactor {
 
     fn now(&self) -> Now {
         Now {
-            mono_ms: self.started.elapsed().as_millis() as u64,
+            mono_ms: boot_ms().saturating_sub(self.started_boot_ms),
             wall_ms: wall_ms(),
         }
     }

@@ -18,6 +18,8 @@ const PROBE_TOPIC_ID: u16 = u16::MAX;
 
 pub struct Cluster {
     pub nodes: Vec<Mortard>,
+    /// Every node's `--peers` entry: its id and peer address.
+    pub peers: Vec<(u8, std::net::SocketAddr)>,
     down: Vec<bool>,
 }
 
@@ -49,8 +51,11 @@ impl Cluster {
     }
 
     fn start_under(n: usize, args: &[&str], nofile: Option<u64>) -> Cluster {
-        let peers: Vec<String> = (1..=n)
-            .map(|id| format!("{id}=127.0.0.1:{}", fresh_port()))
+        let peer_addrs: Vec<(u8, std::net::SocketAddr)> = (1..=n as u8)
+            .map(|id| (id, format!("127.0.0.1:{}", fresh_port()).parse().unwrap()))
+            .collect();
+        let peers: Vec<String> = (peer_addrs.iter())
+            .map(|(id, addr)| format!("{id}={addr}"))
             .collect();
         let peers = peers.join(",");
         let nodes = (1..=n)
@@ -73,6 +78,7 @@ impl Cluster {
             .collect();
         Cluster {
             nodes,
+            peers: peer_addrs,
             down: vec![false; n],
         }
     }

@@ -16,6 +16,21 @@ struct Node {
     view: Result<Value, String>,
 }
 
+/// A cluster id drawn from the kernel's random source: ids tell clusters apart, so two
+/// must never be drawn alike (no clock or counter).
+pub(crate) fn cmd_cluster_id(_: &Ctx) -> Outcome {
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    if let Err(e) = read {
+        return runtime_err(format!("cannot read /dev/urandom: {e}"));
+    }
+    // All zero means "no id": drawn once in 2^64 tries, but never printed.
+    bytes[7] |= u8::from(bytes == [0; 8]);
+    println!("{:016x}", u64::from_be_bytes(bytes));
+    Ok(())
+}
+
 pub(crate) fn cmd_cluster_status(ctx: &Ctx) -> Outcome {
     let stats = ctx.stats()?;
     let first = &stats["cluster"];

@@ -139,6 +139,16 @@ const COMMANDS: &[Command] = &[
         run: cmd_cluster_status,
     },
     Command {
+        words: &["cluster", "id"],
+        synopsis: "",
+        about: "Print a new random cluster id for every node's --cluster-id (16 hex \
+                digits, from the system's random source).",
+        via: Via::Offline,
+        options: no_options,
+        positional: 0,
+        run: cluster::cmd_cluster_id,
+    },
+    Command {
         words: &["topics", "list"],
         synopsis: "[--json]",
         about: "List topics and their dead-letter twins with sizes (admin /stats).",

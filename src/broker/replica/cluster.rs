@@ -60,7 +60,8 @@ use super::compaction::Compaction;
 use super::entry::{Batch, BatchPart, EntryData, PositionChange, RegistryChange};
 use super::install::Installs;
 use super::machine::{
-    Effect as ReplicaEffect, PersistJob, Replica, ReplicaConfig, ReplicaOptions, Replicated, Waiter,
+    Effect as ReplicaEffect, PersistJob, Replica, ReplicaConfig, ReplicaError, ReplicaOptions,
+    Replicated, Waiter,
 };
 use super::PeerMessage;
 use crate::broker::jobs::{DurableJob, JobSink, Work};
@@ -613,12 +614,19 @@ impl Broker {
 
     /// A message from peer `msg.from`, decoded by the `peer` room. A stale or foreign one
     /// is dropped (raft tolerates loss). Its effects come out of the next `end_pass`.
-    pub fn peer_message(&mut self, msg: PeerMessage) {
+    /// `Err`: a lie (`replica::vet`), with the reason label of
+    /// `mortar_peer_refused_total` and what to log; the caller counts it.
+    pub fn peer_message(&mut self, msg: PeerMessage) -> Result<(), (&'static str, String)> {
         let Some(c) = self.cluster.as_deref_mut() else {
-            return;
+            return Ok(());
         };
-        if let Err(e) = c.replica.step(msg) {
-            log::debug!("raft message dropped: {e}");
+        match c.replica.step(msg) {
+            Err(ReplicaError::Refused { lie, why }) => Err((lie.label(), why)),
+            Err(e) => {
+                log::debug!("raft message dropped: {e}");
+                Ok(())
+            }
+            Ok(()) => Ok(()),
         }
     }
 

@@ -356,7 +356,10 @@ impl Net {
             let now = self.now_of(i);
             let node = &mut self.nodes[i];
             while let Some(m) = node.inbox.pop_front() {
-                node.broker.peer_message(m);
+                // An honest node's message is never taken for a lie (`replica::vet`).
+                if let Err(refused) = node.broker.peer_message(m) {
+                    panic!("node {i} refused an honest peer's message: {refused:?}");
+                }
             }
             while let Some((from, body)) = node.install_inbox.pop_front() {
                 node.broker.peer_install(from, &body, now);
@@ -1626,7 +1629,7 @@ fn grants(net: &mut Net, i: usize, request: PeerMessage) -> bool {
         net.nodes[i].broker.raft_tick();
     }
     net.nodes[candidate].inbox.clear();
-    net.nodes[i].broker.peer_message(request);
+    net.nodes[i].broker.peer_message(request).unwrap();
     net.pass(i);
     let vote = raft::eraftpb::MessageType::MsgRequestVoteResponse;
     let inbox = &net.nodes[candidate].inbox;

@@ -96,6 +96,12 @@ pub const MANIFEST_FILE: u32 = u32::MAX;
 /// it): some 1.2 million files, far past what a node holds open (two descriptors per
 /// segment). More is a bug or a bad peer.
 pub const MANIFEST_BYTES_MAX: u32 = 64 * 1024 * 1024;
+/// Files a manifest may list: what [`MANIFEST_BYTES_MAX`] holds of the shortest entries
+/// a leader writes. A count from the data is never trusted for an allocation either.
+pub const MANIFEST_FILES_MAX: u32 = MANIFEST_BYTES_MAX / 32;
+/// Bytes a snapshot may ask a follower to write, in all: 16 TiB, past any small host's
+/// disk. A bigger sum is a bug or a bad peer, and a sum must never overflow.
+pub const INSTALL_BYTES_MAX: u64 = 1 << 44;
 /// A manifest's first byte, and raft's snapshot data before version 2.
 const MANIFEST_VERSION: u8 = 1;
 /// Raft's snapshot data that names a manifest to pull.
@@ -138,10 +144,22 @@ impl Manifest {
         }
         let mut fixed = || Ok::<_, EntryError>((r.u64()?, r.u64()?, r.u32()?));
         let (index, term, count) = fixed().map_err(short)?;
+        if count > MANIFEST_FILES_MAX {
+            return Err(format!(
+                "{count} files, past the {MANIFEST_FILES_MAX}-file cap"
+            ));
+        }
         let mut files = Vec::new();
+        let mut total = 0u64;
         for _ in 0..count {
             let mut field = || Ok::<_, EntryError>((r.u64()?, r.u16()? as usize));
             let (len, path_len) = field().map_err(short)?;
+            total = total.saturating_add(len);
+            if total > INSTALL_BYTES_MAX {
+                return Err(format!(
+                    "past the {INSTALL_BYTES_MAX}-byte cap of a snapshot"
+                ));
+            }
             let path = std::str::from_utf8(r.bytes(path_len).map_err(short)?)
                 .map_err(|_| "a path that is not UTF-8".to_string())?;
             check_path(path)?;
@@ -196,6 +214,13 @@ impl SnapshotData {
         match self {
             SnapshotData::Listed(m) => m.index,
             SnapshotData::Pulled(r) => r.index,
+        }
+    }
+
+    pub fn term(&self) -> u64 {
+        match self {
+            SnapshotData::Listed(m) => m.term,
+            SnapshotData::Pulled(r) => r.term,
         }
     }
 
@@ -1289,6 +1314,19 @@ mod tests {
             m.files.push((path.into(), 1));
             assert!(Manifest::decode(&m.encode()).is_err(), "{path:?} accepted");
         }
+    }
+
+    /// Issue 42: a peer's manifest must not fill the disk nor overflow a sum.
+    #[test]
+    fn a_manifest_past_the_file_or_byte_caps_is_refused() {
+        let mut m = manifest();
+        m.files = vec![("topics/a".into(), u64::MAX), ("topics/b".into(), 2)];
+        let err = Manifest::decode(&m.encode()).unwrap_err();
+        assert!(err.contains("byte cap"), "{err}");
+        let mut bytes = manifest().encode();
+        bytes[17..21].copy_from_slice(&(MANIFEST_FILES_MAX + 1).to_be_bytes());
+        let err = Manifest::decode(&bytes).unwrap_err();
+        assert!(err.contains("file cap"), "{err}");
     }
 
     #[test]

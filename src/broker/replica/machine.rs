@@ -28,6 +28,7 @@ use raft::{RawNode, Ready, StateRole, INVALID_ID};
 use super::entry::{EntryData, EntryError};
 use super::logger::raft_logger;
 use super::storage::{HardStateWrite, JournalStorage};
+use super::vet::{vet, Lie, Verdict, View};
 use crate::broker::ConnRef;
 use crate::log::journal::SpareWrite;
 use crate::log::journal2::{Checkpoint2, Checkpoint2Write, RaftJournalReport, RaftJournalSync};
@@ -206,7 +207,15 @@ impl PersistJob {
 pub enum ReplicaError {
     Storage(StorageError),
     Raft(raft::Error),
-    Entry { index: u64, error: EntryError },
+    Entry {
+        index: u64,
+        error: EntryError,
+    },
+    /// A peer's message [`vet`] dropped; the node goes on.
+    Refused {
+        lie: Lie,
+        why: String,
+    },
 }
 
 impl fmt::Display for ReplicaError {
@@ -215,6 +224,7 @@ impl fmt::Display for ReplicaError {
             ReplicaError::Storage(e) => write!(f, "{e}"),
             ReplicaError::Raft(e) => write!(f, "raft: {e}"),
             ReplicaError::Entry { index, error } => write!(f, "entry {index}: {error}"),
+            ReplicaError::Refused { lie, why } => write!(f, "{}: {why}", lie.label()),
         }
     }
 }
@@ -290,6 +300,8 @@ pub struct Replica {
     abstain_below: u64,
     /// A snapshot arrived: raft takes no further step in this process (§5.5).
     paused: bool,
+    /// A snapshot that passed [`vet`] from a node not yet known as its term's leader.
+    held_snapshot: Option<Message>,
 }
 
 /// Election timeouts drawn from a seed: redrawn whenever raft may have reset its own
@@ -376,6 +388,7 @@ impl Replica {
             started_empty,
             abstain_below: 0,
             paused: false,
+            held_snapshot: None,
         };
         replica.seed_election_timeout();
         Ok((replica, report))
@@ -652,16 +665,59 @@ impl Replica {
         *at = (*at).max(sent_ms);
     }
 
-    /// A message from a peer. An error is the peer's (an unknown sender, a local message
-    /// type): the message is dropped, the node goes on.
+    /// A message from a peer. An error is the peer's (a lie [`vet`] caught, an unknown
+    /// sender, a local message type): the message is dropped, the node goes on.
     pub fn step(&mut self, msg: Message) -> Result<(), ReplicaError> {
         if self.paused {
             return Ok(());
         }
-        if self.nodes.contains_key(&msg.from) {
-            self.last_heard.insert(msg.from, self.ticks);
-            self.note_lease_ack(&msg);
+        match vet(&msg, &self.view()) {
+            Verdict::Step => {}
+            Verdict::Hold => {
+                self.held_snapshot = Some(msg);
+                return Ok(());
+            }
+            Verdict::Drop(lie, why) => return Err(ReplicaError::Refused { lie, why }),
         }
+        self.step_vetted(msg)?;
+        self.step_held_snapshot()
+    }
+
+    /// What [`vet`] reads of this node's raft state.
+    fn view(&self) -> View<'_> {
+        let r = &self.raw.raft;
+        View {
+            me: r.id,
+            voters: &self.nodes,
+            term: r.term,
+            leader_id: r.leader_id,
+            is_leader: self.is_leader(),
+            committed: r.raft_log.committed,
+            last_index: r.raft_log.last_index(),
+            committed_term: r.raft_log.term(r.raft_log.committed).ok(),
+            now_ms: self.now_ms,
+        }
+    }
+
+    /// A held snapshot steps once its sender is known as the leader of its term, and is
+    /// forgotten once that term passed or it no longer fits (raft's leader sends another).
+    fn step_held_snapshot(&mut self) -> Result<(), ReplicaError> {
+        let Some(held) = self.held_snapshot.take() else {
+            return Ok(());
+        };
+        match vet(&held, &self.view()) {
+            Verdict::Step => self.step_vetted(held),
+            Verdict::Hold if held.term >= self.term() => {
+                self.held_snapshot = Some(held);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn step_vetted(&mut self, msg: Message) -> Result<(), ReplicaError> {
+        self.last_heard.insert(msg.from, self.ticks);
+        self.note_lease_ack(&msg);
         if self.keeps_promise_of_a_past_life(&msg) || self.abstains(&msg) {
             return Ok(());
         }
@@ -692,6 +748,7 @@ impl Replica {
     /// election until its log has caught up with what that peer held (§11).
     pub fn peer_log(&mut self, id: u64, last_index: u64) {
         self.probe_from_peer_log(id, last_index);
+        self.abstention_over();
         if !self.started_empty || last_index <= self.raw.raft.raft_log.last_index() {
             return;
         }
@@ -740,8 +797,27 @@ impl Replica {
         }
     }
 
-    fn abstains(&self, msg: &Message) -> bool {
-        is_vote_request(msg) && self.raw.raft.raft_log.last_index() < self.abstain_below
+    /// §11: a node that started empty votes in no election until its log reached what
+    /// a peer said it held; then the abstention ends for good, so that a later HELLO
+    /// (a lagging peer's, a stale one) cannot start it again.
+    fn abstains(&mut self, msg: &Message) -> bool {
+        is_vote_request(msg) && !self.abstention_over()
+    }
+
+    /// Whether no abstention holds, ending one whose index the log reached.
+    fn abstention_over(&mut self) -> bool {
+        if self.abstain_below == 0 {
+            return true;
+        }
+        if self.raw.raft.raft_log.last_index() < self.abstain_below {
+            return false;
+        }
+        log::info!(
+            "the raft log reached index {}: this node votes again",
+            self.abstain_below
+        );
+        (self.started_empty, self.abstain_below) = (false, 0);
+        true
     }
 
     /// The role gate of §7.1 for requests that change or read broker state.
@@ -1145,7 +1221,7 @@ fn is_vote_request(msg: &Message) -> bool {
     )
 }
 
-fn lease_stamp(term: u64, now_ms: u64) -> Vec<u8> {
+pub(super) fn lease_stamp(term: u64, now_ms: u64) -> Vec<u8> {
     let mut stamp = Vec::with_capacity(LEASE_STAMP_BYTES);
     stamp.extend_from_slice(LEASE_STAMP_TAG);
     stamp.extend_from_slice(&term.to_be_bytes());
@@ -1154,7 +1230,7 @@ fn lease_stamp(term: u64, now_ms: u64) -> Vec<u8> {
 }
 
 /// `(term, sent_ms)` of a stamp this node's kind wrote; anything else is not one.
-fn read_lease_stamp(context: &[u8]) -> Option<(u64, u64)> {
+pub(super) fn read_lease_stamp(context: &[u8]) -> Option<(u64, u64)> {
     if context.len() != LEASE_STAMP_BYTES || !context.starts_with(LEASE_STAMP_TAG) {
         return None;
     }

@@ -29,6 +29,7 @@ pub mod install;
 pub mod logger;
 pub mod machine;
 pub mod storage;
+pub mod vet;
 
 /// What peers exchange: the crate's message, named here so that no room outside
 /// `broker::replica` names `raft`.

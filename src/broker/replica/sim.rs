@@ -91,8 +91,12 @@ impl Cluster {
             return;
         }
         while let Some(m) = self.nodes[i].inbox.pop_front() {
-            // A stale or unknown message is the peer's problem, as over TCP.
-            let _ = self.nodes[i].replica.step(m);
+            // A stale or unknown message is the peer's problem, as over TCP; but an
+            // honest node's is never taken for a lie (`replica::vet`).
+            let stepped = self.nodes[i].replica.step(m);
+            if let Err(e @ super::machine::ReplicaError::Refused { .. }) = stepped {
+                panic!("node {i} refused an honest peer's message: {e}");
+            }
         }
         loop {
             let effects = self.nodes[i].replica.poll(self.now_ms).unwrap();
@@ -643,4 +647,125 @@ fn a_restarted_follower_grants_no_vote_within_its_first_election_timeout() {
     c.nodes[f].replica.step(m).unwrap();
     c.pass(f);
     assert!(granted(&c.nodes[f]), "never votes");
+}
+
+/// Issue 42's forgeries, as a peer's messages reach `Replica::step`: node `other`'s
+/// name on a snapshot far in the future and an append that conflicts with committed
+/// entries. Each is refused or held; raft neither panics nor installs.
+#[test]
+fn forged_snapshots_appends_and_acknowledgements_are_refused_not_stepped() {
+    use super::vet::Lie;
+    let mut c = Cluster::new();
+    let l = c.settled_leader();
+    let (f, other) = ((l + 1) % 3, (l + 2) % 3);
+    for n in 0..4 {
+        let now = c.now_ms;
+        c.nodes[l]
+            .replica
+            .propose(&proposal(n), vec![waiter(n)], now)
+            .unwrap();
+        c.deliver();
+    }
+    let committed = c.nodes[f].replica.commit_index();
+    assert!(committed >= 4);
+    let id = |i: usize| i as u64 + 1;
+    let forged = |kind, from, to, term| {
+        let mut m = Message::default();
+        m.set_msg_type(kind);
+        (m.from, m.to, m.term) = (id(from), id(to), term);
+        m
+    };
+    let mut snap = forged(MessageType::MsgSnapshot, other, f, 1000);
+    let meta = snap.mut_snapshot().mut_metadata();
+    (meta.index, meta.term) = (1_000_000, 1000);
+    meta.mut_conf_state().voters = vec![1, 2, 3];
+    // The 40 bytes of issue 42 name no manifest: refused. One that does waits for a
+    // leader of term 1000, which this node never hears from.
+    let refused = c.nodes[f].replica.step(snap.clone());
+    assert!(
+        matches!(
+            refused,
+            Err(super::machine::ReplicaError::Refused {
+                lie: Lie::Snapshot,
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    let data = super::install::SnapshotData::naming(b"m", 1_000_000, 1000);
+    snap.mut_snapshot().data = data.encode().into();
+    let held = c.nodes[f].replica.step(snap);
+    assert!(
+        held.is_ok(),
+        "held for a leader of term 1000 it never hears: {held:?}"
+    );
+    let mut conflict = forged(MessageType::MsgAppend, l, f, c.nodes[l].replica.term());
+    (conflict.index, conflict.log_term) = (committed, c.nodes[l].replica.term());
+    let mut entry = raft::eraftpb::Entry::default();
+    (entry.index, entry.term) = (1, 1);
+    conflict.entries.push(entry);
+    let refused = c.nodes[f].replica.step(conflict);
+    assert!(
+        matches!(
+            refused,
+            Err(super::machine::ReplicaError::Refused {
+                lie: Lie::Entries,
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    c.run_until("a few rounds", |c| c.now_ms >= 2_000);
+    assert_eq!(c.leader(), Some(l), "the forgeries cost no election");
+    assert!(
+        c.nodes[f].replica.commit_index() >= committed,
+        "nothing installed"
+    );
+}
+
+/// Issue 42's third row: with both followers killed, acknowledgements "from" them (an
+/// index past the log, a lease stamp from the future) every round. The leader neither
+/// commits nor answers alone.
+#[test]
+fn forged_acknowledgements_do_not_let_a_leader_commit_alone() {
+    let mut c = Cluster::new();
+    let l = c.settled_leader();
+    let (f, other) = ((l + 1) % 3, (l + 2) % 3);
+    let forged = |kind, from: usize, term| {
+        let mut m = Message::default();
+        m.set_msg_type(kind);
+        (m.from, m.to, m.term) = (from as u64 + 1, l as u64 + 1, term);
+        m
+    };
+    c.nodes[f].isolated = true;
+    c.nodes[other].isolated = true;
+    let now = c.now_ms;
+    let index = c.nodes[l]
+        .replica
+        .propose(&proposal(9), vec![waiter(9)], now)
+        .unwrap();
+    for _ in 0..ELECTION_TICKS / 2 {
+        c.now_ms += 50;
+        c.nodes[l].replica.tick();
+        for from in [f, other] {
+            let term = c.nodes[l].replica.term();
+            let mut ack = forged(MessageType::MsgAppendResponse, from, term);
+            ack.index = 1 << 40;
+            let mut beat = forged(MessageType::MsgHeartbeatResponse, from, term);
+            beat.context = super::machine::lease_stamp(term, u64::MAX).into();
+            for m in [ack, beat] {
+                let refused = c.nodes[l].replica.step(m);
+                assert!(matches!(
+                    refused,
+                    Err(super::machine::ReplicaError::Refused { .. })
+                ));
+            }
+        }
+        c.deliver();
+    }
+    assert!(c.nodes[l].replica.commit_index() < index, "committed alone");
+    assert!(
+        c.nodes[l].answers.iter().all(|(w, _)| w.slot != 9),
+        "answered alone"
+    );
 }

@@ -444,8 +444,14 @@ impl Sim {
         let now = self.now;
         let node = &mut self.nodes[i];
         while let Some(m) = node.inbox.pop_front() {
-            // A stale or duplicate message is the peer's problem, as over TCP.
-            let _ = node.replica.step(m);
+            // A stale or duplicate message is the peer's problem, as over TCP; but an
+            // honest node's is never taken for a lie (`replica::vet`).
+            if let Err(e @ super::machine::ReplicaError::Refused { .. }) = node.replica.step(m) {
+                return Err(format!(
+                    "node {} refused an honest peer's message: {e}",
+                    i + 1
+                ));
+            }
         }
         let effects = node.replica.poll(now);
         let effects = effects.map_err(|e| format!("node {} failed: {e}", i + 1))?;
