@@ -128,9 +128,6 @@ pub struct Config {
     pub log_format: LogFormat,
 }
 
-/// The flags of mutual TLS on peer links, all given or none.
-pub const PEER_TLS_FLAGS: [&str; 3] = ["peer-tls-cert", "peer-tls-key", "peer-tls-ca"];
-
 /// One `--peers` entry: a node's id and the address its peer links are dialled at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Peer {
@@ -165,11 +162,6 @@ pub struct ClusterConfig {
     /// `--cluster-id`: the cluster's own id, written into a data directory that has none
     /// and checked against one that has (`broker::settle_cluster_id`).
     pub cluster_id: Option<u64>,
-    /// `--peer-tls-cert`, `--peer-tls-key`, `--peer-tls-ca`: mutual TLS on every peer
-    /// link (PEM files); all three or none.
-    pub peer_tls_cert: Option<PathBuf>,
-    pub peer_tls_key: Option<PathBuf>,
-    pub peer_tls_ca: Option<PathBuf>,
 }
 
 impl Default for ClusterConfig {
@@ -186,9 +178,6 @@ impl Default for ClusterConfig {
             election_ticks: 10,
             journal_retain_bytes: 256 * MIB,
             cluster_id: None,
-            peer_tls_cert: None,
-            peer_tls_key: None,
-            peer_tls_ca: None,
         }
     }
 }
@@ -197,13 +186,6 @@ impl ClusterConfig {
     /// `--peers` was given: this node is one of a cluster.
     pub fn is_cluster(&self) -> bool {
         !self.peers.is_empty()
-    }
-
-    /// The `--peer-tls-*` flags given, in [`PEER_TLS_FLAGS`] order.
-    pub fn peer_tls_flags_given(&self) -> Vec<&'static str> {
-        let set = [&self.peer_tls_cert, &self.peer_tls_key, &self.peer_tls_ca];
-        let given = PEER_TLS_FLAGS.iter().zip(set).filter(|(_, v)| v.is_some());
-        given.map(|(f, _)| *f).collect()
     }
 
     /// This node's own `--peers` entry.
@@ -539,12 +521,6 @@ const FLAGS: &[FlagSpec] = {
         "every node's peer address, this one too (3 or 5)"),
     row("cluster-id", Cluster, field!(ClusterId, cluster.cluster_id), Any,
         "this cluster's id (16 hex digits), kept in the data dir"),
-    row("peer-tls-cert", Cluster, field!(OptPath, cluster.peer_tls_cert), Any,
-        "this node's certificate chain (PEM), naming node-ID"),
-    row("peer-tls-key", Cluster, field!(OptPath, cluster.peer_tls_key), Any,
-        "the private key of --peer-tls-cert (PEM)"),
-    row("peer-tls-ca", Cluster, field!(OptPath, cluster.peer_tls_ca), Any,
-        "the CA (PEM) every node's certificate chains to"),
     row("advertise", Cluster, field!(OptAddr, cluster.advertise), Any,
         "client address NOT_LEADER names; none = --listen"),
     row("replication-timeout", Cluster, field!(Dur, cluster.replication_timeout_ms),
@@ -737,9 +713,6 @@ impl Config {
         if self.cluster.cluster_id.is_some() {
             return Err(flag_error("cluster-id", why));
         }
-        if let Some(flag) = self.cluster.peer_tls_flags_given().first() {
-            return Err(flag_error(flag, why));
-        }
         if self.broker.durability == Durability::Replicated {
             return Err(flag_error(
                 "durability",
@@ -777,29 +750,6 @@ impl Config {
             let ids: Vec<String> = c.peers.iter().map(|p| p.id.to_string()).collect();
             let why = format!("{id} is not in --peers (ids {})", ids.join(", "));
             return Err(flag_error("node-id", &why));
-        }
-        let given = c.peer_tls_flags_given();
-        if !given.is_empty() && given.len() < PEER_TLS_FLAGS.len() {
-            let missing: Vec<String> = (PEER_TLS_FLAGS.iter())
-                .filter(|f| !given.contains(f))
-                .map(|f| format!("--{f}"))
-                .collect();
-            let why = format!(
-                "needs {} too (mutual TLS takes all three)",
-                missing.join(" and ")
-            );
-            return Err(flag_error(given[0], &why));
-        }
-        let peer_listen = self
-            .listen_peer_addr()
-            .expect("own --peers entry checked above");
-        if given.is_empty() && !peer_listen.ip().is_loopback() {
-            let why = format!(
-                "{peer_listen} is not a loopback address: peer links there need mutual TLS \
-                 (--peer-tls-cert, --peer-tls-key, --peer-tls-ca; `mortarctl cluster certs` \
-                 makes them), or anyone who reaches the port can wipe or fool this node"
-            );
-            return Err(flag_error("listen-peer", &why));
         }
         let listen = self.reactor.listen;
         if c.advertise.is_none() && listen.ip().is_unspecified() {
@@ -905,11 +855,11 @@ impl Config {
         let peer_listen = self
             .listen_peer_addr()
             .filter(|_| self.cluster.is_cluster());
-        if let Some(peer) = peer_listen.filter(|_| self.cluster.peer_tls_cert.is_none()) {
+        if let Some(peer) = peer_listen.filter(|a| !a.ip().is_loopback()) {
             out.push(format!(
-                "peer links on {peer} without TLS: any local process can speak for a node \
-                 (fine for a cluster on one machine; give --peer-tls-cert, --peer-tls-key \
-                 and --peer-tls-ca elsewhere)"
+                "peer links on {peer} are plain TCP (peer TLS is not built yet): whoever \
+                 reaches the port can speak for a node; keep it on a private network and \
+                 give every node --cluster-id"
             ));
         }
         if let Some(peer) = self.listen_peer.filter(|_| !self.cluster.is_cluster()) {
@@ -1372,9 +1322,6 @@ mod tests {
         "node-id",
         "peers",
         "cluster-id",
-        "peer-tls-cert",
-        "peer-tls-key",
-        "peer-tls-ca",
         "advertise",
         "replication-timeout",
         "raft-tick",
@@ -1651,15 +1598,6 @@ mod tests {
         ("cluster-id", "00c0ffee00c0ffee", |c| {
             c.cluster.cluster_id == Some(0x00c0_ffee_00c0_ffee)
         }),
-        ("peer-tls-cert", "/etc/mortarmq/node-2.pem", |c| {
-            c.cluster.peer_tls_cert == Some("/etc/mortarmq/node-2.pem".into())
-        }),
-        ("peer-tls-key", "/etc/mortarmq/node-2.key", |c| {
-            c.cluster.peer_tls_key == Some("/etc/mortarmq/node-2.key".into())
-        }),
-        ("peer-tls-ca", "/etc/mortarmq/ca.pem", |c| {
-            c.cluster.peer_tls_ca == Some("/etc/mortarmq/ca.pem".into())
-        }),
         ("advertise", "10.0.0.2:9000", |c| {
             c.cluster.advertise == "10.0.0.2:9000".parse().ok()
         }),
@@ -1695,32 +1633,15 @@ mod tests {
     use std::path::Path;
 
     const PEERS: &str = "1=10.0.0.1:7413,2=10.0.0.2:7413,3=10.0.0.3:7413";
-    /// On loopback a cluster starts without peer TLS.
+    /// Peer links on loopback start without a warning about plain TCP.
     const LOCAL_PEERS: &str = "1=127.0.0.1:7413,2=127.0.0.2:7413,3=127.0.0.3:7413";
-    /// What a cluster off loopback cannot go without.
-    const TLS: [&str; 6] = [
-        "--peer-tls-cert",
-        "/c.pem",
-        "--peer-tls-key",
-        "/k.pem",
-        "--peer-tls-ca",
-        "/ca.pem",
-    ];
 
     /// The flags a cluster flag cannot go without, to try it alone.
     fn needed_with(name: &str) -> Vec<&'static str> {
-        let local = ["--node-id", "1", "--peers", LOCAL_PEERS];
-        let tls_but = |flag: &str| {
-            let pairs = TLS.chunks(2).filter(|p| p[0] != format!("--{flag}"));
-            pairs.flatten().copied().collect::<Vec<_>>()
-        };
         match name {
-            "node-id" => vec!["--peers", LOCAL_PEERS],
-            "peers" => [&["--node-id", "1"][..], &TLS].concat(),
-            "advertise" | "cluster-id" => local.to_vec(),
-            "peer-tls-cert" | "peer-tls-key" | "peer-tls-ca" => {
-                [&local[..], &tls_but(name)].concat()
-            }
+            "node-id" => vec!["--peers", PEERS],
+            "peers" => vec!["--node-id", "1"],
+            "advertise" | "cluster-id" => vec!["--node-id", "1", "--peers", PEERS],
             _ => vec![],
         }
     }
@@ -1782,15 +1703,7 @@ mod tests {
             .into_iter()
             .filter_map(|(name, value)| value.map(|v| format!("--{name}={v}")))
             .collect();
-        let unset = [
-            "token-file",
-            "node-id",
-            "cluster-id",
-            "peer-tls-cert",
-            "peer-tls-key",
-            "peer-tls-ca",
-            "advertise",
-        ];
+        let unset = ["token-file", "node-id", "cluster-id", "advertise"];
         assert_eq!(
             list.len(),
             FLAGS.len() - unset.len(),
@@ -2233,7 +2146,7 @@ mod tests {
     }
 
     fn cluster(extra: &[&str]) -> Result<Config, String> {
-        let list = [&["--node-id", "2", "--peers", PEERS][..], &TLS, extra].concat();
+        let list = [&["--node-id", "2", "--peers", PEERS][..], extra].concat();
         match parse_args(args(&list)) {
             Ok(Command::Run(c)) => Ok(c),
             Err(ConfigError(text)) => Err(text),
@@ -2241,24 +2154,16 @@ mod tests {
         }
     }
 
-    /// Issue 42: peer links off loopback take mutual TLS, all three files or none, and a
-    /// cluster id is 16 hex digits.
+    /// Issue 42: plain peer links off loopback start with a warning, and a cluster id is
+    /// 16 hex digits.
     #[test]
-    fn peer_links_off_loopback_need_all_three_tls_flags() {
-        let plain = ["--node-id", "2", "--peers", PEERS];
-        let e = err(&plain);
-        assert!(
-            e.contains("--listen-peer") && e.contains("--peer-tls-ca"),
-            "{e}"
-        );
-        let e = err(&[&plain[..], &TLS[..2]].concat());
-        assert!(e.contains("--peer-tls-key and --peer-tls-ca"), "{e}");
+    fn plain_peer_links_off_loopback_warn_and_cluster_ids_are_checked() {
+        let plain = run(&["--node-id", "2", "--peers", PEERS]);
+        assert!(plain.warnings().iter().any(|w| w.contains("plain TCP")));
         let local = ["--node-id", "2", "--peers", LOCAL_PEERS];
-        let c = run(&local);
-        assert!(c.warnings().iter().any(|w| w.contains("without TLS")));
-        assert!(run(&[&local[..], &TLS].concat()).warnings().is_empty());
-        let single = err(&["--peer-tls-ca", "/ca.pem"]);
-        assert!(single.contains("--peer-tls-ca") && single.contains("only with --peers"));
+        assert!(run(&local).warnings().is_empty());
+        let single = err(&["--cluster-id", "00c0ffee00c0ffee"]);
+        assert!(single.contains("--cluster-id") && single.contains("only with --peers"));
         for bad in [
             "c0ffee",
             "00000000000000000",
@@ -2292,7 +2197,7 @@ mod tests {
         assert_eq!(bound.listen_peer_addr(), "0.0.0.0:7413".parse().ok());
         // Five nodes, written in any order, come out sorted by id.
         let five = "5=10.0.0.5:1,4=10.0.0.4:1,3=10.0.0.3:1,2=10.0.0.2:1,1=10.0.0.1:1";
-        let c = run(&[&["--node-id", "5", "--peers", five][..], &TLS].concat());
+        let c = run(&["--node-id", "5", "--peers", five]);
         let ids: Vec<u8> = c.cluster.peers.iter().map(|p| p.id).collect();
         assert_eq!(ids, [1, 2, 3, 4, 5]);
         assert_eq!(
