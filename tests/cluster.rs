@@ -229,13 +229,7 @@ fn a_leader_that_lost_its_followers_never_answers_ok() {
         value: b"alone",
         ..Pub::default()
     });
-    let allowed = [
-        ErrorCode::NotEnoughReplicas,
-        ErrorCode::NotEnoughReplicasAfterAppend,
-        ErrorCode::ReplicationTimeout,
-        ErrorCode::LeaderUnknown,
-        ErrorCode::ElectionTimeout,
-    ];
+    let allowed = common::cluster::LONE_LEADER_CODES;
     match r {
         Err(e) if e.code().is_some_and(|code| allowed.contains(&code)) => {}
         other => panic!("a leader without a majority answered {other:?}"),

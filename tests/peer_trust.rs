@@ -212,13 +212,7 @@ fn forged_acknowledgements_do_not_make_a_lone_leader_answer_replicated() {
         }
     });
     let alone = publish(&mut c, topic, 2);
-    let allowed = [
-        ErrorCode::NotEnoughReplicas,
-        ErrorCode::NotEnoughReplicasAfterAppend,
-        ErrorCode::ReplicationTimeout,
-        ErrorCode::LeaderUnknown,
-        ErrorCode::ElectionTimeout,
-    ];
+    let allowed = common::cluster::LONE_LEADER_CODES;
     assert!(
         alone.as_ref().is_err_and(|code| allowed.contains(code)),
         "a leader without its followers answered {alone:?}"

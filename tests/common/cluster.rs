@@ -16,6 +16,15 @@ use super::mortard::{free_port, Mortard};
 /// role gate; any other node answers with the gate's code.
 const PROBE_TOPIC_ID: u16 = u16::MAX;
 
+/// What a leader that lost both followers may answer a REPLICATED PUB: never OK.
+pub const LONE_LEADER_CODES: [ErrorCode; 5] = [
+    ErrorCode::NotEnoughReplicas,
+    ErrorCode::NotEnoughReplicasAfterAppend,
+    ErrorCode::ReplicationTimeout,
+    ErrorCode::LeaderUnknown,
+    ErrorCode::ElectionTimeout,
+];
+
 pub struct Cluster {
     pub nodes: Vec<Mortard>,
     /// Every node's `--peers` entry: its id and peer address.
